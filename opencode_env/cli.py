@@ -1,0 +1,162 @@
+"""`opencode-env`: run one rollout from the command line, or the demo against the built-in scripted model."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from opencode_env.models import Phase, RolloutRequest, RolloutResult
+from opencode_env.opencode import InstallError
+from opencode_env.rollout import run_rollout
+from opencode_env.sandbox.base import SandboxBackend, SandboxError
+
+
+def _progress(phase: Phase, message: str) -> None:
+    print(f"[{phase}] {message}", file=sys.stderr, flush=True)
+
+
+def make_backend(name: str) -> SandboxBackend:
+    if name == "local":
+        from opencode_env.opencode import cached_tools
+        from opencode_env.sandbox.local import LocalBackend
+
+        return LocalBackend(cached_tools)
+    raise SandboxError(f"backend {name!r} is not available in this build; use --backend local")
+
+
+def summarize(result: RolloutResult) -> str:
+    timings = result.timings.model_dump()
+    phases = ", ".join(f"{name[:-2]} {value:.2f}s" for name, value in timings.items() if value is not None)
+    tools = ", ".join(f"{call.tool}({call.status})" for call in result.tool_calls) or "none"
+    lines = [
+        f"status:     {result.status}" + (f" in {result.failed_phase}: {result.error}" if result.error else ""),
+        f"reward:     {result.reward} ({result.reward_source})",
+        f"turns:      {len(result.proxy_turns)} captured, {result.usage.llm_calls} LLM calls, "
+        f"{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} completion tokens",
+        f"tool calls: {tools}",
+        "verify:     " + ", ".join(f"exit {r.exit_code}" for r in result.verify_results),
+        f"timings:    {phases}; wall {result.wall_s:.2f}s",
+        f"sandbox:    {result.backend} {result.sandbox_id}, OpenCode {result.opencode_version}",
+    ]
+    return "\n".join(lines)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=["local", "e2b"], default="local")
+    parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
+    parser.add_argument("--base-url", default="")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--instruction", help="the task for the agent")
+    source.add_argument("--instruction-file", type=Path, help="a file holding the task for the agent")
+    parser.add_argument("--setup", action="append", default=[], metavar="CMD")
+    parser.add_argument("--verify", action="append", default=[], metavar="CMD")
+    parser.add_argument("--task-id", default="")
+    parser.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
+    parser.add_argument("--agent-timeout", type=float, default=600.0, metavar="S")
+    parser.add_argument("--max-tokens-cap", type=int, default=4096, metavar="N")
+    parser.add_argument("--top-logprobs", type=int, default=5, metavar="K")
+    parser.add_argument("--disable-thinking", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--template", default="")
+
+
+def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
+    api_key = ""
+    if args.api_key_env:
+        if args.api_key_env not in os.environ:
+            raise SystemExit(f"opencode-env: --api-key-env names {args.api_key_env}, which is not set")
+        api_key = os.environ[args.api_key_env]
+    instruction = args.instruction if args.instruction is not None else args.instruction_file.read_text()
+    return RolloutRequest(
+        endpoint=args.endpoint,
+        base_url=args.base_url,
+        api_key=api_key,
+        model=args.model,
+        instruction=instruction,
+        setup=args.setup,
+        verify=args.verify,
+        task_id=args.task_id,
+        mode=args.mode,
+        disable_thinking=args.disable_thinking,
+        max_tokens_cap=args.max_tokens_cap,
+        top_logprobs=args.top_logprobs,
+        agent_timeout_s=args.agent_timeout,
+        template=args.template,
+    )
+
+
+def _validation_message(error: ValidationError) -> str:
+    problems = [f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors()]
+    return "invalid request: " + "; ".join(problems)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        request = _request_from_args(args)
+    except ValidationError as error:
+        print(f"opencode-env: {_validation_message(error)}", file=sys.stderr)
+        return 2
+    result = asyncio.run(run_rollout(request, make_backend(args.backend), progress=_progress))
+    print(result.model_dump_json(indent=2))
+    return 0 if result.status == "completed" else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from opencode_env.testing.demo import DEMO_VERIFY, demo_request
+    from opencode_env.testing.script import demo_script
+    from opencode_env.testing.scripted_model import ScriptedModelServer
+
+    print("Starting the scripted model on loopback and running OpenCode in a local sandbox...", file=sys.stderr)
+    with ScriptedModelServer(demo_script()) as model:
+        request = demo_request(model.base_url, mode=args.mode)
+        result = asyncio.run(run_rollout(request, make_backend("local"), progress=_progress))
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    path = args.output_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(result.model_dump_json(indent=2))
+    print(summarize(result))
+    print(f"result:     {len(DEMO_VERIFY)} verify commands; full RolloutResult JSON in {path}")
+    return 0 if result.status == "completed" and result.reward == 1.0 else 1
+
+
+def _cmd_install(_: argparse.Namespace) -> int:
+    from opencode_env.opencode import OPENCODE_VERSION, install_cached
+
+    print(f"OpenCode {OPENCODE_VERSION}: {install_cached()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opencode-env", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run one rollout and print the RolloutResult JSON")
+    _add_run_arguments(run)
+    run.set_defaults(handler=_cmd_run)
+    demo = commands.add_parser("demo", help="a full rollout against the built-in scripted model (no API keys)")
+    demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="black_box")
+    demo.add_argument("--output-dir", type=Path, default=Path("runs"))
+    demo.set_defaults(handler=_cmd_demo)
+    install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
+    install.set_defaults(handler=_cmd_install)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except (SandboxError, InstallError) as error:
+        print(f"opencode-env: {error}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

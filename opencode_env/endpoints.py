@@ -1,0 +1,76 @@
+"""The endpoint catalog: where the policy model lives. Explicit arguments win over env vars, env vars over defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opencode_env.models import EndpointName, RolloutRequest, UpstreamInfo
+
+
+class EndpointError(ValueError):
+    """The request does not say enough to reach a model; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class EndpointDefaults:
+    url_var: str
+    key_var: str
+    model_var: str
+    default_url: str = ""
+    key_required: bool = True
+    thinking_disabled_by_default: bool = False
+
+
+CATALOG: dict[str, EndpointDefaults] = {
+    "vllm": EndpointDefaults(
+        "VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL", key_required=False, thinking_disabled_by_default=True
+    ),
+    "openai": EndpointDefaults("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "https://api.openai.com/v1"),
+    "hf_router": EndpointDefaults(
+        "HF_ROUTER_BASE_URL", "HF_ROUTER_API_KEY", "HF_ROUTER_MODEL", "https://router.huggingface.co/v1"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    endpoint: EndpointName
+    base_url: str
+    api_key: str
+    model: str
+    disable_thinking: bool
+
+    def info(self) -> UpstreamInfo:
+        return UpstreamInfo(
+            endpoint=self.endpoint, base_url=self.base_url, model=self.model, disable_thinking=self.disable_thinking
+        )
+
+    def __repr__(self) -> str:
+        return f"Upstream(endpoint={self.endpoint!r}, base_url={self.base_url!r}, model={self.model!r})"
+
+
+def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None = None) -> Upstream:
+    env = os.environ if environ is None else environ
+    defaults = CATALOG.get(request.endpoint)
+    if defaults is None:
+        base_url, api_key, model = request.base_url, request.api_key, request.model
+        key_required, thinking_off = False, False
+        hint = "pass base_url and model, or endpoint='vllm'|'openai'|'hf_router'"
+    else:
+        base_url = request.base_url or env.get(defaults.url_var, "") or defaults.default_url
+        api_key = request.api_key or env.get(defaults.key_var, "")
+        model = request.model or env.get(defaults.model_var, "")
+        key_required, thinking_off = defaults.key_required, defaults.thinking_disabled_by_default
+        hint = f"pass it, or set {defaults.url_var} / {defaults.key_var} / {defaults.model_var}"
+    missing = [name for name, value in (("base_url", base_url), ("model", model)) if not value]
+    if key_required and not api_key:
+        missing.append("api_key")
+    if missing:
+        where = f"endpoint {request.endpoint!r}" if request.endpoint else "a custom endpoint"
+        raise EndpointError(f"{', '.join(missing)} missing for {where}: {hint}")
+    if not base_url.startswith(("http://", "https://")):
+        raise EndpointError(f"base_url must start with http:// or https://, got {base_url[:80]!r}")
+    disable_thinking = thinking_off if request.disable_thinking is None else request.disable_thinking
+    return Upstream(request.endpoint, base_url.rstrip("/"), api_key, model, disable_thinking)

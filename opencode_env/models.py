@@ -1,0 +1,197 @@
+"""Wire types: the one source of truth for a rollout's request, result, turns and command results.
+
+Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResult` that existing clients read are
+kept as they are; everything added is optional with a safe default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EndpointName = Literal["", "vllm", "openai", "hf_router"]
+Mode = Literal["transparent_proxy", "black_box"]
+Phase = Literal["validate", "sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
+RolloutStatus = Literal[
+    "completed",
+    "setup_failed",
+    "agent_timeout",
+    "agent_error",
+    "sandbox_error",
+    "install_error",
+    "proxy_error",
+    "upstream_error",
+    "invalid_request",
+    "timeout",
+    "cancelled",
+    "internal_error",
+]
+RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
+TurnKind = Literal["agent", "auxiliary", "sub_agent"]
+TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
+
+MAX_INSTRUCTION_CHARS = 200_000
+MAX_COMMANDS = 64
+MAX_COMMAND_CHARS = 16_000
+
+
+class RolloutRequest(BaseModel):
+    """One rollout: which model to call, what the agent is asked, how the task is set up and checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: EndpointName = Field(
+        "", description="Endpoint shorthand whose env vars fill base_url, api_key and model when they are empty."
+    )
+    base_url: str = Field("", max_length=2048, description="OpenAI-compatible base URL of the policy model.")
+    api_key: str = Field("", max_length=4096, description="Upstream API key; never echoed in results or logs.")
+    model: str = Field("", max_length=512, description="Upstream model id.")
+    instruction: str = Field(
+        ..., min_length=1, max_length=MAX_INSTRUCTION_CHARS, description="The task given to the agent, verbatim."
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_COMMANDS,
+        description="Shell commands run in order before the agent; the first failure stops the rollout.",
+    )
+    verify: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_COMMANDS,
+        description="Shell commands run after the agent (always, even after an agent timeout); pass rate is the "
+        "fallback reward.",
+    )
+    task_id: str = Field("", max_length=256, description="Caller's label for the task, echoed in the result.")
+    mode: Mode = Field(
+        "transparent_proxy",
+        description="transparent_proxy records every LLM turn with token logprobs; black_box lets OpenCode call "
+        "the upstream directly.",
+    )
+    disable_thinking: bool | None = Field(
+        None, description="Send enable_thinking=false; None means the endpoint's default (on for vllm)."
+    )
+    max_tokens_cap: int = Field(4096, ge=1, le=1_000_000, description="Upper bound on max_tokens per LLM call.")
+    top_logprobs: int = Field(5, ge=0, le=20, description="Alternatives recorded per token (0 = sampled only).")
+    agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
+    template: str = Field("", max_length=256, description="E2B template name (ignored by the local backend).")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Text files written into the work dir before setup, keyed by path relative to it.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables for setup, verify and the agent's commands."
+    )
+    setup_timeout_s: float = Field(300.0, gt=0, le=86_400, description="Time limit for each setup command.")
+    verify_timeout_s: float = Field(300.0, gt=0, le=86_400, description="Time limit for each verify command.")
+    total_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=172_800,
+        description="Deadline over the whole rollout; None derives it from the phase timeouts.",
+    )
+
+
+class CommandResult(BaseModel):
+    cmd: str
+    exit_code: int | None = Field(description="None when the command was killed (timeout) before it exited.")
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    timed_out: bool = False
+    output_truncated: bool = False
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    token_id: int | None = None
+
+
+class RolloutTurn(BaseModel):
+    """One LLM call made by the agent, as recorded by the capture proxy."""
+
+    turn: int
+    finish_reason: str | None = None
+    completion_tokens: list[str] = Field(default_factory=list)
+    completion_token_ids: list[int] = Field(default_factory=list)
+    per_token_logps: list[float] = Field(default_factory=list)
+    latency_s: float = 0.0
+    timestamp: float = 0.0
+    upstream_status: int | None = None
+    upstream_error: str | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    top_logprobs: list[list[TopLogprob]] = Field(default_factory=list)
+    request: dict[str, Any] = Field(default_factory=dict)
+    response: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, int] = Field(default_factory=dict)
+    ttft_s: float | None = None
+    kind: TurnKind = "agent"
+    headers: dict[str, str] = Field(default_factory=dict)
+    token_id_source: TokenIdSource = "none"
+    aligned: bool = False
+    stream: bool = True
+    outcome: str = "complete"
+
+
+class ToolCallSummary(BaseModel):
+    tool: str
+    status: str
+    title: str = ""
+    exit_code: int | None = None
+
+
+class TokenUsage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_calls: int = 0
+    source: Literal["proxy", "opencode_events", "none"] = "none"
+
+
+class PhaseTimings(BaseModel):
+    """Seconds spent in each phase; None for a phase that never started."""
+
+    sandbox_s: float | None = None
+    install_s: float | None = None
+    prepare_s: float | None = None
+    setup_s: float | None = None
+    proxy_s: float | None = None
+    agent_s: float | None = None
+    verify_s: float | None = None
+    collect_s: float | None = None
+    close_s: float | None = None
+
+
+class UpstreamInfo(BaseModel):
+    """Where the model calls went, without the key."""
+
+    endpoint: EndpointName = ""
+    base_url: str = ""
+    model: str = ""
+    disable_thinking: bool = False
+
+
+class RolloutResult(BaseModel):
+    task_id: str = ""
+    sandbox_id: str = ""
+    reward: float | None = None
+    agent_exit_code: int | None = None
+    wall_s: float = 0.0
+    mode: Mode = "transparent_proxy"
+    setup_results: list[CommandResult] = Field(default_factory=list)
+    verify_results: list[CommandResult] = Field(default_factory=list)
+    proxy_turns: list[RolloutTurn] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict)
+    files_extra: list[str] = Field(default_factory=list)
+    agent_log_tail: str = ""
+    proxy_log_tail: str = ""
+    error: str | None = None
+    status: RolloutStatus = "completed"
+    failed_phase: Phase | None = None
+    timings: PhaseTimings = Field(default_factory=PhaseTimings)
+    reward_source: RewardSource = "none"
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    backend: str = ""
+    opencode_version: str = ""
+    upstream: UpstreamInfo = Field(default_factory=UpstreamInfo)
+    tool_calls: list[ToolCallSummary] = Field(default_factory=list)
+    agent_final_text: str = ""

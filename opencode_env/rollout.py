@@ -1,0 +1,301 @@
+"""The one rollout pipeline: sandbox, install, prepare, setup, proxy, agent, verify, collect; close always.
+
+Failures are recorded in the result (status, failed phase, message) and never raised past `run_rollout`, except
+cancellation, which still closes the sandbox before it propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from opencode_env import opencode
+from opencode_env.collect import collect_files, read_tail
+from opencode_env.deadline import Deadline, DeadlineExceeded, total_budget_s
+from opencode_env.endpoints import EndpointError, Upstream, resolve_upstream
+from opencode_env.models import CommandResult, Phase, RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
+from opencode_env.reward import read_reward
+from opencode_env.sandbox.base import (
+    AGENT_LOG_DIR,
+    ROLLOUT_DIR,
+    WORKDIR,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+)
+
+log = logging.getLogger("opencode_env.rollout")
+ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
+T = TypeVar("T")
+
+INSTRUCTION_PATH = f"{ROLLOUT_DIR}/instruction.md"
+CONFIG_PATH = f"{ROLLOUT_DIR}/opencode.json"
+EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
+AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
+OPENCODE_LOG_DIR = "/home/user/.local/share/opencode/log"
+INSTALL_TIMEOUT_S = 600.0
+CLOSE_TIMEOUT_S = 30.0
+
+
+class PhaseFailure(Exception):
+    def __init__(self, status: RolloutStatus, phase: Phase, message: str) -> None:
+        super().__init__(message)
+        self.status: RolloutStatus = status
+        self.phase: Phase = phase
+
+
+@dataclass
+class _Rollout:
+    request: RolloutRequest
+    upstream: Upstream
+    sandbox: Sandbox
+    result: RolloutResult
+    deadline: Deadline
+    progress: ProgressCallback | None
+
+    async def report(self, phase: Phase, message: str) -> None:
+        if self.progress is not None:
+            outcome = self.progress(phase, message)
+            if outcome is not None:
+                await outcome
+
+    async def timed(self, phase: Phase, work: Awaitable[T]) -> T:
+        started = time.monotonic()
+        try:
+            return await work
+        finally:
+            setattr(self.result.timings, f"{phase}_s", round(time.monotonic() - started, 4))
+
+    def budget(self, phase: Phase, wanted_s: float) -> float:
+        try:
+            return self.deadline.budget(wanted_s)
+        except DeadlineExceeded as exceeded:
+            raise PhaseFailure("timeout", phase, str(exceeded)) from exceeded
+
+
+async def run_rollout(
+    request: RolloutRequest,
+    backend: SandboxBackend | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+) -> RolloutResult:
+    """Run one OpenCode episode and return everything it produced; never raises except on cancellation."""
+    if backend is None:
+        from opencode_env.sandbox.local import LocalBackend
+
+        backend = LocalBackend(opencode.cached_tools)
+    started = time.monotonic()
+    result = RolloutResult(task_id=request.task_id, mode=request.mode, backend=backend.name)
+    try:
+        upstream = resolve_upstream(request)
+        result.upstream = upstream.info()
+        deadline = Deadline(total_budget_s(request))
+        sandbox = await _create_sandbox(backend, request, result, deadline, progress)
+        try:
+            await _in_sandbox(_Rollout(request, upstream, sandbox, result, deadline, progress))
+        finally:
+            await _close(sandbox, result)
+    except EndpointError as error:
+        _fail(result, "invalid_request", "validate", str(error))
+    except PhaseFailure as failure:
+        _fail(result, failure.status, failure.phase, str(failure))
+    except asyncio.CancelledError:
+        _fail(result, "cancelled", None, "the rollout was cancelled")
+        raise
+    except Exception as error:
+        log.exception("rollout failed unexpectedly")
+        _fail(result, "internal_error", None, f"{type(error).__name__}: {error}")
+    finally:
+        result.wall_s = round(time.monotonic() - started, 4)
+    return result
+
+
+def _fail(result: RolloutResult, status: RolloutStatus, phase: Phase | None, message: str) -> None:
+    result.status = status
+    result.failed_phase = phase
+    result.error = message
+
+
+async def _create_sandbox(
+    backend: SandboxBackend,
+    request: RolloutRequest,
+    result: RolloutResult,
+    deadline: Deadline,
+    progress: ProgressCallback | None,
+) -> Sandbox:
+    if progress is not None:
+        outcome = progress("sandbox", f"creating a {backend.name} sandbox")
+        if outcome is not None:
+            await outcome
+    spec = SandboxSpec(
+        task_id=request.task_id, template=request.template, lifetime_s=deadline.total_s + 120, env=request.env
+    )
+    started = time.monotonic()
+    try:
+        sandbox = await asyncio.wait_for(backend.create(spec), timeout=deadline.budget(deadline.remaining()))
+    except TimeoutError as error:
+        raise PhaseFailure("sandbox_error", "sandbox", "sandbox creation ran out of time") from error
+    except (SandboxError, opencode.InstallError) as error:
+        raise PhaseFailure("sandbox_error", "sandbox", str(error)) from error
+    finally:
+        result.timings.sandbox_s = round(time.monotonic() - started, 4)
+    result.sandbox_id = sandbox.sandbox_id
+    result.opencode_version = sandbox.tools.opencode_version or ""
+    return sandbox
+
+
+async def _close(sandbox: Sandbox, result: RolloutResult) -> None:
+    started = time.monotonic()
+    closing = asyncio.ensure_future(sandbox.close())
+    try:
+        await asyncio.wait_for(asyncio.shield(closing), timeout=CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
+    finally:
+        result.timings.close_s = round(time.monotonic() - started, 4)
+
+
+async def _in_sandbox(rollout: _Rollout) -> None:
+    opencode_path = await rollout.timed("install", _install(rollout))
+    await rollout.timed("prepare", _prepare(rollout))
+    await rollout.timed("setup", _setup(rollout))
+    base_url, model_id, agent_key = await rollout.timed("proxy", _proxy(rollout))
+    agent_failure: PhaseFailure | None = None
+    try:
+        await rollout.timed("agent", _agent(rollout, opencode_path, base_url, model_id, agent_key))
+    except PhaseFailure as failure:
+        agent_failure = failure
+    await rollout.timed("verify", _verify(rollout))
+    await rollout.timed("collect", _collect(rollout))
+    if agent_failure is not None:
+        raise agent_failure
+
+
+async def _install(rollout: _Rollout) -> str:
+    tools = rollout.sandbox.tools
+    if tools.opencode:
+        return tools.opencode
+    await rollout.report("install", f"installing OpenCode {opencode.OPENCODE_VERSION} in the sandbox")
+    result = await rollout.sandbox.run(
+        opencode.in_sandbox_install_command(), timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S)
+    )
+    if result.exit_code != 0:
+        raise PhaseFailure("install_error", "install", f"OpenCode install failed: {result.stderr[-1500:]}")
+    rollout.result.opencode_version = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    return "opencode"
+
+
+async def _prepare(rollout: _Rollout) -> None:
+    await rollout.report("prepare", "writing the task files and the instruction")
+    for path, content in rollout.request.files.items():
+        await rollout.sandbox.write_file(f"{WORKDIR}/{path}", content)
+    await rollout.sandbox.write_file(INSTRUCTION_PATH, rollout.request.instruction)
+
+
+async def _run_commands(
+    rollout: _Rollout, phase: Phase, commands: list[str], timeout_s: float, stop_on_failure: bool
+) -> list[CommandResult]:
+    results: list[CommandResult] = []
+    for index, cmd in enumerate(commands, start=1):
+        await rollout.report(phase, f"{phase} command {index}/{len(commands)}")
+        result = await rollout.sandbox.run(cmd, timeout_s=rollout.budget(phase, timeout_s), env=rollout.request.env)
+        results.append(result)
+        if stop_on_failure and result.exit_code != 0:
+            break
+    return results
+
+
+async def _setup(rollout: _Rollout) -> None:
+    request = rollout.request
+    results = await _run_commands(rollout, "setup", request.setup, request.setup_timeout_s, stop_on_failure=True)
+    rollout.result.setup_results = results
+    if results and results[-1].exit_code != 0:
+        failed = results[-1]
+        why = "timed out" if failed.timed_out else f"exited {failed.exit_code}"
+        raise PhaseFailure("setup_failed", "setup", f"setup command {len(results)} {why}: {failed.cmd[:200]}")
+
+
+async def _proxy(rollout: _Rollout) -> tuple[str, str, str]:
+    """Where OpenCode sends its LLM calls: (base URL, model id, API key for the agent's environment)."""
+    if rollout.request.mode == "black_box":
+        upstream = rollout.upstream
+        return upstream.base_url, upstream.model, upstream.api_key
+    raise PhaseFailure("proxy_error", "proxy", "transparent_proxy mode is not available yet; pass mode='black_box'")
+
+
+def _model_options(rollout: _Rollout) -> dict[str, object]:
+    if rollout.request.mode == "black_box" and rollout.upstream.disable_thinking:
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    return {}
+
+
+async def _agent(rollout: _Rollout, opencode_path: str, base_url: str, model_id: str, agent_key: str) -> None:
+    request = rollout.request
+    config = opencode.render_config(
+        base_url=base_url,
+        model_id=model_id,
+        max_tokens_cap=request.max_tokens_cap,
+        model_options=_model_options(rollout),
+    )
+    await rollout.sandbox.write_file(CONFIG_PATH, json.dumps(config, indent=2))
+    command = opencode.run_command(
+        opencode=opencode_path,
+        workdir=WORKDIR,
+        instruction_path=INSTRUCTION_PATH,
+        events_path=EVENTS_PATH,
+        stderr_path=AGENT_STDERR_PATH,
+        title=request.task_id or "rollout",
+    )
+    env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": CONFIG_PATH, opencode.UPSTREAM_KEY_VAR: agent_key}
+    await rollout.report("agent", "running OpenCode")
+    timeout_s = rollout.budget("agent", request.agent_timeout_s)
+    outcome = await rollout.sandbox.run(command, timeout_s=timeout_s, env=env)
+    rollout.result.agent_exit_code = outcome.exit_code
+    if outcome.timed_out:
+        raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
+    if outcome.exit_code != 0:
+        raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+
+
+async def _verify(rollout: _Rollout) -> None:
+    request = rollout.request
+    rollout.result.verify_results = await _run_commands(
+        rollout, "verify", request.verify, request.verify_timeout_s, stop_on_failure=False
+    )
+
+
+async def _collect(rollout: _Rollout) -> None:
+    result, sandbox = rollout.result, rollout.sandbox
+    await rollout.report("collect", "collecting the reward, files and logs")
+    reward = await read_reward(sandbox, result.verify_results)
+    result.reward, result.reward_source = reward.value, reward.source
+    if reward.problem:
+        log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+    files = await collect_files(sandbox)
+    result.files, result.files_extra = files.text, files.extra
+    events = opencode.parse_events(await read_tail(sandbox, EVENTS_PATH, limit=32 * 1024 * 1024))
+    result.tool_calls = events.tool_calls
+    result.agent_final_text = events.final_text
+    result.usage = TokenUsage(
+        prompt_tokens=events.input_tokens,
+        completion_tokens=events.output_tokens,
+        llm_calls=events.steps,
+        source="opencode_events" if events.steps else "none",
+    )
+    result.agent_log_tail = await _agent_log_tail(sandbox, events.errors)
+
+
+async def _agent_log_tail(sandbox: Sandbox, errors: list[str]) -> str:
+    parts = [f"opencode error event: {error}" for error in errors[-5:]]
+    stderr = await read_tail(sandbox, AGENT_STDERR_PATH)
+    if stderr.strip():
+        parts.append(stderr)
+    for entry in await sandbox.list_files(OPENCODE_LOG_DIR, limit=10):
+        parts.append(await read_tail(sandbox, f"{OPENCODE_LOG_DIR}/{entry.path}", limit=4096))
+    return "\n".join(parts)[-16384:]

@@ -1,0 +1,96 @@
+"""The sandbox seam: what the pipeline needs from any backend (local bubblewrap, E2B, a test fake).
+
+A command's own failure is a `CommandResult` (exit code, output), never an exception; `SandboxError` means the
+sandbox itself could not be created or reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from opencode_env.models import CommandResult
+
+HOME = "/home/user"
+WORKDIR = f"{HOME}/workdir"
+LOGS_DIR = f"{HOME}/logs"
+VERIFIER_DIR = f"{LOGS_DIR}/verifier"
+REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
+REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
+AGENT_LOG_DIR = f"{LOGS_DIR}/agent"
+ROLLOUT_DIR = f"{HOME}/.rollout"
+DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
+
+
+class SandboxError(Exception):
+    """The sandbox could not be created, reached or used (not a command's own failure)."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    task_id: str = ""
+    template: str = ""
+    lifetime_s: float = 3600.0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class ProvidedTools:
+    """Programs the backend already put in the sandbox; None means the pipeline must install them."""
+
+    opencode: str | None = None
+    opencode_version: str | None = None
+    python: str | None = None
+
+
+class BackgroundProcess(Protocol):
+    async def running(self) -> bool: ...
+
+    async def kill(self) -> None: ...
+
+
+class Sandbox(Protocol):
+    sandbox_id: str
+    backend: str
+    tools: ProvidedTools
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> CommandResult: ...
+
+    async def start(
+        self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
+    ) -> BackgroundProcess: ...
+
+    async def write_file(self, path: str, data: str | bytes) -> None: ...
+
+    async def read_file(self, path: str) -> bytes:
+        """The file's bytes; raises FileNotFoundError when it does not exist."""
+        ...
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        """Regular files under root (paths relative to it), at most `limit` of them."""
+        ...
+
+    async def close(self) -> None:
+        """Kill every process and release the sandbox; safe to call twice."""
+        ...
+
+
+class SandboxBackend(Protocol):
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...

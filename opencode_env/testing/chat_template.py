@@ -1,0 +1,106 @@
+"""A toy tokenizer and ChatML-style template with the property RL capture depends on.
+
+Text is cut into segments (special tokens, message bodies, tool-call parts) and each segment is tokenized on its
+own, so rendering a conversation and rendering its assistant replies one by one give the same ids: the prompt of
+turn N+1 extends the prompt + completion of turn N, as with a real engine's chat template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_IDS = {IM_START: 151644, IM_END: 151645}
+EOS = IM_END
+
+_PIECE = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
+
+SegmentKind = Literal["special", "text", "content", "reasoning", "tool_head", "tool_args", "tool_tail"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    kind: SegmentKind = "text"
+    tool_index: int = -1
+
+
+def token_id(piece: str) -> int:
+    special = SPECIAL_IDS.get(piece)
+    if special is not None:
+        return special
+    digest = hashlib.blake2b(piece.encode("utf-8"), digest_size=4).digest()
+    return 1000 + int.from_bytes(digest, "big") % 150_000
+
+
+def split_pieces(text: str) -> list[str]:
+    return _PIECE.findall(text)
+
+
+def tokenize_segments(segments: Iterable[Segment]) -> list[tuple[str, int, Segment]]:
+    tokens: list[tuple[str, int, Segment]] = []
+    for segment in segments:
+        pieces = [segment.text] if segment.kind == "special" else split_pieces(segment.text)
+        tokens.extend((piece, token_id(piece), segment) for piece in pieces)
+    return tokens
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return json.dumps(content, ensure_ascii=False)
+
+
+def assistant_body(content: str, tool_calls: Sequence[tuple[str, str]], reasoning: str = "") -> list[Segment]:
+    """The segments of an assistant reply: optional reasoning, text, then each (name, arguments) tool call."""
+    segments: list[Segment] = []
+    if reasoning:
+        segments.append(Segment(f"<think>\n{reasoning}\n</think>\n\n", "reasoning"))
+    if content:
+        segments.append(Segment(content, "content"))
+    for index, (name, arguments) in enumerate(tool_calls):
+        segments.append(Segment(f'<tool_call>\n{{"name": "{name}", "arguments": ', "tool_head", index))
+        segments.append(Segment(arguments, "tool_args", index))
+        segments.append(Segment("}\n</tool_call>", "tool_tail", index))
+    return segments
+
+
+def _message_segments(message: dict[str, Any]) -> list[Segment]:
+    role = str(message.get("role", "user"))
+    if role == "assistant":
+        calls = [
+            (str(call["function"]["name"]), str(call["function"].get("arguments", "")))
+            for call in message.get("tool_calls") or []
+        ]
+        body = assistant_body(_content_text(message.get("content")), calls)
+    else:
+        body = [Segment(_content_text(message.get("content")))]
+    return [
+        Segment(IM_START, "special"),
+        Segment(f"{role}\n"),
+        *body,
+        Segment(IM_END, "special"),
+        Segment("\n"),
+    ]
+
+
+def render_prompt(messages: Sequence[dict[str, Any]]) -> list[Segment]:
+    segments: list[Segment] = []
+    for message in messages:
+        segments.extend(_message_segments(message))
+    segments.extend([Segment(IM_START, "special"), Segment("assistant\n")])
+    return segments
+
+
+def prompt_token_ids(messages: Sequence[dict[str, Any]]) -> list[int]:
+    return [token for _, token, _ in tokenize_segments(render_prompt(messages))]

@@ -1,0 +1,298 @@
+"""The scripted model: a real OpenAI-compatible HTTP server that plays a `Script` the way vLLM streams.
+
+Faithful where capture depends on it: one token per chunk, a role delta first (with `prompt_token_ids` when
+`return_token_ids` is asked), tool-call deltas with argument fragments, the EOS token carrying `finish_reason`,
+a usage chunk with `choices: []`, then `[DONE]`. `top_logprobs[0]` is the sampled token and is not always the most
+likely. Every exchange is logged with the exact bytes sent, so tests compare capture against the source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from opencode_env.testing.chat_template import EOS, Segment, assistant_body, prompt_token_ids, token_id
+from opencode_env.testing.chat_template import tokenize_segments as _tokenize
+from opencode_env.testing.script import Script, Step
+
+_ALTERNATIVES = [" the", " a", "(", "x", " return", "\n", " def", ".", "_", " and", " is", "0"]
+
+
+@dataclass(frozen=True)
+class PlannedToken:
+    text: str
+    token_id: int
+    logprob: float
+    alternatives: tuple[tuple[str, int, float], ...]
+    segment: Segment
+
+
+@dataclass
+class Exchange:
+    """One request the model answered, with what it sent."""
+
+    serial: int
+    request: dict[str, Any]
+    headers: dict[str, str]
+    status: int = 200
+    prompt_token_ids: list[int] = field(default_factory=list)
+    tokens: list[PlannedToken] = field(default_factory=list)
+    sent: bytearray = field(default_factory=bytearray)
+    finished: bool = False
+
+
+def plan_tokens(step: Step, rng: random.Random, top_k: int) -> list[PlannedToken]:
+    calls = [(call.name, call.arguments_json()) for call in step.tool_calls]
+    segments = [*assistant_body(step.content, calls, step.reasoning), Segment(EOS, "special")]
+    planned: list[PlannedToken] = []
+    for text, tid, segment in _tokenize(segments):
+        sampled = -round(rng.uniform(0.0001, 2.5), 12) + rng.random() * 1e-9
+        alternatives = []
+        for alt_text in rng.sample(_ALTERNATIVES, k=min(max(top_k - 1, 0), len(_ALTERNATIVES))):
+            more_likely = rng.random() < 0.3
+            alt_logprob = sampled + rng.uniform(0.01, 0.5) if more_likely else sampled - rng.uniform(0.01, 3.0)
+            alternatives.append((alt_text, token_id(alt_text), min(alt_logprob, 0.0)))
+        planned.append(PlannedToken(text, tid, sampled, tuple(alternatives), segment))
+    return planned
+
+
+def _finish_reason(step: Step) -> str:
+    return "tool_calls" if step.tool_calls else "stop"
+
+
+def _logprob_entry(token: PlannedToken, as_ids: bool, top_k: int) -> dict[str, Any]:
+    def shown(text: str, tid: int) -> str:
+        return f"token_id:{tid}" if as_ids else text
+
+    top = [(token.text, token.token_id, token.logprob), *token.alternatives][:top_k]
+    return {
+        "token": shown(token.text, token.token_id),
+        "logprob": token.logprob,
+        "bytes": list(token.text.encode("utf-8")),
+        "top_logprobs": [
+            {"token": shown(text, tid), "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            for text, tid, logprob in top
+        ],
+    }
+
+
+def _delta(token: PlannedToken, step: Step, first_of_call: bool, serial: int) -> dict[str, Any]:
+    segment = token.segment
+    if segment.kind == "content":
+        return {"content": token.text}
+    if segment.kind == "reasoning":
+        return {"reasoning_content": token.text}
+    if segment.kind == "tool_head" and first_of_call:
+        call = step.tool_calls[segment.tool_index]
+        return {
+            "tool_calls": [
+                {
+                    "index": segment.tool_index,
+                    "id": f"call_{serial}_{segment.tool_index}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }
+            ]
+        }
+    if segment.kind == "tool_args":
+        return {"tool_calls": [{"index": segment.tool_index, "function": {"arguments": token.text}}]}
+    return {}
+
+
+class ScriptedModel:
+    """The model's state: scripts per agent session, and the log of every exchange."""
+
+    def __init__(self, script: Script, *, model_name: str = "scripted-policy", seed: int = 7) -> None:
+        self.script = script
+        self.model_name = model_name
+        self.exchanges: list[Exchange] = []
+        self._cursors: dict[str, int] = {}
+        self._seed = seed
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    def _next_step(self, session: str, request: dict[str, Any]) -> Step:
+        if not request.get("tools"):
+            return Step(content=self.script.title)
+        index = self._cursors.get(session, 0)
+        self._cursors[session] = index + 1
+        return self.script.steps[index] if index < len(self.script.steps) else Step(content=self.script.final_text)
+
+    async def _models(self, _: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def _chat_completions(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        headers = {key.lower(): value for key, value in request.headers.items()}
+        exchange = Exchange(serial=len(self.exchanges), request=body, headers=headers)
+        self.exchanges.append(exchange)
+        step = self._next_step(headers.get("x-session-id", "default"), body)
+        if step.stall_before_s:
+            await asyncio.sleep(step.stall_before_s)
+        if step.status != 200:
+            return self._error(exchange, step)
+        top_k = int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
+        rng = random.Random(self._seed * 1_000_003 + len(self.exchanges))
+        exchange.tokens = plan_tokens(step, rng, top_k=max(top_k, 1))
+        exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []))
+        if body.get("stream"):
+            return StreamingResponse(self._stream(exchange, step, body), media_type="text/event-stream")
+        return self._complete(exchange, step, body)
+
+    def _error(self, exchange: Exchange, step: Step) -> Response:
+        exchange.status = step.status
+        headers = {}
+        if step.retry_after_s is not None:
+            headers["retry-after"] = str(step.retry_after_s)
+            headers["retry-after-ms"] = str(int(step.retry_after_s * 1000))
+        content = json.dumps(step.error_body or {"error": {"message": "error"}}).encode()
+        exchange.sent.extend(content)
+        exchange.finished = True
+        return Response(content, status_code=step.status, headers=headers, media_type="application/json")
+
+    def _chunk(self, exchange: Exchange, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": f"chatcmpl-{id(exchange):x}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            **extra,
+        }
+
+    def _event(self, exchange: Exchange, payload: dict[str, Any] | str) -> bytes:
+        data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+        raw = f"data: {data}\n\n".encode()
+        exchange.sent.extend(raw)
+        return raw
+
+    async def _stream(self, exchange: Exchange, step: Step, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        want_logprobs = bool(body.get("logprobs"))
+        top_k = int(body.get("top_logprobs") or 0)
+        want_ids = bool(body.get("return_token_ids"))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        first: dict[str, Any] = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        extra = {"prompt_token_ids": exchange.prompt_token_ids} if want_ids else {}
+        yield self._event(exchange, self._chunk(exchange, [first], **extra))
+        seen_calls: set[int] = set()
+        for position, token in enumerate(exchange.tokens):
+            if step.disconnect_after_tokens is not None and position == step.disconnect_after_tokens:
+                return
+            if step.stall_after_tokens is not None and position == step.stall_after_tokens:
+                await asyncio.sleep(step.stall_s)
+            if step.token_delay_s:
+                await asyncio.sleep(step.token_delay_s)
+            first_of_call = token.segment.tool_index not in seen_calls
+            if token.segment.kind == "tool_head":
+                seen_calls.add(token.segment.tool_index)
+            last = position == len(exchange.tokens) - 1
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": _delta(token, step, first_of_call, exchange.serial),
+                "logprobs": {"content": [_logprob_entry(token, as_ids, top_k)]} if want_logprobs else None,
+                "finish_reason": _finish_reason(step) if last else None,
+            }
+            if want_ids:
+                choice["token_ids"] = [token.token_id]
+            yield self._event(exchange, self._chunk(exchange, [choice]))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield self._event(exchange, self._chunk(exchange, [], usage=self._usage(exchange)))
+        yield self._event(exchange, "[DONE]")
+        exchange.finished = True
+
+    def _usage(self, exchange: Exchange) -> dict[str, int]:
+        prompt, completion = len(exchange.prompt_token_ids), len(exchange.tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _complete(self, exchange: Exchange, step: Step, body: dict[str, Any]) -> Response:
+        message: dict[str, Any] = {"role": "assistant", "content": step.content or None}
+        if step.reasoning:
+            message["reasoning_content"] = step.reasoning
+        if step.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json()},
+                }
+                for i, call in enumerate(step.tool_calls)
+            ]
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish_reason(step)}
+        if body.get("logprobs"):
+            top_k = int(body.get("top_logprobs") or 0)
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = {"content": [_logprob_entry(t, as_ids, top_k) for t in exchange.tokens]}
+        payload: dict[str, Any] = {
+            "id": f"chatcmpl-{id(exchange):x}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": self._usage(exchange),
+        }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = [t.token_id for t in exchange.tokens]
+            payload["prompt_token_ids"] = exchange.prompt_token_ids
+        content = json.dumps(payload, ensure_ascii=False).encode()
+        exchange.sent.extend(content)
+        exchange.finished = True
+        return Response(content, media_type="application/json")
+
+
+class ScriptedModelServer:
+    """Runs a `ScriptedModel` with uvicorn on a loopback port in a thread of its own."""
+
+    def __init__(self, script: Script, *, host: str = "127.0.0.1", port: int = 0, **model_args: Any) -> None:
+        self.model = ScriptedModel(script, **model_args)
+        config = uvicorn.Config(
+            self.model.app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="scripted-model", daemon=True)
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.servers[0].sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        return self.model.exchanges
+
+    def __enter__(self) -> ScriptedModelServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the scripted model did not start")
+            time.sleep(0.005)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

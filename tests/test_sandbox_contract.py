@@ -1,0 +1,108 @@
+"""The contract every sandbox backend meets; parametrized over backends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from opencode_env.sandbox.base import HOME, WORKDIR, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from opencode_env.sandbox.local import LocalBackend
+from tests.conftest import processes_mentioning
+
+
+@pytest.fixture(params=["local"])
+def any_backend(request: pytest.FixtureRequest, backend: LocalBackend) -> SandboxBackend:
+    return backend
+
+
+@pytest.fixture
+async def sandbox(any_backend: SandboxBackend, no_leaks: None) -> AsyncIterator[Sandbox]:
+    box = await any_backend.create(SandboxSpec(task_id="contract", env={"TASK_FLAG": "on"}))
+    try:
+        yield box
+    finally:
+        await box.close()
+
+
+async def test_exit_codes_and_output(sandbox: Sandbox) -> None:
+    ok = await sandbox.run("echo out; echo err >&2", timeout_s=10)
+    assert (ok.exit_code, ok.stdout, ok.stderr, ok.timed_out) == (0, "out\n", "err\n", False)
+    failed = await sandbox.run("exit 7", timeout_s=10)
+    assert failed.exit_code == 7
+
+
+async def test_default_cwd_is_the_workdir_and_home_is_fixed(sandbox: Sandbox) -> None:
+    result = await sandbox.run("pwd; echo $HOME; ls -d /home/user/logs/verifier", timeout_s=10)
+    assert result.stdout.split() == [WORKDIR, HOME, "/home/user/logs/verifier"]
+    assert (await sandbox.run("pwd", timeout_s=10, cwd="/tmp")).stdout.strip() == "/tmp"
+
+
+async def test_environment_is_an_allowlist(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVER_SECRET_KEY", "sk-server-only")
+    result = await sandbox.run("env", timeout_s=10, env={"EXTRA": "1"})
+    assert "sk-server-only" not in result.stdout
+    assert "TASK_FLAG=on" in result.stdout
+    assert "EXTRA=1" in result.stdout
+
+
+async def test_timeout_kills_the_command_and_its_children(sandbox: Sandbox) -> None:
+    result = await sandbox.run("sleep 300 & sleep 301; echo never", timeout_s=0.5)
+    assert result.timed_out
+    assert result.exit_code is None
+    assert "never" not in result.stdout
+    await asyncio.sleep(0.2)
+    assert processes_mentioning("sleep 30") == []
+
+
+async def test_background_process_runs_until_killed(sandbox: Sandbox) -> None:
+    process = await sandbox.start("echo started; exec sleep 300", log_path="/home/user/logs/bg.log")
+    for _ in range(100):
+        if b"started" in await sandbox.read_file("/home/user/logs/bg.log"):
+            break
+        await asyncio.sleep(0.02)
+    assert await process.running()
+    await process.kill()
+    assert not await process.running()
+
+
+async def test_files_round_trip_text_and_binary(sandbox: Sandbox) -> None:
+    await sandbox.write_file(f"{WORKDIR}/sub/note.txt", "héllo\n")
+    await sandbox.write_file("/tmp/blob.bin", bytes(range(256)))
+    assert await sandbox.read_file(f"{WORKDIR}/sub/note.txt") == "héllo\n".encode()
+    assert await sandbox.read_file("/tmp/blob.bin") == bytes(range(256))
+    assert (await sandbox.run("cat sub/note.txt && wc -c < /tmp/blob.bin", timeout_s=10)).stdout == "héllo\n256\n"
+    entries = await sandbox.list_files(WORKDIR, limit=10)
+    assert [(e.path, e.size) for e in entries] == [("sub/note.txt", 7)]
+    with pytest.raises(FileNotFoundError):
+        await sandbox.read_file(f"{WORKDIR}/missing.txt")
+
+
+async def test_files_outside_the_sandbox_are_refused(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError, match="outside"):
+        await sandbox.write_file("/etc/evil", "x")
+    with pytest.raises(SandboxError, match="outside"):
+        await sandbox.write_file(f"{WORKDIR}/../../../etc/evil", "x")
+
+
+async def test_host_home_and_tmp_are_hidden(sandbox: Sandbox) -> None:
+    host_home = os.path.expanduser("~")
+    result = await sandbox.run(f"ls -A {host_home} /tmp | head -50", timeout_s=10)
+    assert ".bash_history" not in result.stdout
+    assert "pytest-of" not in result.stdout
+
+
+async def test_close_kills_everything_and_is_idempotent(any_backend: SandboxBackend, no_leaks: None) -> None:
+    box = await any_backend.create(SandboxSpec())
+    await box.start("exec sleep 400", log_path="/home/user/logs/a.log")
+    running = asyncio.ensure_future(box.run("sleep 401", timeout_s=60))
+    await asyncio.sleep(0.3)
+    await box.close()
+    await box.close()
+    result = await running
+    assert result.exit_code != 0
+    assert processes_mentioning("sleep 40") == []
+    with pytest.raises(SandboxError, match="closed"):
+        await box.run("true", timeout_s=5)
