@@ -20,7 +20,8 @@ async def test_demo_task_completes_with_full_reward(backend: LocalBackend, no_le
     assert result.agent_final_text.startswith("I wrote add.py")
     assert result.usage.llm_calls == len(outcome.exchanges) == 3
     assert result.opencode_version == "1.18.33"
-    assert result.timings.agent_s is not None and result.timings.verify_s is not None
+    assert result.timings.agent_s is not None
+    assert result.timings.verify_s is not None
 
 
 async def test_one_of_two_verify_commands_failing_gives_half(backend: LocalBackend, no_leaks: None) -> None:

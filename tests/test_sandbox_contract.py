@@ -87,8 +87,11 @@ async def test_files_outside_the_sandbox_are_refused(sandbox: Sandbox) -> None:
         await sandbox.write_file(f"{WORKDIR}/../../../etc/evil", "x")
 
 
+HOST_HOME = os.path.expanduser("~")
+
+
 async def test_host_home_and_tmp_are_hidden(sandbox: Sandbox) -> None:
-    host_home = os.path.expanduser("~")
+    host_home = HOST_HOME
     result = await sandbox.run(f"ls -A {host_home} /tmp | head -50", timeout_s=10)
     assert ".bash_history" not in result.stdout
     assert "pytest-of" not in result.stdout

@@ -48,7 +48,7 @@ def test_reward_parsers() -> None:
     assert parse_reward_txt(b" 0.25\n") == 0.25
     assert parse_reward_json(b'{"reward": 1, "tests": 3}') == 1.0
     for bad in (b"nan", b"", b"high"):
-        with pytest.raises(ValueError, match="reward|float"):
+        with pytest.raises(ValueError, match=r"reward|float"):
             parse_reward_txt(bad)
     with pytest.raises(ValueError, match="'reward' key"):
         parse_reward_json(b'{"score": 1}')
