@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(run)
     run.set_defaults(handler=_cmd_run)
     demo = commands.add_parser("demo", help="a full rollout against the built-in scripted model (no API keys)")
-    demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="black_box")
+    demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
     demo.add_argument("--output-dir", type=Path, default=Path("runs"))
     demo.set_defaults(handler=_cmd_demo)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")

@@ -101,10 +101,8 @@ class CommandResult(BaseModel):
     output_truncated: bool = False
 
 
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    token_id: int | None = None
+TopLogprob = tuple[str, float, int | None]
+"""One alternative at a position: (token, logprob, token id when the upstream gave one)."""
 
 
 class RolloutTurn(BaseModel):
@@ -121,7 +119,12 @@ class RolloutTurn(BaseModel):
     upstream_error: str | None = None
     prompt_token_ids: list[int] = Field(default_factory=list)
     top_logprobs: list[list[TopLogprob]] = Field(default_factory=list)
-    request: dict[str, Any] = Field(default_factory=dict)
+    request: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The request as sent upstream, compacted: `messages` holds only what follows the first "
+        "`messages_base.count` messages of turn `messages_base.turn`; tool schemas are in "
+        "RolloutResult.request_tools under `tools_sha256`. RolloutResult.turn_messages(i) expands them.",
+    )
     response: dict[str, Any] = Field(default_factory=dict)
     usage: dict[str, int] = Field(default_factory=dict)
     ttft_s: float | None = None
@@ -195,3 +198,16 @@ class RolloutResult(BaseModel):
     upstream: UpstreamInfo = Field(default_factory=UpstreamInfo)
     tool_calls: list[ToolCallSummary] = Field(default_factory=list)
     agent_final_text: str = ""
+    request_tools: dict[str, list[Any]] = Field(
+        default_factory=dict, description="Tool schemas sent upstream, by sha256, stored once per rollout."
+    )
+
+    def turn_messages(self, index: int) -> list[Any]:
+        """The full message list of `proxy_turns[index]`'s request, rebuilt from the compact records."""
+        turn = self.proxy_turns[index]
+        own = list(turn.request.get("messages", []))
+        base = turn.request.get("messages_base")
+        if not base:
+            return own
+        position = next(i for i, earlier in enumerate(self.proxy_turns) if earlier.turn == base["turn"])
+        return [*self.turn_messages(position)[: base["count"]], *own]

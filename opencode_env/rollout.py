@@ -19,6 +19,14 @@ from opencode_env.collect import collect_files, read_tail
 from opencode_env.deadline import Deadline, DeadlineExceeded, total_budget_s
 from opencode_env.endpoints import EndpointError, Upstream, resolve_upstream
 from opencode_env.models import CommandResult, Phase, RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
+from opencode_env.proxy_session import (
+    ProxyStartError,
+    RunningProxy,
+    proxy_log_tail,
+    read_trace,
+    start_proxy,
+    stop_proxy,
+)
 from opencode_env.reward import read_reward
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
@@ -40,6 +48,8 @@ EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
 OPENCODE_LOG_DIR = "/home/user/.local/share/opencode/log"
 INSTALL_TIMEOUT_S = 600.0
+PROXY_START_S = 30.0
+PROXY_AGENT_KEY = "sk-opencode-env-proxy"
 CLOSE_TIMEOUT_S = 30.0
 
 
@@ -165,16 +175,30 @@ async def _in_sandbox(rollout: _Rollout) -> None:
     opencode_path = await rollout.timed("install", _install(rollout))
     await rollout.timed("prepare", _prepare(rollout))
     await rollout.timed("setup", _setup(rollout))
-    base_url, model_id, agent_key = await rollout.timed("proxy", _proxy(rollout))
+    proxy = await rollout.timed("proxy", _proxy(rollout))
     agent_failure: PhaseFailure | None = None
+    collected = False
     try:
-        await rollout.timed("agent", _agent(rollout, opencode_path, base_url, model_id, agent_key))
-    except PhaseFailure as failure:
-        agent_failure = failure
-    await rollout.timed("verify", _verify(rollout))
-    await rollout.timed("collect", _collect(rollout))
+        try:
+            await rollout.timed("agent", _agent(rollout, opencode_path, proxy))
+        except PhaseFailure as failure:
+            agent_failure = failure
+        await rollout.timed("verify", _verify(rollout))
+        await rollout.timed("collect", _collect(rollout))
+        collected = True
+    finally:
+        if not _cancelling():
+            if not collected:
+                await _collect_agent_record(rollout)
+            if proxy is not None:
+                await _collect_turns(rollout, proxy)
     if agent_failure is not None:
-        raise agent_failure
+        raise _classify_agent_failure(agent_failure, rollout.result)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _install(rollout: _Rollout) -> str:
@@ -221,12 +245,17 @@ async def _setup(rollout: _Rollout) -> None:
         raise PhaseFailure("setup_failed", "setup", f"setup command {len(results)} {why}: {failed.cmd[:200]}")
 
 
-async def _proxy(rollout: _Rollout) -> tuple[str, str, str]:
-    """Where OpenCode sends its LLM calls: (base URL, model id, API key for the agent's environment)."""
+async def _proxy(rollout: _Rollout) -> RunningProxy | None:
     if rollout.request.mode == "black_box":
-        upstream = rollout.upstream
-        return upstream.base_url, upstream.model, upstream.api_key
-    raise PhaseFailure("proxy_error", "proxy", "transparent_proxy mode is not available yet; pass mode='black_box'")
+        return None
+    await rollout.report("proxy", "starting the capture proxy")
+    try:
+        return await start_proxy(
+            rollout.sandbox, rollout.upstream, rollout.request, rollout.budget("proxy", PROXY_START_S)
+        )
+    except ProxyStartError as error:
+        rollout.result.proxy_log_tail = await proxy_log_tail(rollout.sandbox)
+        raise PhaseFailure("proxy_error", "proxy", str(error)) from error
 
 
 def _model_options(rollout: _Rollout) -> dict[str, object]:
@@ -235,8 +264,12 @@ def _model_options(rollout: _Rollout) -> dict[str, object]:
     return {}
 
 
-async def _agent(rollout: _Rollout, opencode_path: str, base_url: str, model_id: str, agent_key: str) -> None:
-    request = rollout.request
+async def _agent(rollout: _Rollout, opencode_path: str, proxy: RunningProxy | None) -> None:
+    request, upstream = rollout.request, rollout.upstream
+    if proxy is None:
+        base_url, model_id, agent_key = upstream.base_url, upstream.model, upstream.api_key
+    else:
+        base_url, model_id, agent_key = proxy.base_url, opencode.PROXY_MODEL_ALIAS, PROXY_AGENT_KEY
     config = opencode.render_config(
         base_url=base_url,
         model_id=model_id,
@@ -279,6 +312,12 @@ async def _collect(rollout: _Rollout) -> None:
         log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
     files = await collect_files(sandbox)
     result.files, result.files_extra = files.text, files.extra
+    await _collect_agent_record(rollout)
+
+
+async def _collect_agent_record(rollout: _Rollout) -> None:
+    """OpenCode's events and logs: collected on every path that got past setup, failed or not."""
+    result, sandbox = rollout.result, rollout.sandbox
     events = opencode.parse_events(await read_tail(sandbox, EVENTS_PATH, limit=32 * 1024 * 1024))
     result.tool_calls = events.tool_calls
     result.agent_final_text = events.final_text
@@ -289,6 +328,43 @@ async def _collect(rollout: _Rollout) -> None:
         source="opencode_events" if events.steps else "none",
     )
     result.agent_log_tail = await _agent_log_tail(sandbox, events.errors)
+
+
+async def _collect_turns(rollout: _Rollout, proxy: RunningProxy) -> None:
+    result, sandbox = rollout.result, rollout.sandbox
+    await stop_proxy(sandbox, proxy)
+    trace = await read_trace(sandbox)
+    result.proxy_turns, result.request_tools = trace.turns, trace.tools
+    for problem in trace.problems:
+        log.warning("%s: %s", result.sandbox_id, problem)
+    result.proxy_log_tail = await proxy_log_tail(sandbox)
+    if trace.turns:
+        agent_turns = [turn for turn in trace.turns if turn.outcome == "complete"]
+        result.usage = TokenUsage(
+            prompt_tokens=sum(turn.usage.get("prompt_tokens", 0) for turn in agent_turns),
+            completion_tokens=sum(turn.usage.get("completion_tokens", 0) for turn in agent_turns),
+            llm_calls=len(trace.turns),
+            source="proxy",
+        )
+
+
+def _classify_agent_failure(failure: PhaseFailure, result: RolloutResult) -> PhaseFailure:
+    """An agent that died on an error from the model is an upstream error, told by the proxy's last turn or,
+    in black_box mode, by OpenCode's APIError event."""
+    if failure.status != "agent_error":
+        return failure
+    turns = result.proxy_turns
+    if turns and turns[-1].outcome != "complete":
+        last = turns[-1]
+        return PhaseFailure(
+            "upstream_error",
+            "agent",
+            f"{failure}; the last model call failed ({last.outcome}, "
+            f"HTTP {last.upstream_status}): {(last.upstream_error or '')[:500]}",
+        )
+    if not turns and "APIError" in result.agent_log_tail:
+        return PhaseFailure("upstream_error", "agent", f"{failure}; the model call failed (see agent_log_tail)")
+    return failure
 
 
 async def _agent_log_tail(sandbox: Sandbox, errors: list[str]) -> str:

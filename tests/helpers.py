@@ -18,7 +18,6 @@ class Outcome:
 
 async def rollout(backend: SandboxBackend, script: Script, **fields: object) -> Outcome:
     with ScriptedModelServer(script) as model:
-        fields.setdefault("mode", "black_box")
         request = demo_request(model.base_url, **fields)
         result = await run_rollout(request, backend)
         return Outcome(result, list(model.exchanges))

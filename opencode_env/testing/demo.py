@@ -14,8 +14,9 @@ DEMO_VERIFY = [
 ]
 
 
-def demo_request(base_url: str, *, mode: Mode = "black_box", **overrides: object) -> RolloutRequest:
+def demo_request(base_url: str, *, mode: Mode = "transparent_proxy", **overrides: object) -> RolloutRequest:
     fields: dict[str, object] = {
+        "endpoint": "vllm",
         "base_url": base_url,
         "model": "scripted-policy",
         "api_key": "sk-demo-not-a-secret",

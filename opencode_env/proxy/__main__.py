@@ -1,0 +1,64 @@
+"""`python -m opencode_env.proxy`: run the capture proxy on 127.0.0.1. The upstream key comes from an env var."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+
+import uvicorn
+
+from opencode_env.proxy.app import ProxySettings, create_app
+from opencode_env.proxy.capture import RewriteConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m opencode_env.proxy", description=__doc__)
+    parser.add_argument("--upstream-url", required=True, help="OpenAI-compatible base URL, e.g. http://host/v1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (see --port-file)")
+    parser.add_argument("--port-file", default="", help="write the bound port here once listening")
+    parser.add_argument("--trace", required=True, help="JSONL file the turns are appended to")
+    parser.add_argument("--top-logprobs", type=int, default=5)
+    parser.add_argument("--max-tokens-cap", type=int, default=4096)
+    parser.add_argument("--disable-thinking", action="store_true")
+    parser.add_argument("--model-override", default="")
+    parser.add_argument("--endpoint-kind", choices=["vllm", "openai", "hf_router", ""], default="")
+    parser.add_argument("--idle-timeout", type=float, default=120.0, help="seconds without upstream bytes")
+    parser.add_argument("--api-key-env", default="OPENCODE_ENV_UPSTREAM_KEY", help="env var holding the key")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    settings = ProxySettings(
+        upstream_url=args.upstream_url.rstrip("/"),
+        trace_path=args.trace,
+        api_key=os.environ.get(args.api_key_env, ""),
+        rewrite=RewriteConfig(
+            endpoint_kind=args.endpoint_kind,
+            model_override=args.model_override,
+            top_logprobs=args.top_logprobs,
+            max_tokens_cap=args.max_tokens_cap,
+            disable_thinking=args.disable_thinking,
+        ),
+        idle_timeout_s=args.idle_timeout,
+    )
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", args.port))
+    listener.listen(128)
+    if args.port_file:
+        temporary = f"{args.port_file}.tmp"
+        with open(temporary, "w") as handle:
+            handle.write(str(listener.getsockname()[1]))
+        os.replace(temporary, args.port_file)
+    config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False, lifespan="on")
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The capture proxy's life inside one sandbox: upload, start, wait for health, drain, read the trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from opencode_env.endpoints import Upstream
+from opencode_env.models import RolloutRequest, RolloutTurn
+from opencode_env.opencode import UPSTREAM_KEY_VAR
+from opencode_env.sandbox.base import LOGS_DIR, ROLLOUT_DIR, BackgroundProcess, Sandbox
+from opencode_env.sandbox.output import tail_text
+
+PACKAGE_DIR = f"{ROLLOUT_DIR}/pkg"
+TRACE_PATH = f"{LOGS_DIR}/proxy/trace.jsonl"
+LOG_PATH = f"{LOGS_DIR}/proxy/proxy.log"
+PORT_FILE = f"{ROLLOUT_DIR}/proxy.port"
+HEALTH_WAIT_S = 20.0
+DRAIN_WAIT_S = 15.0
+
+
+class ProxyStartError(Exception):
+    """The capture proxy did not come up; the message carries its log."""
+
+
+@dataclass
+class RunningProxy:
+    process: BackgroundProcess
+    python: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+def proxy_sources() -> dict[str, str]:
+    """The proxy package's files, uploaded as they are next to an empty `opencode_env` package."""
+    here = Path(__file__).parent / "proxy"
+    files = {f"opencode_env/proxy/{path.name}": path.read_text() for path in sorted(here.glob("*.py"))}
+    files["opencode_env/__init__.py"] = ""
+    return files
+
+
+def _proxy_command(python: str, upstream: Upstream, request: RolloutRequest) -> str:
+    args = [
+        python,
+        "-m",
+        "opencode_env.proxy",
+        "--upstream-url",
+        upstream.base_url,
+        "--port",
+        "0",
+        "--port-file",
+        PORT_FILE,
+        "--trace",
+        TRACE_PATH,
+        "--top-logprobs",
+        str(request.top_logprobs),
+        "--max-tokens-cap",
+        str(request.max_tokens_cap),
+        "--model-override",
+        upstream.model,
+        "--endpoint-kind",
+        upstream.endpoint,
+        "--api-key-env",
+        UPSTREAM_KEY_VAR,
+    ]
+    if upstream.disable_thinking:
+        args.append("--disable-thinking")
+    return shlex.join(args)
+
+
+async def start_proxy(sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, budget_s: float) -> RunningProxy:
+    python = sandbox.tools.python or "python3"
+    for path, text in proxy_sources().items():
+        await sandbox.write_file(f"{PACKAGE_DIR}/{path}", text)
+    await sandbox.write_file(TRACE_PATH, b"")
+    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONPATH": PACKAGE_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
+    process = await sandbox.start(_proxy_command(python, upstream, request), log_path=LOG_PATH, env=env)
+    deadline = time.monotonic() + min(budget_s, HEALTH_WAIT_S)
+    port: int | None = None
+    while port is None:
+        if not await process.running():
+            raise ProxyStartError(f"the capture proxy exited at start: {await proxy_log_tail(sandbox)}")
+        if time.monotonic() > deadline:
+            await process.kill()
+            raise ProxyStartError(f"the capture proxy did not listen in time: {await proxy_log_tail(sandbox)}")
+        try:
+            port = int((await sandbox.read_file(PORT_FILE)).decode())
+        except (FileNotFoundError, ValueError):
+            await asyncio.sleep(0.02)
+    proxy = RunningProxy(process, python, port)
+    answer = await _call(sandbox, proxy, "/healthz", "GET", max(deadline - time.monotonic(), 1.0))
+    if answer is None:
+        await process.kill()
+        raise ProxyStartError(f"the capture proxy did not answer /healthz: {await proxy_log_tail(sandbox)}")
+    return proxy
+
+
+async def _call(sandbox: Sandbox, proxy: RunningProxy, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
+    command = shlex.join(
+        [
+            proxy.python,
+            "-m",
+            "opencode_env.proxy.ping",
+            f"http://127.0.0.1:{proxy.port}{path}",
+            "--method",
+            method,
+            "--wait",
+            f"{wait_s:.1f}",
+        ]
+    )
+    result = await sandbox.run(command, timeout_s=wait_s + 5, env={"PYTHONPATH": PACKAGE_DIR})
+    if result.exit_code != 0:
+        return None
+    answer = json.loads(result.stdout)
+    return answer if isinstance(answer, dict) else None
+
+
+async def stop_proxy(sandbox: Sandbox, proxy: RunningProxy) -> None:
+    """Wait for the records still being written, then stop the proxy."""
+    if await proxy.process.running():
+        await _call(sandbox, proxy, "/drain", "POST", DRAIN_WAIT_S)
+    await proxy.process.kill()
+
+
+@dataclass
+class Trace:
+    turns: list[RolloutTurn] = field(default_factory=list)
+    tools: dict[str, list[Any]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def parse_trace(text: str) -> Trace:
+    trace = Trace()
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            kind = record.pop("type")
+            if kind == "tools":
+                trace.tools[str(record["sha256"])] = list(record["tools"])
+            elif kind == "turn":
+                trace.turns.append(RolloutTurn.model_validate(record))
+        except (ValueError, KeyError, TypeError, ValidationError) as error:
+            trace.problems.append(f"trace line {number}: {error}")
+    trace.turns.sort(key=lambda turn: turn.turn)
+    return trace
+
+
+async def read_trace(sandbox: Sandbox) -> Trace:
+    try:
+        return parse_trace((await sandbox.read_file(TRACE_PATH)).decode("utf-8", errors="replace"))
+    except FileNotFoundError:
+        return Trace()
+
+
+async def proxy_log_tail(sandbox: Sandbox, limit: int = 8192) -> str:
+    try:
+        return tail_text(await sandbox.read_file(LOG_PATH), limit)
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,186 @@
+"""The capture proxy as a real process between a real HTTP client and the scripted model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from opencode_env.testing.script import Script, Step, fail, say, stall
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.proxy_process import running_proxy
+
+VLLM = ("--endpoint-kind", "vllm", "--model-override", "scripted-policy")
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": "policy",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 32000,
+        "messages": [{"role": "system", "content": "You are a coder."}, {"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+        **extra,
+    }
+
+
+async def post(url: str, payload: dict[str, Any], **headers: str) -> tuple[httpx.Response, bytes]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{url}/chat/completions", json=payload, headers={"authorization": "Bearer sk-agent-side", **headers}
+        )
+        return response, response.content
+
+
+async def test_stream_bytes_reach_the_client_unchanged(tmp_path: Path) -> None:
+    text = "unicode \u2028 \u2029 \u0085 é 中文 🚀 done"
+    with (
+        ScriptedModelServer(Script(steps=[say(text)])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM) as proxy,
+    ):
+        response, raw = await post(proxy.url, body(), **{"x-session-id": "ses_abc"})
+        assert response.status_code == 200
+        assert raw == bytes(model.exchanges[0].sent)
+        turn = proxy.wait_for_turns(1).turns[0]
+    exchange = model.exchanges[0]
+    assert exchange.headers["authorization"] == "Bearer sk-upstream-test"
+    assert exchange.headers["x-session-id"] == "ses_abc"
+    assert exchange.request["model"] == "scripted-policy"
+    assert (exchange.request["max_tokens"], exchange.request["return_token_ids"]) == (4096, True)
+    assert turn.response["content"] == text
+    assert turn.completion_token_ids == [t.token_id for t in exchange.tokens]
+    assert turn.per_token_logps == [t.logprob for t in exchange.tokens]
+    assert turn.headers["x-session-id"] == "ses_abc"
+    assert turn.headers["authorization"] == "[redacted]"
+    assert turn.aligned
+    assert turn.ttft_s is not None
+    assert 0 < turn.ttft_s <= turn.latency_s
+
+
+async def test_non_streamed_requests_are_recorded(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(Script(steps=[say("plain")])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM) as proxy,
+    ):
+        response, raw = await post(proxy.url, body(stream=False))
+        assert response.status_code == 200
+        assert json.loads(raw)["choices"][0]["message"]["content"] == "plain"
+        assert "stream_options" not in model.exchanges[0].request
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert (turn.stream, turn.outcome, turn.response["content"]) == (False, "complete", "plain")
+    assert turn.completion_token_ids == [t.token_id for t in model.exchanges[0].tokens]
+
+
+async def test_server_errors_pass_through_with_retry_after(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(Script(steps=[fail(503, retry_after_s=1.5)])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM) as proxy,
+    ):
+        response, _raw = await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1.5"
+    assert response.headers["retry-after-ms"] == "1500"
+    assert (turn.upstream_status, turn.outcome) == (503, "upstream_error")
+    assert "scripted failure" in (turn.upstream_error or "")
+
+
+async def test_client_errors_become_a_neutral_400(tmp_path: Path) -> None:
+    script = Script(steps=[fail(422, message="overloaded? no: bad schema")])
+    with ScriptedModelServer(script) as model, running_proxy(model.base_url, tmp_path, *VLLM) as proxy:
+        response, raw = await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 400
+    message = json.loads(raw)["error"]["message"]
+    assert "bad schema" in message
+    assert "overloaded" not in message
+    assert (turn.upstream_status, turn.outcome) == (422, "upstream_error")
+
+
+async def test_unreachable_upstream_is_a_502(tmp_path: Path) -> None:
+    with running_proxy("http://127.0.0.1:9/v1", tmp_path, *VLLM) as proxy:
+        response, _ = await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 502
+    assert turn.outcome == "unreachable"
+    assert turn.upstream_status is None
+
+
+async def test_a_stall_before_the_first_byte_is_cut_by_the_idle_timeout(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(Script(steps=[stall(30)])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--idle-timeout", "1") as proxy,
+    ):
+        response, _ = await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 504
+    assert turn.outcome == "stalled"
+
+
+async def test_a_stall_mid_stream_is_recorded_with_the_tokens_so_far(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(Script(steps=[stall(30, after_tokens=4)])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--idle-timeout", "1") as proxy,
+    ):
+        response, raw = await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 200
+    assert b"[DONE]" not in raw
+    assert turn.outcome == "stalled"
+    assert len(turn.completion_token_ids) == 4
+    assert turn.completion_token_ids == [t.token_id for t in model.exchanges[0].tokens[:4]]
+
+
+async def test_an_upstream_that_cuts_the_stream_is_not_a_clean_completion(tmp_path: Path) -> None:
+    script = Script(steps=[Step(content="one two three four five", disconnect_after_tokens=3)])
+    with ScriptedModelServer(script) as model, running_proxy(model.base_url, tmp_path, *VLLM) as proxy:
+        await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert turn.outcome == "upstream_disconnected"
+    assert len(turn.per_token_logps) == 3
+    assert not turn.aligned
+
+
+async def test_an_agent_that_disconnects_mid_stream_leaves_a_record(tmp_path: Path) -> None:
+    script = Script(steps=[Step(content="word " * 200, token_delay_s=0.01)])
+    with ScriptedModelServer(script) as model, running_proxy(model.base_url, tmp_path, *VLLM) as proxy:
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream("POST", f"{proxy.url}/chat/completions", json=body()) as response,
+        ):
+            received = 0
+            async for piece in response.aiter_raw():
+                received += len(piece)
+                if received > 2000:
+                    break
+        trace = proxy.wait_for_turns(1)
+    turn = trace.turns[0]
+    assert turn.outcome == "client_disconnected"
+    assert 0 < len(turn.per_token_logps) < 401
+
+
+async def test_every_request_leaves_a_record_even_a_bad_one(tmp_path: Path) -> None:
+    with running_proxy("http://127.0.0.1:9/v1", tmp_path) as proxy:
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{proxy.url}/chat/completions", content=b"{not json")
+            health = (await client.get(proxy.url.removesuffix("/v1") + "/healthz")).json()
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 400
+    assert turn.outcome == "bad_request"
+    assert health["ok"] is True
+
+
+@pytest.mark.parametrize("top", [0, 3])
+async def test_top_logprobs_follow_the_setting(tmp_path: Path, top: int) -> None:
+    with (
+        ScriptedModelServer(Script(steps=[say("a b c")])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--top-logprobs", str(top)) as proxy,
+    ):
+        await post(proxy.url, body())
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert model.exchanges[0].request["top_logprobs"] == top
+    assert {len(alternatives) for alternatives in turn.top_logprobs} == {top}
