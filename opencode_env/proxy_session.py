@@ -140,7 +140,9 @@ class Trace:
 
 
 def parse_trace(text: str) -> Trace:
+    """Turns and tool schemas from the proxy's JSONL trace, with compacted prompt ids expanded."""
     trace = Trace()
+    sequences: dict[int, list[int]] = {}
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -150,7 +152,12 @@ def parse_trace(text: str) -> Trace:
             if kind == "tools":
                 trace.tools[str(record["sha256"])] = list(record["tools"])
             elif kind == "turn":
-                trace.turns.append(RolloutTurn.model_validate(record))
+                base = record.pop("prompt_base", None)
+                if base:
+                    record["prompt_token_ids"] = sequences[base["turn"]][: base["count"]] + record["prompt_token_ids"]
+                turn = RolloutTurn.model_validate(record)
+                sequences[turn.turn] = turn.prompt_token_ids + turn.completion_token_ids
+                trace.turns.append(turn)
         except (ValueError, KeyError, TypeError, ValidationError) as error:
             trace.problems.append(f"trace line {number}: {error}")
     trace.turns.sort(key=lambda turn: turn.turn)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from opencode_env.models import RolloutResult, RolloutTurn
+from opencode_env.models import RolloutResult
 from opencode_env.proxy.capture import (
     RewriteConfig,
-    compact_request,
+    TraceCompactor,
     fold_response,
     fold_stream,
     neutral_error,
     recorded_headers,
     rewrite_request,
+    shared_prefix,
     turn_kind,
 )
+from opencode_env.proxy_session import parse_trace
 
 
 def sse(*chunks: dict[str, Any] | str, separator: str = "\n\n") -> bytes:
@@ -235,29 +237,48 @@ def test_headers_are_recorded_lowercased_with_secrets_redacted() -> None:
     assert turn_kind({}, {}) == "auxiliary"
 
 
-def test_compact_requests_rebuild_to_the_full_messages() -> None:
+def test_compact_records_rebuild_to_the_full_messages_and_prompt_ids() -> None:
     system = {"role": "system", "content": "S" * 10_000}
+    tools = [{"type": "function", "function": {"name": "bash"}}]
     bodies = [
-        {"messages": [system, {"role": "user", "content": "u"}], "tools": [{"name": "bash"}]},
-        {"messages": [{"role": "user", "content": "title please"}]},
+        {"model": "m", "messages": [system, {"role": "user", "content": "u"}], "tools": tools},
+        {"model": "m", "messages": [{"role": "user", "content": "title please"}]},
         {
+            "model": "m",
             "messages": [
                 system,
                 {"role": "user", "content": "u"},
                 {"role": "assistant", "content": "a"},
                 {"role": "tool", "content": "t"},
             ],
-            "tools": [{"name": "bash"}],
+            "tools": tools,
         },
     ]
-    history: list[tuple[int, list[str]]] = []
-    turns = []
-    for number, body in enumerate(bodies):
-        record, hashes = compact_request(body, history)
-        history.append((number, hashes))
-        turns.append(RolloutTurn(turn=number, request=record))
-    assert turns[2].request["messages_base"] == {"turn": 0, "count": 2}
-    assert len(turns[2].request["messages"]) == 2
-    assert turns[0].request["tools_sha256"] == turns[2].request["tools_sha256"]
-    result = RolloutResult(proxy_turns=turns)
+    ids = [([1, 2, 3], [4, 5]), ([9, 9], [8]), ([1, 2, 3, 4, 5, 6, 7], [10])]
+    compactor = TraceCompactor()
+    lines = []
+    for number, (body, (prompt, completion)) in enumerate(zip(bodies, ids, strict=True)):
+        request, prompt_fields, blob = compactor.compact(number, body, prompt, completion)
+        if blob:
+            lines.append({"type": "tools", "sha256": blob[0], "tools": blob[1]})
+        lines.append(
+            {"type": "turn", "turn": number, "request": request, **prompt_fields, "completion_token_ids": completion}
+        )
+    third = lines[-1]
+    assert third["request"]["messages_base"] == {"turn": 0, "count": 2}
+    assert len(third["request"]["messages"]) == 2
+    assert third["prompt_base"] == {"turn": 0, "count": 5}
+    assert third["prompt_token_ids"] == [6, 7]
+    assert sum(1 for line in lines if line["type"] == "tools") == 1
+    trace = parse_trace("\n".join(json.dumps(line) for line in lines))
+    assert [turn.prompt_token_ids for turn in trace.turns] == [prompt for prompt, _ in ids]
+    result = RolloutResult(proxy_turns=trace.turns, request_tools=trace.tools)
     assert [result.turn_messages(i) for i in range(3)] == [b["messages"] for b in bodies]
+    assert result.request_tools[trace.turns[2].request["tools_sha256"]] == tools
+
+
+def test_shared_prefix() -> None:
+    assert shared_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert shared_prefix([1, 2], [1, 2, 3]) == 2
+    assert shared_prefix([], [1]) == 0
+    assert shared_prefix([5], [6]) == 0

@@ -1,8 +1,8 @@
 """The capture proxy's HTTP shell: forward OpenCode's chat completions upstream, relay the bytes, record a turn.
 
-The upstream's bytes reach the agent unchanged and as they arrive; each request's record is folded and written by
-a background task after its body has ended, so capture never delays the agent. Every request leaves a record,
-including failed, stalled and disconnected ones.
+The upstream's bytes reach the agent unchanged and as they arrive; each request's record is folded, compacted and
+written by a background task after its body has ended, so capture never delays the agent. Every request leaves a
+record, including failed, stalled and disconnected ones.
 """
 
 from __future__ import annotations
@@ -14,25 +14,32 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from opencode_env.proxy.capture import (
     Fold,
     RewriteConfig,
-    compact_request,
+    TraceCompactor,
     fold_response,
     fold_stream,
     neutral_error,
     recorded_headers,
     rewrite_request,
-    tools_blob,
     turn_kind,
+)
+from opencode_env.proxy.upstream import (
+    Origin,
+    UpstreamDisconnected,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamStalled,
+    UpstreamUnreachable,
 )
 
 log = logging.getLogger("opencode_env.proxy")
@@ -53,21 +60,32 @@ class ProxySettings:
         return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"
 
 
+@dataclass
+class Pending:
+    """A request on its way: what was sent, and what the record already knows."""
+
+    turn: int
+    started: float
+    sent: dict[str, Any]
+    record: dict[str, Any]
+
+
 class TraceWriter:
     """Appends one JSON line per record and flushes it, so a killed agent still leaves every finished turn."""
 
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._tools_written: set[str] = set()
+        self._compactor = TraceCompactor()
         self.turns_written = 0
 
-    def write_tools(self, sha: str, tools: Any) -> None:
-        if sha not in self._tools_written:
-            self._tools_written.add(sha)
-            self._write({"type": "tools", "sha256": sha, "tools": tools})
-
-    def write_turn(self, record: dict[str, Any]) -> None:
-        self._write({"type": "turn", **record})
+    def write_turn(self, pending: Pending, fold: Fold | None) -> None:
+        record = pending.record
+        prompt_ids = fold.prompt_token_ids if fold else []
+        completion_ids = fold.ids() if fold else []
+        request, prompt, blob = self._compactor.compact(pending.turn, pending.sent, prompt_ids, completion_ids)
+        if blob is not None:
+            self._write({"type": "tools", "sha256": blob[0], "tools": blob[1]})
+        self._write({"type": "turn", **record, "request": request, **prompt})
         self.turns_written += 1
 
     def _write(self, line: dict[str, Any]) -> None:
@@ -82,16 +100,16 @@ class CaptureProxy:
         self.settings = settings
         self.trace = TraceWriter(settings.trace_path)
         self._turns = itertools.count()
-        self._history: list[tuple[int, list[str]]] = []
         self._pending: set[asyncio.Task[None]] = set()
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.idle_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        self._pool = UpstreamPool(
+            Origin.parse(settings.upstream_url),
+            connect_timeout_s=settings.connect_timeout_s,
+            idle_timeout_s=settings.idle_timeout_s,
         )
 
     async def aclose(self) -> None:
         await self.drain()
-        await self._client.aclose()
+        self._pool.close()
         self.trace.close()
 
     async def drain(self) -> int:
@@ -102,157 +120,161 @@ class CaptureProxy:
     def pending(self) -> int:
         return len(self._pending)
 
-    def _schedule(self, finishing: Any) -> None:
-        task = asyncio.ensure_future(finishing)
+    def _schedule(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     def _upstream_headers(self, incoming: dict[str, str]) -> dict[str, str]:
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream, application/json",
+            "accept-encoding": "identity",
+        }
         headers.update({name: incoming[name] for name in FORWARDED_REQUEST_HEADERS if name in incoming})
         if self.settings.api_key:
             headers["authorization"] = f"Bearer {self.settings.api_key}"
         return headers
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/chat/completions as a plain ASGI callable: no middleware between the upstream and the agent."""
         started, started_wall = time.monotonic(), time.time()
         turn = next(self._turns)
-        incoming = {name.lower(): value for name, value in request.headers.items()}
+        incoming = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await _read_body(receive))
             if not isinstance(body, dict):
                 raise ValueError("the request body must be a JSON object")
         except ValueError as error:
-            rejected = {"turn": turn, "timestamp": started_wall, "outcome": "bad_request", "upstream_error": str(error)}
-            self._schedule(self._write(rejected))
-            return JSONResponse({"error": {"message": str(error), "type": "invalid_request_error"}}, 400)
+            rejected = Pending(
+                turn,
+                started,
+                {},
+                {"turn": turn, "timestamp": started_wall, "outcome": "bad_request", "upstream_error": str(error)},
+            )
+            self._schedule(self._record(rejected, None))
+            await _send_json(send, 400, {"error": {"message": str(error), "type": "invalid_request_error"}})
+            return
         sent = rewrite_request(body, self.settings.rewrite)
-        compact, hashes = compact_request(sent, self._history)
-        self._history.append((turn, hashes))
-        blob = tools_blob(sent)
-        record: dict[str, Any] = {
-            "turn": turn,
-            "timestamp": started_wall,
-            "kind": turn_kind(body, incoming),
-            "headers": recorded_headers(incoming),
-            "request": compact,
-            "stream": bool(sent.get("stream")),
-            "tools": blob,
-        }
-        upstream_request = self._client.build_request(
-            "POST",
-            f"{self.settings.upstream_url}/chat/completions",
-            content=json.dumps(sent, ensure_ascii=False).encode(),
-            headers=self._upstream_headers(incoming),
+        pending = Pending(
+            turn,
+            started,
+            sent,
+            {
+                "turn": turn,
+                "timestamp": started_wall,
+                "kind": turn_kind(body, incoming),
+                "headers": recorded_headers(incoming),
+                "stream": bool(sent.get("stream")),
+            },
         )
+        payload = json.dumps(sent, ensure_ascii=False).encode()
         try:
-            upstream = await self._client.send(upstream_request, stream=True)
-        except httpx.TimeoutException as error:
-            return self._failed(record, started, "stalled", 504, f"upstream sent nothing in time: {error!r}")
-        except httpx.HTTPError as error:
-            return self._failed(record, started, "unreachable", 502, f"upstream unreachable: {error!r}")
-        record["upstream_status"] = upstream.status_code
-        if upstream.status_code != 200:
-            return await self._upstream_error(record, started, upstream)
-        if not record["stream"]:
-            raw = await upstream.aread()
-            await upstream.aclose()
-            self._schedule(
-                self._finish(
-                    record=record,
-                    started=started,
-                    raw=raw,
-                    arrivals=[(len(raw), time.monotonic())],
-                    problem=None,
-                    streamed=False,
-                )
-            )
-            return Response(raw, media_type=upstream.headers.get("content-type", "application/json"))
-        return StreamingResponse(
-            self._relay(record, started, upstream),
-            headers=_response_headers(upstream),
-            media_type=upstream.headers.get("content-type", "text/event-stream"),
-        )
+            upstream = await self._pool.post("/chat/completions", payload, self._upstream_headers(incoming))
+        except UpstreamStalled as error:
+            await self._failed(send, pending, "stalled", 504, str(error))
+            return
+        except UpstreamUnreachable as error:
+            await self._failed(send, pending, "unreachable", 502, str(error))
+            return
+        except UpstreamDisconnected as error:
+            await self._failed(send, pending, "upstream_disconnected", 502, str(error))
+            return
+        pending.record["upstream_status"] = upstream.status
+        if upstream.status != 200:
+            await self._upstream_error(send, pending, upstream)
+        elif pending.record["stream"]:
+            await self._relay(receive, send, pending, upstream)
+        else:
+            await self._whole(send, pending, upstream)
 
-    def _failed(self, record: dict[str, Any], started: float, outcome: str, status: int, error: str) -> Response:
-        record.update(outcome=outcome, upstream_error=error, latency_s=round(time.monotonic() - started, 6))
-        self._schedule(self._write(record))
-        return JSONResponse({"error": {"message": error, "type": "upstream_error", "code": status}}, status)
+    async def _failed(self, send: Send, pending: Pending, outcome: str, status: int, error: str) -> None:
+        pending.record.update(outcome=outcome, upstream_error=error)
+        self._schedule(self._record(pending, None))
+        await _send_json(send, status, {"error": {"message": error, "type": "upstream_error", "code": status}})
 
-    async def _upstream_error(self, record: dict[str, Any], started: float, upstream: httpx.Response) -> Response:
-        raw = await upstream.aread()
-        await upstream.aclose()
-        status = upstream.status_code
-        record.update(
-            outcome="upstream_error",
-            upstream_error=raw[:2000].decode("utf-8", errors="replace"),
-            latency_s=round(time.monotonic() - started, 6),
-        )
-        self._schedule(self._write(record))
+    async def _upstream_error(self, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
+        try:
+            raw = await upstream.read()
+        except UpstreamError as error:
+            raw = str(error).encode()
+        status = upstream.status
+        pending.record.update(outcome="upstream_error", upstream_error=raw[:2000].decode("utf-8", errors="replace"))
+        self._schedule(self._record(pending, None))
         if status == 429 or status >= 500:
-            return Response(
-                raw,
-                status_code=status,
-                headers=_response_headers(upstream),
-                media_type=upstream.headers.get("content-type", "application/json"),
-            )
-        return JSONResponse(neutral_error(status, raw), 400)
+            content_type = upstream.headers.get("content-type", "application/json")
+            await _send_bytes(send, status, raw, content_type, _response_headers(upstream))
+        else:
+            await _send_json(send, 400, neutral_error(status, raw))
 
-    async def _relay(self, record: dict[str, Any], started: float, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    async def _whole(self, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
+        try:
+            raw = await upstream.read()
+        except UpstreamError as error:
+            await self._failed(send, pending, "upstream_disconnected", 502, str(error))
+            return
+        self._schedule(self._fold_and_record(pending, raw, [(len(raw), time.monotonic())], None, streamed=False))
+        await _send_bytes(send, 200, raw, upstream.headers.get("content-type", "application/json"), {})
+
+    async def _relay(self, receive: Receive, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
         raw = bytearray()
         arrivals: list[tuple[int, float]] = []
         problem: tuple[str, str] | None = None
-        client_gone = True
+        relay = asyncio.current_task()
+        disconnected = asyncio.Event()
+
+        async def watch_for_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected.set()
+            if relay is not None:
+                relay.cancel()
+
+        headers = [(b"content-type", upstream.headers.get("content-type", "text/event-stream").encode())]
+        headers += [(name.encode(), value.encode()) for name, value in _response_headers(upstream).items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        watcher = asyncio.ensure_future(watch_for_disconnect())
         try:
-            async for piece in upstream.aiter_raw():
+            async for piece in upstream.iter_body():
                 raw += piece
                 arrivals.append((len(raw), time.monotonic()))
-                yield piece
-            client_gone = False
-        except httpx.ReadTimeout:
-            problem, client_gone = ("stalled", f"no bytes from upstream for {self.settings.idle_timeout_s}s"), False
-        except httpx.HTTPError as error:
-            problem, client_gone = ("upstream_disconnected", f"upstream stream broke: {error!r}"), False
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        except UpstreamStalled as error:
+            problem = ("stalled", str(error))
+        except UpstreamError as error:
+            problem = ("upstream_disconnected", str(error))
+        except asyncio.CancelledError:
+            if not disconnected.is_set():
+                raise
+            if relay is not None:
+                relay.uncancel()
+            problem = ("client_disconnected", "the agent closed the connection mid-stream")
         finally:
-            if client_gone:
-                problem = ("client_disconnected", "the agent closed the connection mid-stream")
-            self._schedule(
-                self._finish(
-                    record=record,
-                    started=started,
-                    raw=raw,
-                    arrivals=arrivals,
-                    problem=problem,
-                    streamed=True,
-                    upstream=upstream,
-                )
-            )
+            watcher.cancel()
+            self._schedule(self._fold_and_record(pending, raw, arrivals, problem, streamed=True))
+        if not disconnected.is_set():
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _finish(
+    async def _fold_and_record(
         self,
-        *,
-        record: dict[str, Any],
-        started: float,
+        pending: Pending,
         raw: bytes | bytearray,
         arrivals: list[tuple[int, float]],
         problem: tuple[str, str] | None,
+        *,
         streamed: bool,
-        upstream: httpx.Response | None = None,
     ) -> None:
-        if upstream is not None:
-            await upstream.aclose()
         fold = fold_stream(raw) if streamed else fold_response(bytes(raw))
         outcome, error = problem or _outcome(fold, streamed)
-        record.update(_fold_record(fold, started, arrivals), outcome=outcome)
+        pending.record.update(_fold_record(fold, pending.started, arrivals), outcome=outcome)
         if error:
-            record["upstream_error"] = error
-        await self._write(record)
+            pending.record["upstream_error"] = error
+        await self._record(pending, fold)
 
-    async def _write(self, record: dict[str, Any]) -> None:
-        blob = record.pop("tools", None)
-        if blob:
-            self.trace.write_tools(*blob)
-        self.trace.write_turn(record)
+    async def _record(self, pending: Pending, fold: Fold | None) -> None:
+        pending.record.setdefault("latency_s", round(time.monotonic() - pending.started, 6))
+        self.trace.write_turn(pending, fold)
+        record = pending.record
         log.info(
             "turn %s %s %s %s tokens=%s",
             record["turn"],
@@ -282,7 +304,6 @@ def _fold_record(fold: Fold, started: float, arrivals: list[tuple[int, float]]) 
         "completion_token_ids": fold.ids(),
         "per_token_logps": fold.logprobs,
         "top_logprobs": fold.top_logprobs,
-        "prompt_token_ids": fold.prompt_token_ids,
         "response": fold.message(),
         "usage": fold.usage,
         "token_id_source": fold.token_id_source(),
@@ -292,11 +313,47 @@ def _fold_record(fold: Fold, started: float, arrivals: list[tuple[int, float]]) 
     }
 
 
-def _response_headers(upstream: httpx.Response) -> dict[str, str]:
+def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:
     return {name: upstream.headers[name] for name in FORWARDED_RESPONSE_HEADERS if name in upstream.headers}
 
 
-def create_app(settings: ProxySettings) -> FastAPI:
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ValueError("the client disconnected before sending the whole body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send_bytes(send: Send, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+    raw_headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(name.encode(), value.encode()) for name, value in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    await _send_bytes(send, status, json.dumps(payload).encode(), "application/json", {})
+
+
+class ProxyApp:
+    """The ASGI app: chat completions go straight to the proxy; everything else (health, drain, lifespan) to FastAPI."""
+
+    def __init__(self, proxy: CaptureProxy, admin: FastAPI) -> None:
+        self.proxy = proxy
+        self.admin = admin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
+            await self.proxy(scope, receive, send)
+        else:
+            await self.admin(scope, receive, send)
+
+
+def create_app(settings: ProxySettings) -> ProxyApp:
     proxy = CaptureProxy(settings)
 
     @contextlib.asynccontextmanager
@@ -304,21 +361,16 @@ def create_app(settings: ProxySettings) -> FastAPI:
         yield
         await proxy.aclose()
 
-    app = FastAPI(
+    admin = FastAPI(
         title="opencode-env capture proxy", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
-    app.state.proxy = proxy
 
-    @app.get("/healthz")
+    @admin.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "turns_written": proxy.trace.turns_written, "pending": proxy.pending()}
 
-    @app.post("/drain")
+    @admin.post("/drain")
     async def drain() -> dict[str, int]:
         return {"turns_written": await proxy.drain()}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await proxy.chat_completions(request)
-
-    return app
+    return ProxyApp(proxy, admin)

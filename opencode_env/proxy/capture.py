@@ -7,7 +7,6 @@ vLLM leaves unescaped inside JSON) and assembles content, reasoning, tool calls,
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -242,32 +241,77 @@ def fold_response(raw: bytes) -> Fold:
     return fold
 
 
-def compact_request(body: dict[str, Any], previous: list[tuple[int, list[str]]]) -> tuple[dict[str, Any], list[str]]:
-    """The request without what earlier turns already hold: messages after the longest shared prefix.
+def shared_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items a and b share (slice comparisons run in C; a binary search finds a divergence)."""
+    limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    low, high = 0, limit - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
-    `previous` lists (turn, message hashes) of earlier turns; returns the record and this turn's message hashes.
+
+@dataclass
+class _Written:
+    turn: int
+    messages: list[Any]
+    token_ids: list[int]
+
+
+class TraceCompactor:
+    """Turns a request and its ids into a compact record, by reference to turns already written.
+
+    A turn stores only the messages after the longest prefix it shares with a recent turn, and only the prompt ids
+    after the longest prefix it shares with a recent turn's prompt + completion ids; tool schemas are written once
+    under their sha256. A multi-turn rollout's trace then grows with what is new, not with the whole history.
     """
-    messages = body.get("messages") or []
-    hashes = [_digest(message) for message in messages]
-    base_turn, shared = None, 0
-    for turn, earlier in reversed(previous):
-        if len(earlier) <= len(hashes) and hashes[: len(earlier)] == earlier and len(earlier) > shared:
-            base_turn, shared = turn, len(earlier)
-    record = {key: copy.deepcopy(value) for key, value in body.items() if key not in ("messages", "tools")}
-    record["messages_base"] = None if base_turn is None else {"turn": base_turn, "count": shared}
-    record["messages"] = messages[shared:]
-    if body.get("tools"):
-        record["tools_sha256"] = _digest(body["tools"])
-    return record, hashes
 
+    def __init__(self, window: int = 4) -> None:
+        self._recent: list[_Written] = []
+        self._window = window
+        self._tools: list[tuple[Any, str]] = []
 
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    def compact(
+        self, turn: int, sent: dict[str, Any], prompt_ids: list[int], completion_ids: list[int]
+    ) -> tuple[dict[str, Any], dict[str, Any], tuple[str, Any] | None]:
+        """(request record, prompt-id fields, a new tool-schema blob to write first or None)."""
+        messages = list(sent.get("messages") or [])
+        request = {key: value for key, value in sent.items() if key not in ("messages", "tools")}
+        base, shared = self._best(lambda earlier: shared_prefix(earlier.messages, messages))
+        request["messages_base"] = None if base is None else {"turn": base, "count": shared}
+        request["messages"] = messages[shared:]
+        blob = None
+        if sent.get("tools"):
+            sha, blob = self._tools_sha(sent["tools"])
+            request["tools_sha256"] = sha
+        prompt_base, prompt_shared = self._best(lambda earlier: shared_prefix(earlier.token_ids, prompt_ids))
+        prompt = {
+            "prompt_base": None if prompt_base is None else {"turn": prompt_base, "count": prompt_shared},
+            "prompt_token_ids": prompt_ids[prompt_shared:],
+        }
+        self._recent = [*self._recent[-(self._window - 1) :], _Written(turn, messages, prompt_ids + completion_ids)]
+        return request, prompt, blob
 
+    def _best(self, measure: Any) -> tuple[int | None, int]:
+        best_turn, best = None, 0
+        for earlier in reversed(self._recent):
+            shared = measure(earlier)
+            if shared > best:
+                best_turn, best = earlier.turn, shared
+        return best_turn, best
 
-def tools_blob(body: dict[str, Any]) -> tuple[str, Any] | None:
-    tools = body.get("tools")
-    return (_digest(tools), tools) if tools else None
+    def _tools_sha(self, tools: Any) -> tuple[str, tuple[str, Any] | None]:
+        for known, sha in self._tools:
+            if known == tools:
+                return sha, None
+        sha = hashlib.sha256(json.dumps(tools, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+        self._tools.append((tools, sha))
+        return sha, (sha, tools)
 
 
 SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
