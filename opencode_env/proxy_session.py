@@ -79,6 +79,7 @@ def _proxy_command(python: str, upstream: Upstream, request: RolloutRequest) -> 
 
 
 async def start_proxy(sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, budget_s: float) -> RunningProxy:
+    """Upload and start the proxy; returns once it listens (its port is known), before it is fully up."""
     python = sandbox.tools.python or "python3"
     for path, text in proxy_sources().items():
         await sandbox.write_file(f"{PACKAGE_DIR}/{path}", text)
@@ -97,12 +98,15 @@ async def start_proxy(sandbox: Sandbox, upstream: Upstream, request: RolloutRequ
             port = int((await sandbox.read_file(PORT_FILE)).decode())
         except (FileNotFoundError, ValueError):
             await asyncio.sleep(0.02)
-    proxy = RunningProxy(process, python, port)
-    answer = await _call(sandbox, proxy, "/healthz", "GET", max(deadline - time.monotonic(), 1.0))
-    if answer is None:
-        await process.kill()
+    return RunningProxy(process, python, port)
+
+
+async def wait_healthy(sandbox: Sandbox, proxy: RunningProxy, budget_s: float) -> None:
+    """Raise ProxyStartError unless the proxy answers /healthz within the budget."""
+    answer = await _call(sandbox, proxy, "/healthz", "GET", min(budget_s, HEALTH_WAIT_S))
+    if answer is None or answer.get("ok") is not True:
+        await proxy.process.kill()
         raise ProxyStartError(f"the capture proxy did not answer /healthz: {await proxy_log_tail(sandbox)}")
-    return proxy
 
 
 async def _call(sandbox: Sandbox, proxy: RunningProxy, path: str, method: str, wait_s: float) -> dict[str, Any] | None:

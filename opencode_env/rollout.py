@@ -26,6 +26,7 @@ from opencode_env.proxy_session import (
     read_trace,
     start_proxy,
     stop_proxy,
+    wait_healthy,
 )
 from opencode_env.reward import read_reward
 from opencode_env.sandbox.base import (
@@ -288,12 +289,29 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: RunningProxy | No
     env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": CONFIG_PATH, opencode.UPSTREAM_KEY_VAR: agent_key}
     await rollout.report("agent", "running OpenCode")
     timeout_s = rollout.budget("agent", request.agent_timeout_s)
-    outcome = await rollout.sandbox.run(command, timeout_s=timeout_s, env=env)
+    agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env))
+    if proxy is not None:
+        await _proxy_healthy_or_stop(rollout, proxy, agent)
+    outcome = await agent
     rollout.result.agent_exit_code = outcome.exit_code
     if outcome.timed_out:
         raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
     if outcome.exit_code != 0:
         raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+
+
+async def _proxy_healthy_or_stop(rollout: _Rollout, proxy: RunningProxy, agent: asyncio.Future[CommandResult]) -> None:
+    """The agent boots while the proxy finishes starting (its socket already listens); a proxy that never becomes
+    healthy stops the agent and the rollout."""
+    try:
+        await wait_healthy(rollout.sandbox, proxy, PROXY_START_S)
+    except BaseException as error:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+        if isinstance(error, ProxyStartError):
+            rollout.result.proxy_log_tail = await proxy_log_tail(rollout.sandbox)
+            raise PhaseFailure("proxy_error", "proxy", str(error)) from error
+        raise
 
 
 async def _verify(rollout: _Rollout) -> None:

@@ -8,11 +8,6 @@ import os
 import socket
 import sys
 
-import uvicorn
-
-from opencode_env.proxy.app import ProxySettings, create_app
-from opencode_env.proxy.capture import RewriteConfig
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m opencode_env.proxy", description=__doc__)
@@ -30,8 +25,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def listen(port: int, port_file: str) -> socket.socket:
+    """Bind before the heavy imports: the agent can connect at once and waits in the backlog until we serve."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    if port_file:
+        temporary = f"{port_file}.tmp"
+        with open(temporary, "w") as handle:
+            handle.write(str(listener.getsockname()[1]))
+        os.replace(temporary, port_file)
+    return listener
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    listener = listen(args.port, args.port_file)
+
+    import uvicorn
+
+    from opencode_env.proxy.app import ProxySettings, create_app
+    from opencode_env.proxy.capture import RewriteConfig
+
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = ProxySettings(
@@ -47,15 +63,6 @@ def main(argv: list[str] | None = None) -> None:
         ),
         idle_timeout_s=args.idle_timeout,
     )
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", args.port))
-    listener.listen(128)
-    if args.port_file:
-        temporary = f"{args.port_file}.tmp"
-        with open(temporary, "w") as handle:
-            handle.write(str(listener.getsockname()[1]))
-        os.replace(temporary, args.port_file)
     config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=[listener])
 

@@ -1,0 +1,75 @@
+"""The demo task as a full rollout vs the bare `opencode run` of the same script, side by side in one run.
+
+    uv run python -m bench.rollout_overhead [--runs 5]
+
+Each repetition runs the bare agent, a black_box rollout and a transparent_proxy rollout, each against a fresh
+scripted model, interleaved so that machine noise falls on all three alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from bench.opencode_body import bare_opencode_run
+from opencode_env.models import Mode, RolloutResult
+from opencode_env.opencode import cached_tools, install_cached
+from opencode_env.rollout import run_rollout
+from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+
+PHASES = ("sandbox_s", "install_s", "prepare_s", "setup_s", "proxy_s", "agent_s", "verify_s", "collect_s", "close_s")
+
+
+def bare() -> float:
+    with ScriptedModelServer(demo_script()) as model:
+        return bare_opencode_run(model.base_url)
+
+
+def rollout(backend: LocalBackend, mode: Mode) -> tuple[float, RolloutResult]:
+    with ScriptedModelServer(demo_script()) as model:
+        started = time.perf_counter()
+        result = asyncio.run(run_rollout(demo_request(model.base_url, mode=mode), backend))
+        elapsed = time.perf_counter() - started
+    if result.status != "completed" or result.reward != 1.0:
+        raise RuntimeError(f"the {mode} rollout did not complete: {result.status} {result.error}")
+    return elapsed, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    install_cached()
+    backend = LocalBackend(cached_tools)
+    bare()
+    rollout(backend, "black_box")
+    rollout(backend, "transparent_proxy")
+    walls: dict[str, list[float]] = {"bare opencode run": [], "black_box rollout": [], "transparent_proxy rollout": []}
+    phases: dict[str, dict[str, list[float]]] = {"black_box": {}, "transparent_proxy": {}}
+    for _ in range(args.runs):
+        walls["bare opencode run"].append(bare())
+        for mode in ("black_box", "transparent_proxy"):
+            elapsed, result = rollout(backend, mode)  # type: ignore[arg-type]
+            walls[f"{mode} rollout"].append(elapsed)
+            for name in PHASES:
+                value = getattr(result.timings, name)
+                if value is not None:
+                    phases[mode].setdefault(name, []).append(value)
+    baseline = statistics.median(walls["bare opencode run"])
+    print(f"demo task, {args.runs} interleaved repetitions (median wall seconds)")
+    print(f"{'path':<28}{'median':>9}{'min':>9}{'ratio':>9}{'added':>9}")
+    for name, values in walls.items():
+        median = statistics.median(values)
+        print(f"{name:<28}{median:>9.3f}{min(values):>9.3f}{median / baseline:>8.3f}x{median - baseline:>+9.3f}")
+    for mode, by_phase in phases.items():
+        summary = ", ".join(f"{name[:-2]} {statistics.median(values):.3f}" for name, values in by_phase.items())
+        print(f"{mode} phases (median s): {summary}")
+
+
+if __name__ == "__main__":
+    main()
