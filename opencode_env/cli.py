@@ -15,20 +15,12 @@ from pydantic import ValidationError
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
-from opencode_env.sandbox.base import SandboxBackend, SandboxError
+from opencode_env.sandbox import make_backend
+from opencode_env.sandbox.base import SandboxError
 
 
 def _progress(phase: Phase, message: str) -> None:
     print(f"[{phase}] {message}", file=sys.stderr, flush=True)
-
-
-def make_backend(name: str) -> SandboxBackend:
-    if name == "local":
-        from opencode_env.opencode import cached_tools
-        from opencode_env.sandbox.local import LocalBackend
-
-        return LocalBackend(cached_tools)
-    raise SandboxError(f"backend {name!r} is not available in this build; use --backend local")
 
 
 def summarize(result: RolloutResult) -> str:
@@ -126,6 +118,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" and result.reward == 1.0 else 1
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    os.environ["OPENCODE_ENV_BACKEND"] = args.backend
+    from server.app import main as serve
+
+    serve(host=args.host, port=args.port)
+    return 0
+
+
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    """The MCP server over stdio, for desktop clients that launch a command; logs go to stderr."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    from server.environment import configure
+
+    configure(backend_name=args.backend).mcp.run(transport="stdio", show_banner=False)
+    return 0
+
+
 def _cmd_install(_: argparse.Namespace) -> int:
     from opencode_env.opencode import OPENCODE_VERSION, install_cached
 
@@ -143,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
     demo.add_argument("--output-dir", type=Path, default=Path("runs"))
     demo.set_defaults(handler=_cmd_demo)
+    serve = commands.add_parser("serve", help="serve the MCP tool over HTTP (OpenEnv routes + /mcp/stream)")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
+    serve.set_defaults(handler=_cmd_serve)
+    mcp = commands.add_parser("mcp", help="serve the MCP tool over stdio (for desktop MCP clients)")
+    mcp.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
+    mcp.set_defaults(handler=_cmd_mcp)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
     return parser

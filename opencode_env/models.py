@@ -31,6 +31,7 @@ RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
 TurnKind = Literal["agent", "auxiliary", "sub_agent"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
 
+TOOL_NAME = "run_rollout"
 MAX_INSTRUCTION_CHARS = 200_000
 MAX_COMMANDS = 64
 MAX_COMMAND_CHARS = 16_000

@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +24,7 @@ from starlette.routing import Route
 from opencode_env.testing.chat_template import EOS, Segment, assistant_body, prompt_token_ids, token_id
 from opencode_env.testing.chat_template import tokenize_segments as _tokenize
 from opencode_env.testing.script import Script, Step
+from opencode_env.testing.threaded_server import ThreadedServer
 
 _ALTERNATIVES = [" the", " a", "(", "x", " return", "\n", " def", ".", "_", " and", " is", "0"]
 
@@ -265,34 +264,23 @@ class ScriptedModelServer:
 
     def __init__(self, script: Script, *, host: str = "127.0.0.1", port: int = 0, **model_args: Any) -> None:
         self.model = ScriptedModel(script, **model_args)
-        config = uvicorn.Config(
-            self.model.app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="scripted-model", daemon=True)
+        self._server = ThreadedServer(self.model.app, host=host, port=port, lifespan="off")
 
     @property
     def port(self) -> int:
-        port: int = self._server.servers[0].sockets[0].getsockname()[1]
-        return port
+        return self._server.port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self._server.url}/v1"
 
     @property
     def exchanges(self) -> list[Exchange]:
         return self.model.exchanges
 
     def __enter__(self) -> ScriptedModelServer:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the scripted model did not start")
-            time.sleep(0.005)
+        self._server.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.stop()

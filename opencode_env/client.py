@@ -1,0 +1,154 @@
+"""The client: `OpenCodeEnv(base_url=...)`, an OpenEnv MCP tool client for the `run_rollout` tool.
+
+Three forms work, each against a real server:
+
+    async with OpenCodeEnv(base_url=url) as env:        # async
+        result = await env.run_rollout(instruction=..., verify=[...])
+    with OpenCodeEnv(base_url=url).sync() as env:       # OpenEnv's sync wrapper
+        result = env.run_rollout(...)
+    with OpenCodeEnv(base_url=url) as env:              # notebook form, also inside a running event loop
+        result = env.run_rollout(...)
+
+Each call's wait follows its own budget (the rollout's deadline plus a margin larger than the server's), so the
+client never gives up before the server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from openenv.core.mcp_client import MCPToolClient
+from openenv.core.sync_client import SyncEnvClient
+
+from opencode_env.deadline import total_budget_s
+from opencode_env.models import TOOL_NAME, RolloutRequest, RolloutResult
+
+CLIENT_MARGIN_S = 120.0
+DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
+
+
+class RolloutAnswerError(RuntimeError):
+    """The server's answer to `run_rollout` was not a RolloutResult."""
+
+
+def client_timeout_s(request: RolloutRequest) -> float:
+    return total_budget_s(request) + CLIENT_MARGIN_S
+
+
+def parse_result(data: Any) -> RolloutResult:
+    """The tool's answer as a RolloutResult; anything else is an error, never a guess."""
+    if not isinstance(data, dict):
+        raise RolloutAnswerError(f"run_rollout answered with {type(data).__name__}, not a RolloutResult object")
+    return RolloutResult.model_validate(data)
+
+
+class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
+    _message_timeout: float
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            base_url=base_url, connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s, **kwargs
+        )
+        self._base_url = base_url
+        self._client_options = {
+            "connect_timeout_s": connect_timeout_s,
+            "message_timeout_s": message_timeout_s,
+            **kwargs,
+        }
+        self._sync_view: SyncEnvClient | None = None
+
+    async def run_rollout(self, request: RolloutRequest | None = None, **fields: Any) -> RolloutResult:
+        """Run one rollout on the server. Pass a RolloutRequest or its fields as keyword arguments."""
+        if request is None:
+            request = RolloutRequest.model_validate(fields)
+        elif fields:
+            raise TypeError("pass either a RolloutRequest or keyword fields, not both")
+        previous = self._message_timeout
+        self._message_timeout = max(previous, client_timeout_s(request))
+        try:
+            data = await self.call_tool(TOOL_NAME, **request.model_dump(mode="json"))
+        finally:
+            self._message_timeout = previous
+        return parse_result(data)
+
+    async def run_rollouts(
+        self, requests: Sequence[RolloutRequest], *, max_concurrency: int = 4, progress: bool = True
+    ) -> list[RolloutResult]:
+        """Run many rollouts (a GRPO group) over up to `max_concurrency` sessions; results come back in order.
+
+        A rollout that fails, or whose session fails, gets its own result with the error; the others go on.
+        """
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        results: list[RolloutResult | None] = [None] * len(requests)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for index in range(len(requests)):
+            queue.put_nowait(index)
+        bar = _ProgressBar(len(requests), enabled=progress)
+
+        async def worker() -> None:
+            async with OpenCodeEnv(self._base_url, **self._client_options) as session:
+                while not queue.empty():
+                    index = queue.get_nowait()
+                    results[index] = await _isolated(session, requests[index])
+                    bar.advance(results[index])
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(min(max_concurrency, len(requests)))]
+        outcomes = await asyncio.gather(*workers, return_exceptions=True)
+        bar.close()
+        failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        return [
+            result if result is not None else _failed(request, failure)
+            for result, request in zip(results, requests, strict=True)
+        ]
+
+    def __enter__(self) -> SyncEnvClient:
+        """The notebook form: a connected synchronous view of this client (its own event loop thread)."""
+        self._sync_view = self.sync()
+        return self._sync_view.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sync_view is not None:
+            self._sync_view.__exit__(*exc)
+            self._sync_view = None
+
+
+async def _isolated(session: OpenCodeEnv, request: RolloutRequest) -> RolloutResult:
+    try:
+        result: RolloutResult = await session.run_rollout(request)
+        return result
+    except (RuntimeError, OSError, TimeoutError, ValueError) as error:
+        return _failed(request, error)
+
+
+def _failed(request: RolloutRequest, error: BaseException | None) -> RolloutResult:
+    message = f"{type(error).__name__}: {error}" if error else "the rollout was not run"
+    return RolloutResult(task_id=request.task_id, mode=request.mode, status="internal_error", error=message)
+
+
+class _ProgressBar:
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr)
+
+    def advance(self, result: RolloutResult | None) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"last: {result.status if result else '-'}")
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

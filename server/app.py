@@ -1,0 +1,64 @@
+"""The server: OpenEnv's app (`/health`, `/ws`, `/reset`, `/step`, `/schema`, `POST /mcp`, ...) and a standard
+MCP streamable-HTTP endpoint at `/mcp/stream` for generic MCP clients (MCP Inspector, Claude, Cursor, the SDKs).
+
+OpenEnv's own `POST /mcp` is a JSON-RPC shim for OpenEnv clients; it does not speak the MCP `initialize`
+handshake, which is why the standard transport is mounted beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+from server.environment import OpenCodeEnvironment, default_max_sessions, runtime
+
+MCP_STREAM_PATH = "/mcp/stream"
+
+
+def build_app() -> FastAPI:
+    shared = runtime()
+    app: FastAPI = create_app(
+        OpenCodeEnvironment,
+        CallToolAction,
+        CallToolObservation,
+        env_name="opencode_env",
+        max_concurrent_envs=default_max_sessions(),
+    )
+    stream = shared.mcp.http_app(path="/stream", stateless_http=True)
+    app.mount("/mcp", stream)
+    openenv_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(application: FastAPI) -> AsyncIterator[None]:
+        async with openenv_lifespan(application), stream.lifespan(stream):
+            yield
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def main(host: str | None = None, port: int | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("opencode_env.server").info(
+        "sandbox backend: %s; at most %d concurrent sessions; standard MCP endpoint at %s",
+        runtime().backend_name,
+        default_max_sessions(),
+        MCP_STREAM_PATH,
+    )
+    uvicorn.run(
+        build_app(), host=host or os.environ.get("HOST", "0.0.0.0"), port=port or int(os.environ.get("PORT", "8000"))
+    )
+
+
+app = build_app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""The MCP tool `run_rollout` and the OpenEnv environment that serves it.
+
+The tool's parameters are built from `RolloutRequest`'s fields (names, types, bounds, descriptions), so the model
+stays the one source of truth and `tools/list` documents the tool fully; its return type is `RolloutResult`, which
+FastMCP publishes as the output schema.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Annotated, Any
+from uuid import uuid4
+
+from fastmcp import Context, FastMCP
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from pydantic import Field, ValidationError
+
+from opencode_env.deadline import total_budget_s
+from opencode_env.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
+from opencode_env.rollout import run_rollout
+from opencode_env.sandbox import BackendName, make_backend, resolve_backend_name
+from opencode_env.sandbox.base import SandboxBackend
+
+log = logging.getLogger("opencode_env.server")
+# openenv-core reads FastMCP's renamed Tool.inputSchema on every tools/list; the schema it gets is right.
+warnings.filterwarnings("ignore", message="Accessing `Tool.inputSchema` is deprecated")
+SERVER_MARGIN_S = 60.0
+PHASES: tuple[Phase, ...] = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect")
+TOOL_DESCRIPTION = (
+    "Run one OpenCode coding-agent episode in a fresh sandbox: run the setup commands, the agent on the "
+    "instruction, then every verify command. Returns the reward, each LLM turn with per-token logprobs and "
+    "token ids (transparent_proxy mode), command results, files, logs and per-phase timings."
+)
+
+
+@dataclass
+class Runtime:
+    """What every session of this server shares: the sandbox backend and the MCP server."""
+
+    backend: SandboxBackend
+    backend_name: str
+    mcp: FastMCP
+
+
+class _Current:
+    """The runtime in use; set by `configure` (tests pass their own backend), else built on first use."""
+
+    runtime: Runtime | None = None
+
+
+def tool_timeout_s(arguments: dict[str, Any]) -> float:
+    """How long the server lets one tool call run: the request's own budget plus a margin."""
+    try:
+        return total_budget_s(RolloutRequest.model_validate(arguments)) + SERVER_MARGIN_S
+    except ValidationError:
+        return SERVER_MARGIN_S
+
+
+def _annotated(base: Any, *metadata: Any) -> Any:
+    return Annotated[(base, *metadata)]
+
+
+def _tool_signature() -> tuple[inspect.Signature, dict[str, Any]]:
+    parameters, annotations = [], {}
+    for name, field in RolloutRequest.model_fields.items():
+        annotation = _annotated(field.annotation, *field.metadata, Field(description=field.description))
+        default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
+        parameters.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        )
+        annotations[name] = annotation
+    parameters.append(inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Context | None))
+    annotations["ctx"] = Context | None
+    annotations["return"] = RolloutResult
+    return inspect.Signature(parameters, return_annotation=RolloutResult), annotations
+
+
+def build_mcp(backend: SandboxBackend) -> FastMCP:
+    mcp = FastMCP("opencode_env", instructions=TOOL_DESCRIPTION)
+
+    async def run_rollout_tool(**arguments: Any) -> RolloutResult:
+        ctx: Context | None = arguments.pop("ctx", None)
+        request = RolloutRequest.model_validate(arguments)
+
+        async def progress(phase: Phase, message: str) -> None:
+            if ctx is not None:
+                await ctx.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
+
+        result = await run_rollout(request, backend, progress=progress)
+        log.info(
+            "rollout %s %s: %s reward=%s in %.1fs",
+            result.task_id or "-",
+            result.sandbox_id,
+            result.status,
+            result.reward,
+            result.wall_s,
+        )
+        return result
+
+    signature, annotations = _tool_signature()
+    run_rollout_tool.__signature__ = signature  # type: ignore[attr-defined]
+    run_rollout_tool.__annotations__ = annotations
+    run_rollout_tool.__name__ = TOOL_NAME
+    mcp.tool(run_rollout_tool, name=TOOL_NAME, description=TOOL_DESCRIPTION)
+    return mcp
+
+
+def configure(backend: SandboxBackend | None = None, backend_name: BackendName | None = None) -> Runtime:
+    """Set the backend every session uses (by default from OPENCODE_ENV_BACKEND, `auto`)."""
+    if backend is None:
+        requested: BackendName = backend_name or os.environ.get("OPENCODE_ENV_BACKEND", "auto")  # type: ignore[assignment]
+        backend = make_backend(requested)
+    _Current.runtime = Runtime(backend, backend.name, build_mcp(backend))
+    log.info("opencode-env serving rollouts on the %s backend", backend.name)
+    return _Current.runtime
+
+
+def runtime() -> Runtime:
+    return _Current.runtime if _Current.runtime is not None else configure()
+
+
+def default_max_sessions() -> int:
+    configured = os.environ.get("MAX_CONCURRENT_ENVS")
+    if configured:
+        return int(configured)
+    backend = resolve_backend_name(os.environ.get("OPENCODE_ENV_BACKEND", "auto"))  # type: ignore[arg-type]
+    return 16 if backend == "e2b" else max(2, (os.cpu_count() or 2) * 2)
+
+
+class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
+    """One OpenEnv session: the shared `run_rollout` tool, with a time limit that follows each request."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        shared = runtime()
+        super().__init__(shared.mcp)
+        self._backend_name = shared.backend_name
+        self._state = State(episode_id=str(uuid4()), step_count=0)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Observation:
+        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+        return Observation(done=False, reward=None, metadata={"backend": self._backend_name})
+
+    def _timeout_for(self, action: Action, timeout_s: float | None) -> float | None:
+        self._state.step_count += 1
+        if isinstance(action, CallToolAction) and action.tool_name == TOOL_NAME and timeout_s is None:
+            return tool_timeout_s(action.arguments)
+        return timeout_s
+
+    async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        return await super().step_async(action, timeout_s=self._timeout_for(action, timeout_s), **kwargs)
+
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        return super().step(action, timeout_s=self._timeout_for(action, timeout_s), **kwargs)
+
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        name = type(action).__name__
+        raise ValueError(f"opencode_env only takes MCP actions (call the {TOOL_NAME} tool), not {name}")
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name="opencode_env",
+            version="0.1.0",
+            description=f"OpenCode rollouts with exact token capture; sandbox backend: {self._backend_name}",
+        )
