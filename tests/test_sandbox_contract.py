@@ -5,10 +5,19 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.base import HOME, WORKDIR, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from opencode_env.sandbox.base import (
+    HOME,
+    WORKDIR,
+    ProvidedTools,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+)
 from opencode_env.sandbox.local import LocalBackend
 from tests.conftest import processes_mentioning
 
@@ -109,3 +118,25 @@ async def test_close_kills_everything_and_is_idempotent(any_backend: SandboxBack
     assert processes_mentioning("sleep 40") == []
     with pytest.raises(SandboxError, match="closed"):
         await box.run("true", timeout_s=5)
+
+
+async def test_tools_under_hidden_host_dirs_stay_visible(tmp_path: Path, sandbox_base: Path, no_leaks: None) -> None:
+    """A checkout or cache under /tmp or a home directory (CI clones, the Space image) must still run inside."""
+    tool_home = tmp_path / "toolenv"
+    (tool_home / "bin").mkdir(parents=True)
+    tool = tool_home / "bin" / "python"
+    tool.write_text("#!/bin/sh\necho tool-ran\n")
+    tool.chmod(0o755)
+    tools = ProvidedTools(python=str(tool))
+
+    async def resolver() -> ProvidedTools:
+        return tools
+
+    box = await LocalBackend(resolver, base_dir=sandbox_base).create(SandboxSpec())
+    try:
+        assert str(tool).startswith("/tmp/")
+        result = await box.run(str(tool), timeout_s=10)
+        assert (result.exit_code, result.stdout) == (0, "tool-ran\n")
+        assert (await box.run("echo ok > /tmp/scratch && cat /tmp/scratch", timeout_s=10)).stdout == "ok\n"
+    finally:
+        await box.close()

@@ -80,6 +80,8 @@ def _hidden_roots() -> list[str]:
 def _runtime_paths(tools: ProvidedTools) -> list[str]:
     """Host paths a sandbox needs to see even when they live under a hidden root (interpreters, OpenCode)."""
     paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[2])}
+    if tools.python:
+        paths.add(str(Path(tools.python).parent.parent))
     if tools.opencode:
         paths.add(str(Path(tools.opencode).resolve().parents[3]))
     return sorted(paths)
@@ -137,27 +139,16 @@ class LocalSandbox:
             "--proc",
             "/proc",
         ]
-        hidden = _hidden_roots()
-        for root in hidden:
+        for root in _hidden_roots():
             if os.path.isdir(root):
                 argv += ["--tmpfs", root]
+        argv += ["--bind", str(self.root / "home" / "user"), HOME, "--bind", str(self.root / "tmp"), "/tmp"]
+        # Bound last, so that the rollout's own /home/user and /tmp do not shadow them.
+        shadowed = [*_hidden_roots(), HOME]
         for path in _runtime_paths(self.tools):
-            if any(path == root or path.startswith(root + "/") for root in hidden):
+            if any(path == root or path.startswith(root + "/") for root in shadowed):
                 argv += ["--ro-bind", path, path]
-        argv += [
-            "--bind",
-            str(self.root / "home" / "user"),
-            HOME,
-            "--bind",
-            str(self.root / "tmp"),
-            "/tmp",
-            "--chdir",
-            cwd,
-            "--",
-            "/bin/bash",
-            "-c",
-            cmd,
-        ]
+        argv += ["--chdir", cwd, "--", "/bin/bash", "-c", cmd]
         return argv, None
 
     async def _spawn(
