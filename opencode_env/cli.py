@@ -137,6 +137,26 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build_template(args: argparse.Namespace) -> int:
+    from opencode_env.sandbox import template
+
+    if args.dry_run:
+        print(template.dockerfile())
+        return 0
+    print(template.build(args.name, cpu_count=args.cpu, memory_mb=args.memory_mb))
+    return 0
+
+
+def _cmd_reap(args: argparse.Namespace) -> int:
+    from opencode_env.sandbox.e2b import reap
+
+    killed = asyncio.run(reap(older_than_s=args.older_than * 60))
+    for sandbox_id in killed:
+        print(sandbox_id)
+    print(f"killed {len(killed)} sandbox(es) older than {args.older_than} min", file=sys.stderr)
+    return 0
+
+
 def _cmd_install(_: argparse.Namespace) -> int:
     from opencode_env.opencode import OPENCODE_VERSION, install_cached
 
@@ -162,6 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     mcp = commands.add_parser("mcp", help="serve the MCP tool over stdio (for desktop MCP clients)")
     mcp.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
     mcp.set_defaults(handler=_cmd_mcp)
+    build = commands.add_parser("build-template", help="build the E2B template (OpenCode and the proxy baked in)")
+    build.add_argument("--name", default="opencode-env")
+    build.add_argument("--dry-run", action="store_true", help="print the equivalent Dockerfile and stop")
+    build.add_argument("--cpu", type=int, default=2)
+    build.add_argument("--memory-mb", type=int, default=2048)
+    build.set_defaults(handler=_cmd_build_template)
+    reap = commands.add_parser("reap", help="kill E2B sandboxes tagged by opencode-env that outlived their rollout")
+    reap.add_argument("--older-than", type=float, default=60.0, metavar="MIN")
+    reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
     return parser

@@ -81,11 +81,22 @@ async def cached_tools() -> ProvidedTools:
     import sys
 
     binary = await asyncio.to_thread(install_cached)
-    return ProvidedTools(opencode=str(binary), opencode_version=OPENCODE_VERSION, python=sys.executable)
+    return ProvidedTools(
+        opencode=str(binary), opencode_version=OPENCODE_VERSION, python=sys.executable, proxy_ready=True
+    )
 
 
-def in_sandbox_install_command(version: str = OPENCODE_VERSION) -> str:
-    return f"npm install -g --no-fund --no-audit {OPENCODE_PACKAGE}@{version} && opencode --version"
+PROXY_PYTHON_PACKAGES = ("fastapi", "uvicorn", "uvloop", "httptools")
+
+
+def install_commands(tools: ProvidedTools, *, proxy: bool) -> list[str]:
+    """What a sandbox lacking our template needs before a rollout can run; each command is idempotent."""
+    commands = []
+    if not tools.opencode:
+        commands.append(f"npm install -g --no-fund --no-audit {OPENCODE_PACKAGE}@{OPENCODE_VERSION}")
+    if proxy and not tools.proxy_ready:
+        commands.append("python3 -m pip install --quiet --user " + " ".join(PROXY_PYTHON_PACKAGES))
+    return commands
 
 
 def render_config(

@@ -49,6 +49,7 @@ EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
 OPENCODE_LOG_DIR = "/home/user/.local/share/opencode/log"
 INSTALL_TIMEOUT_S = 600.0
+INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
 PROXY_AGENT_KEY = "sk-opencode-env-proxy"
 CLOSE_TIMEOUT_S = 30.0
@@ -203,17 +204,31 @@ def _cancelling() -> bool:
 
 
 async def _install(rollout: _Rollout) -> str:
+    """Install what the sandbox lacks (OpenCode, the proxy's packages); install steps alone are retried."""
     tools = rollout.sandbox.tools
+    for command in opencode.install_commands(tools, proxy=rollout.request.mode == "transparent_proxy"):
+        await rollout.report("install", command)
+        await _run_install_step(rollout, command)
     if tools.opencode:
         return tools.opencode
-    await rollout.report("install", f"installing OpenCode {opencode.OPENCODE_VERSION} in the sandbox")
-    result = await rollout.sandbox.run(
-        opencode.in_sandbox_install_command(), timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S)
-    )
-    if result.exit_code != 0:
-        raise PhaseFailure("install_error", "install", f"OpenCode install failed: {result.stderr[-1500:]}")
-    rollout.result.opencode_version = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60))
+    if version.exit_code != 0:
+        raise PhaseFailure("install_error", "install", f"OpenCode does not run after install: {version.stderr[-500:]}")
+    rollout.result.opencode_version = version.stdout.strip().splitlines()[-1] if version.stdout.strip() else ""
     return "opencode"
+
+
+async def _run_install_step(rollout: _Rollout, command: str) -> None:
+    for attempt in range(1, INSTALL_ATTEMPTS + 1):
+        result = await rollout.sandbox.run(command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S))
+        if result.exit_code == 0:
+            return
+        if attempt == INSTALL_ATTEMPTS:
+            raise PhaseFailure(
+                "install_error", "install", f"{command!r} failed {INSTALL_ATTEMPTS} times: {result.stderr[-1500:]}"
+            )
+        log.warning("install step failed (attempt %d), retrying: %s", attempt, result.stderr[-300:])
+        await asyncio.sleep(rollout.budget("install", 2.0 * attempt))
 
 
 async def _prepare(rollout: _Rollout) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -7,7 +8,18 @@ from pathlib import Path
 import pytest
 
 from opencode_env.opencode import cached_tools, install_cached
+from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.fake_e2b import FakeCloud
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("E2B_API_KEY"):
+        return
+    skip = pytest.mark.skip(reason="needs a live E2B account: set E2B_API_KEY")
+    for item in items:
+        if "e2b" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +42,20 @@ def processes_mentioning(text: str) -> list[str]:
     return [line for line in listing.splitlines() if text in line and "ps -eo" not in line]
 
 
+@pytest.fixture(scope="session")
+def fake_cloud(sandbox_base: Path, opencode_binary: Path) -> FakeCloud:
+    return FakeCloud(base_dir=sandbox_base)
+
+
 @pytest.fixture
-def no_leaks(sandbox_base: Path) -> Iterator[None]:
-    """After the test: no sandbox directory and no process of any sandbox is left behind."""
+def e2b_fake(fake_cloud: FakeCloud) -> E2BBackend:
+    return E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+
+
+@pytest.fixture
+def no_leaks(sandbox_base: Path, fake_cloud: FakeCloud) -> Iterator[None]:
+    """After the test: no sandbox directory, no process of any sandbox and no (fake) E2B sandbox is left."""
     yield
+    assert fake_cloud.alive == {}
     assert list(sandbox_base.iterdir()) == []
     assert processes_mentioning(str(sandbox_base)) == []

@@ -88,7 +88,9 @@ async def test_black_box_mode_captures_no_turns(backend: LocalBackend, no_leaks:
 async def test_a_proxy_that_cannot_start_fails_the_rollout_clearly(sandbox_base: Path, no_leaks: None) -> None:
     async def broken_python() -> ProvidedTools:
         tools = await cached_tools()
-        return ProvidedTools(opencode=tools.opencode, opencode_version=tools.opencode_version, python="/bin/false")
+        return ProvidedTools(
+            opencode=tools.opencode, opencode_version=tools.opencode_version, python="/bin/false", proxy_ready=True
+        )
 
     outcome = await rollout(LocalBackend(broken_python, base_dir=sandbox_base), demo_script(), mode="transparent_proxy")
     result = outcome.result

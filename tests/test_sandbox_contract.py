@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,13 +19,18 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.local import LocalBackend
 from tests.conftest import processes_mentioning
 
 
-@pytest.fixture(params=["local"])
-def any_backend(request: pytest.FixtureRequest, backend: LocalBackend) -> SandboxBackend:
-    return backend
+@pytest.fixture(params=["local", "e2b-fake", pytest.param("e2b-live", marks=pytest.mark.e2b)])
+def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake: E2BBackend) -> SandboxBackend:
+    if request.param == "local":
+        return backend
+    if request.param == "e2b-fake":
+        return e2b_fake
+    return E2BBackend()
 
 
 @pytest.fixture
@@ -68,9 +74,10 @@ async def test_timeout_kills_the_command_and_its_children(sandbox: Sandbox) -> N
 
 async def test_background_process_runs_until_killed(sandbox: Sandbox) -> None:
     process = await sandbox.start("echo started; exec sleep 300", log_path="/home/user/logs/bg.log")
-    for _ in range(100):
-        if b"started" in await sandbox.read_file("/home/user/logs/bg.log"):
-            break
+    for _ in range(200):
+        with contextlib.suppress(FileNotFoundError):
+            if b"started" in await sandbox.read_file("/home/user/logs/bg.log"):
+                break
         await asyncio.sleep(0.02)
     assert await process.running()
     await process.kill()
@@ -89,7 +96,15 @@ async def test_files_round_trip_text_and_binary(sandbox: Sandbox) -> None:
         await sandbox.read_file(f"{WORKDIR}/missing.txt")
 
 
-async def test_files_outside_the_sandbox_are_refused(sandbox: Sandbox) -> None:
+async def test_local_files_outside_the_sandbox_are_refused(backend: LocalBackend, no_leaks: None) -> None:
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        await _refuses_outside_writes(sandbox)
+    finally:
+        await sandbox.close()
+
+
+async def _refuses_outside_writes(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxError, match="outside"):
         await sandbox.write_file("/etc/evil", "x")
     with pytest.raises(SandboxError, match="outside"):

@@ -9,6 +9,7 @@ from opencode_env.endpoints import EndpointError, resolve_upstream
 from opencode_env.models import CommandResult, RolloutRequest
 from opencode_env.opencode import parse_events, render_config
 from opencode_env.reward import parse_reward_json, parse_reward_txt, pass_rate
+from opencode_env.sandbox.local import trust_settings
 from opencode_env.sandbox.output import BoundedOutput
 
 
@@ -116,3 +117,14 @@ def test_request_rejects_unknown_fields_and_bad_bounds() -> None:
         request(mode="white_box")
     with pytest.raises(ValueError, match="extra"):
         request(temperature=0.1)
+
+
+def test_only_trust_settings_pass_from_the_host_environment() -> None:
+    host = {
+        "SSL_CERT_FILE": "/etc/ssl/ca.pem",
+        "HTTPS_PROXY": "http://user:pw@proxy",
+        "OPENAI_API_KEY": "sk-x",
+        "PIP_INDEX_URL": "https://user:token@index/simple",
+    }
+    assert trust_settings(host) == {"SSL_CERT_FILE": "/etc/ssl/ca.pem", "NPM_CONFIG_CAFILE": "/etc/ssl/ca.pem"}
+    assert trust_settings({}) == {}

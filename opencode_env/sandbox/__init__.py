@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from opencode_env.sandbox.base import SandboxBackend, SandboxError
+from opencode_env.sandbox.base import SandboxBackend
 
 BackendName = Literal["auto", "local", "e2b"]
 
@@ -24,4 +24,6 @@ def make_backend(name: BackendName = "auto") -> SandboxBackend:
         from opencode_env.sandbox.local import LocalBackend
 
         return LocalBackend(cached_tools)
-    raise SandboxError("the e2b backend is not available in this build; use the local backend")
+    from opencode_env.sandbox.e2b import E2BBackend
+
+    return E2BBackend()

@@ -48,6 +48,7 @@ class ProvidedTools:
     opencode: str | None = None
     opencode_version: str | None = None
     python: str | None = None
+    proxy_ready: bool = False
 
 
 class BackgroundProcess(Protocol):

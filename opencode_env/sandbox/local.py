@@ -38,6 +38,8 @@ from opencode_env.sandbox.output import BoundedOutput
 
 Isolation = Literal["bwrap", "none"]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Which certificates to trust is machine configuration, not a secret: tasks that install packages need it.
+TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 PIPE_DRAIN_S = 2.0
 INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local backend needs it to isolate rollouts. "
@@ -57,6 +59,10 @@ class LocalProcess:
     @property
     def pid(self) -> int:
         return self._process.pid
+
+    @property
+    def process(self) -> asyncio.subprocess.Process:
+        return self._process
 
     async def running(self) -> bool:
         return self._process.returncode is None
@@ -87,15 +93,33 @@ def _runtime_paths(tools: ProvidedTools) -> list[str]:
     return sorted(paths)
 
 
+def trust_settings(host_env: Mapping[str, str]) -> dict[str, str]:
+    """The host's CA-bundle settings, also given to npm (whose own config file is hidden with the host home)."""
+    settings = {name: host_env[name] for name in TRUST_VARS if host_env.get(name)}
+    bundle = settings.get("NODE_EXTRA_CA_CERTS") or settings.get("SSL_CERT_FILE")
+    if bundle:
+        settings["NPM_CONFIG_CAFILE"] = bundle
+    return settings
+
+
 class LocalSandbox:
     backend = "local"
 
-    def __init__(self, root: Path, *, isolation: Isolation, tools: ProvidedTools, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        isolation: Isolation,
+        tools: ProvidedTools,
+        env: Mapping[str, str],
+        extra_path: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
         self.sandbox_id = f"local-{root.name}"
         self.tools = tools
         self._isolation = isolation
         self._base_env = dict(env)
+        self._extra_path = extra_path
         self._processes: set[LocalProcess] = set()
         self._closed = False
 
@@ -110,12 +134,13 @@ class LocalSandbox:
         raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME} and /tmp)")
 
     def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        path = BASE_PATH
+        path = ":".join([*self._extra_path, BASE_PATH])
         if self.tools.opencode:
             path = f"{Path(self.tools.opencode).parent}:{path}"
         home = HOME if self._isolation == "bwrap" else str(self.host_path(HOME))
         tmp = "/tmp" if self._isolation == "bwrap" else str(self.host_path("/tmp"))
         env = {"PATH": path, "HOME": home, "USER": "user", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": tmp}
+        env.update(trust_settings(os.environ))
         env.update(self._base_env)
         env.update(extra or {})
         return env
@@ -209,6 +234,12 @@ class LocalSandbox:
             output_truncated=stdout.truncated or stderr.truncated,
         )
 
+    async def spawn(self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR) -> LocalProcess:
+        """A process with piped stdout and stderr, owned (and killed on close) by the sandbox."""
+        handle = LocalProcess(await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE))
+        self._processes.add(handle)
+        return handle
+
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
     ) -> LocalProcess:
@@ -282,8 +313,10 @@ class LocalBackend:
         *,
         isolation: Isolation | None = None,
         base_dir: Path | None = None,
+        extra_path: tuple[str, ...] = (),
     ) -> None:
         self._tools_resolver = tools_resolver
+        self._extra_path = extra_path
         self._isolation: Isolation = isolation or isolation_from_env()
         self._base_dir = base_dir
 
@@ -295,4 +328,4 @@ class LocalBackend:
         for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
             (root / sub.lstrip("/")).mkdir(parents=True, exist_ok=True)
         (root / "tmp").mkdir()
-        return LocalSandbox(root, isolation=self._isolation, tools=tools, env=spec.env)
+        return LocalSandbox(root, isolation=self._isolation, tools=tools, env=spec.env, extra_path=self._extra_path)

@@ -1,0 +1,319 @@
+"""The E2B backend: the same sandbox contract on E2B's `AsyncSandbox`. The only module that imports `e2b`.
+
+SDK behaviour mapped here, at the edge: a non-zero exit (`CommandExitException`) is a result, never an error;
+the SDK's 60 s default command timeout (which also kills background processes) is never inherited; every failure
+of `create()` becomes one `SandboxError` that says what to do; a sandbox whose creation is cancelled half-way is
+killed as soon as it exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    ServiceBusyException,
+    TemplateException,
+)
+from e2b.sandbox.filesystem.filesystem import FileType
+
+from opencode_env.models import CommandResult
+from opencode_env.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    WORKDIR,
+    FileEntry,
+    ProvidedTools,
+    SandboxError,
+    SandboxSpec,
+)
+from opencode_env.sandbox.output import BoundedOutput
+
+log = logging.getLogger("opencode_env.e2b")
+DEFAULT_TEMPLATE = "opencode-env"
+TAG = "opencode_env"
+MAX_SANDBOXES_VAR = "OPENCODE_ENV_E2B_MAX_SANDBOXES"
+DEFAULT_MAX_SANDBOXES = 20
+CREATE_STAGGER_S = 0.25
+LIFETIME_MARGIN_S = 300
+PROBE = (
+    "opencode --version 2>/dev/null | tail -n 1; "
+    "python3 -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
+)
+
+
+def create_error(error: BaseException, template: str) -> SandboxError:
+    """One clear message for every way E2B sandbox creation fails."""
+    if isinstance(error, AuthenticationException):
+        return SandboxError("E2B rejected the API key: check E2B_API_KEY")
+    if isinstance(error, RateLimitException):
+        return SandboxError(
+            f"E2B rate limit or concurrent-sandbox cap reached; lower {MAX_SANDBOXES_VAR} or retry later"
+        )
+    if isinstance(error, ServiceBusyException):
+        return SandboxError("E2B is busy (HTTP 503); retry later")
+    if isinstance(error, (NotFoundException, TemplateException)) or (
+        isinstance(error, SandboxException) and error.status_code in (400, 404)
+    ):
+        return SandboxError(
+            f"E2B template {template!r} was not found ({error}); build it once with "
+            f"`opencode-env build-template --name {template}`, or pass template='base'"
+        )
+    if isinstance(error, SandboxException):
+        return SandboxError(f"E2B could not create a sandbox (HTTP {error.status_code}): {error}")
+    if isinstance(error, (httpx.TimeoutException, httpx.TransportError, OSError)):
+        return SandboxError(f"the E2B API is unreachable: {type(error).__name__}: {error}")
+    return SandboxError(f"E2B sandbox creation failed: {type(error).__name__}: {error}")
+
+
+class E2BProcess:
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._done: asyncio.Future[Any] = asyncio.ensure_future(self._wait())
+
+    async def _wait(self) -> Any:
+        try:
+            return await self._handle.wait()
+        except CommandExitException as exited:
+            return exited
+
+    async def running(self) -> bool:
+        return not self._done.done()
+
+    async def kill(self) -> None:
+        if not self._done.done():
+            with contextlib.suppress(SandboxException):
+                await self._handle.kill()
+        with contextlib.suppress(SandboxException, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._done), timeout=5)
+
+
+class E2BSandbox:
+    backend = "e2b"
+
+    def __init__(self, sandbox: Any, tools: ProvidedTools, env: Mapping[str, str], release: Any) -> None:
+        self._sandbox = sandbox
+        self.sandbox_id: str = sandbox.sandbox_id
+        self.tools = tools
+        self._env = dict(env)
+        self._release = release
+        self._processes: set[E2BProcess] = set()
+        self._closed = False
+
+    def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+        return {**self._env, **(extra or {})}
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.sandbox_id} is closed")
+        started = time.monotonic()
+        stdout, stderr = BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes)
+        handle = await self._sandbox.commands.run(
+            cmd,
+            background=True,
+            envs=self._envs(env),
+            cwd=cwd,
+            timeout=0,
+            on_stdout=lambda text: stdout.feed(text.encode()),
+            on_stderr=lambda text: stderr.feed(text.encode()),
+        )
+        process = E2BProcess(handle)
+        self._processes.add(process)
+        timed_out, exit_code = False, None
+        try:
+            finished = await asyncio.wait_for(asyncio.shield(process._done), timeout=max(timeout_s, 0.001))
+            exit_code = finished.exit_code
+        except TimeoutError:
+            timed_out = True
+        finally:
+            await process.kill()
+            self._processes.discard(process)
+        return CommandResult(
+            cmd=cmd,
+            exit_code=exit_code,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            duration_s=round(time.monotonic() - started, 4),
+            timed_out=timed_out,
+            output_truncated=stdout.truncated or stderr.truncated,
+        )
+
+    async def start(
+        self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
+    ) -> E2BProcess:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.sandbox_id} is closed")
+        logged = f"mkdir -p {shlex.quote(os.path.dirname(log_path))} && exec >> {shlex.quote(log_path)} 2>&1; {cmd}"
+        handle = await self._sandbox.commands.run(logged, background=True, envs=self._envs(env), cwd=cwd, timeout=0)
+        process = E2BProcess(handle)
+        self._processes.add(process)
+        return process
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        await self._sandbox.files.write(path, data)
+
+    async def read_file(self, path: str) -> bytes:
+        try:
+            data = await self._sandbox.files.read(path, format="bytes")
+        except FileNotFoundException as missing:
+            raise FileNotFoundError(path) from missing
+        return bytes(data)
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        try:
+            entries = await self._sandbox.files.list(root, depth=32)
+        except FileNotFoundException:
+            return []
+        prefix = root.rstrip("/") + "/"
+        files = sorted((entry for entry in entries if entry.type == FileType.FILE), key=lambda e: e.path)
+        return [FileEntry(entry.path.removeprefix(prefix), entry.size) for entry in files[:limit]]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for process in list(self._processes):
+                await process.kill()
+            await self._sandbox.kill()
+        except (SandboxException, httpx.HTTPError, OSError) as error:
+            log.error("killing E2B sandbox %s failed: %s (opencode-env reap will find it)", self.sandbox_id, error)
+        finally:
+            self._release()
+
+
+class E2BBackend:
+    """Creates E2B sandboxes, at most `max_sandboxes` alive at once, creations staggered."""
+
+    name = "e2b"
+
+    def __init__(
+        self,
+        *,
+        sandbox_class: Any = AsyncSandbox,
+        api_key: str | None = None,
+        max_sandboxes: int | None = None,
+        server_id: str = "",
+    ) -> None:
+        self._sandbox_class = sandbox_class
+        self._api_key = api_key
+        limit = max_sandboxes or int(os.environ.get(MAX_SANDBOXES_VAR, DEFAULT_MAX_SANDBOXES))
+        self._slots = asyncio.Semaphore(limit)
+        self._stagger = asyncio.Lock()
+        self._last_create = 0.0
+        self._server_id = server_id or f"{os.uname().nodename}-{os.getpid()}"
+
+    def _key(self) -> str:
+        key = self._api_key or os.environ.get("E2B_API_KEY", "")
+        if not key:
+            raise SandboxError(
+                "E2B_API_KEY is not set: the e2b backend needs an E2B API key (or use the local backend)"
+            )
+        return key
+
+    async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        key = self._key()
+        template = spec.template or DEFAULT_TEMPLATE
+        await self._slots.acquire()
+        try:
+            async with self._stagger:
+                wait = self._last_create + CREATE_STAGGER_S - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last_create = time.monotonic()
+            sandbox = await self._create_killing_if_cancelled(spec, template, key)
+            tools = await self._probe(sandbox)
+        except BaseException:
+            self._slots.release()
+            raise
+        return E2BSandbox(sandbox, tools, spec.env, self._slots.release)
+
+    async def _create_killing_if_cancelled(self, spec: SandboxSpec, template: str, key: str) -> Any:
+        creating = asyncio.ensure_future(
+            self._sandbox_class.create(
+                template=template,
+                timeout=int(spec.lifetime_s) + LIFETIME_MARGIN_S,
+                api_key=key,
+                metadata={
+                    TAG: "1",
+                    "server": self._server_id,
+                    "task_id": spec.task_id[:100],
+                    "created": str(int(time.time())),
+                },
+                envs=dict(spec.env),
+            )
+        )
+        try:
+            return await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            creating.add_done_callback(_kill_when_created)
+            raise
+        except Exception as error:
+            raise create_error(error, template) from error
+
+    async def _probe(self, sandbox: Any) -> ProvidedTools:
+        """What the template already has: OpenCode (its version) and the proxy's Python packages."""
+        try:
+            result = await sandbox.commands.run(PROBE, timeout=60)
+        except CommandExitException as exited:
+            result = exited
+        lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        version = next((line for line in lines if line[:1].isdigit()), None)
+        return ProvidedTools(
+            opencode="opencode" if version else None,
+            opencode_version=version,
+            python="python3",
+            proxy_ready="proxy-deps-ok" in lines,
+        )
+
+
+_late_kills: set[asyncio.Future[Any]] = set()
+
+
+def _kill_when_created(creating: asyncio.Future[Any]) -> None:
+    if creating.cancelled() or creating.exception() is not None:
+        return
+    sandbox = creating.result()
+    log.warning("creation of %s finished after its rollout was cancelled: killing it", sandbox.sandbox_id)
+    kill = asyncio.ensure_future(sandbox.kill())
+    _late_kills.add(kill)
+    kill.add_done_callback(_late_kills.discard)
+
+
+async def reap(*, older_than_s: float, sandbox_class: Any = AsyncSandbox, api_key: str | None = None) -> list[str]:
+    """Kill sandboxes tagged by this tool that have lived longer than `older_than_s`; returns their ids."""
+    key = api_key or os.environ.get("E2B_API_KEY", "")
+    if not key:
+        raise SandboxError("E2B_API_KEY is not set: reap needs the key the sandboxes were created with")
+    from e2b.sandbox.sandbox_api import SandboxQuery
+
+    paginator = sandbox_class.list(query=SandboxQuery(metadata={TAG: "1"}), api_key=key)
+    now = time.time()
+    killed = []
+    while paginator.has_next:
+        for info in await paginator.next_items():
+            if now - info.started_at.timestamp() >= older_than_s:
+                await sandbox_class.kill(info.sandbox_id, api_key=key)
+                killed.append(info.sandbox_id)
+    return killed

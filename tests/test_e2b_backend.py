@@ -1,0 +1,170 @@
+"""The E2B backend over the fake (real local processes, the SDK's real exception types), and live when possible."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from e2b import AsyncSandbox
+from e2b.sandbox_async.commands.command import Commands
+from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
+from e2b.sandbox_async.filesystem.filesystem import Filesystem
+
+from opencode_env.rollout import run_rollout
+from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.sandbox.e2b import E2BBackend, reap
+from opencode_env.sandbox.template import dockerfile
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.fake_e2b import (
+    FakeAsyncSandbox,
+    FakeCloud,
+    FakeCommandHandle,
+    FakeCommands,
+    FakeFilesystem,
+)
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.conftest import processes_mentioning
+
+
+def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
+    return [(name, p.default) for name, p in inspect.signature(function).parameters.items() if name != "self"]
+
+
+@pytest.mark.parametrize(
+    ("real", "fake"),
+    [
+        (AsyncSandbox.create, FakeAsyncSandbox.create),
+        (AsyncSandbox.set_timeout, FakeAsyncSandbox.set_timeout),
+        (AsyncSandbox.list, FakeAsyncSandbox.list),
+        (AsyncSandbox._cls_kill, FakeAsyncSandbox.kill),
+        (Commands.run, FakeCommands.run),
+        (Commands.kill, FakeCommands.kill),
+        (Filesystem.write, FakeFilesystem.write),
+        (Filesystem.read, FakeFilesystem.read),
+        (Filesystem.list, FakeFilesystem.list),
+        (AsyncCommandHandle.wait, FakeCommandHandle.wait),
+        (AsyncCommandHandle.kill, FakeCommandHandle.kill),
+        (AsyncCommandHandle.disconnect, FakeCommandHandle.disconnect),
+    ],
+)
+def test_the_fake_has_the_sdks_signatures(real: Callable[..., Any], fake: Callable[..., Any]) -> None:
+    assert parameters(fake) == parameters(real)
+
+
+async def test_a_full_rollout_through_e2b(e2b_fake: E2BBackend, fake_cloud: FakeCloud, no_leaks: None) -> None:
+    with ScriptedModelServer(demo_script()) as model:
+        result = await run_rollout(demo_request(model.base_url), e2b_fake)
+    assert result.status == "completed", result.error
+    assert (result.backend, result.reward, len(result.proxy_turns)) == ("e2b", 1.0, 3)
+    assert result.sandbox_id.startswith("fake")
+    assert result.opencode_version == "1.18.33"
+    assert all(turn.aligned for turn in result.proxy_turns)
+    assert result.timings.install_s is not None
+    assert result.timings.install_s < 1.0
+
+
+@pytest.mark.timeout(300)
+async def test_a_template_without_opencode_installs_it_at_run_time(fake_cloud: FakeCloud, no_leaks: None) -> None:
+    backend = E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+    with ScriptedModelServer(demo_script()) as model:
+        result = await run_rollout(demo_request(model.base_url, template="base"), backend)
+    assert result.status == "completed", result.error
+    assert result.opencode_version == "1.18.33"
+    assert (result.timings.install_s or 0) > 1.0
+    assert result.reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("cloud_change", "key", "template", "expected"),
+    [
+        ({}, "", "", "E2B_API_KEY is not set"),
+        ({}, "e2b_wrong", "", "rejected the API key"),
+        ({"max_sandboxes": 0}, None, "", "rate limit"),
+        ({}, None, "no-such-template", "build-template --name no-such-template"),
+        ({"unreachable": True}, None, "", "unreachable"),
+        ({"busy": True}, None, "", "busy"),
+    ],
+)
+async def test_each_creation_failure_is_one_clear_fast_error(
+    sandbox_base: Any,
+    cloud_change: dict[str, Any],
+    key: str | None,
+    template: str,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    no_leaks: None,
+) -> None:
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    cloud = FakeCloud(base_dir=sandbox_base, **cloud_change)
+    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key if key is None else key)
+    started = time.monotonic()
+    result = await run_rollout(demo_request("http://127.0.0.1:9/v1", template=template), backend)
+    elapsed = time.monotonic() - started
+    assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
+    assert expected in (result.error or "")
+    assert cloud.alive == {}
+    print(f"{expected!r}: failed in {elapsed * 1000:.0f} ms")
+
+
+async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Any, no_leaks: None) -> None:
+    cloud = FakeCloud(base_dir=sandbox_base, create_delay_s=1.0)
+    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
+    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), backend))
+    await asyncio.sleep(0.3)
+    rollout.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rollout
+    for _ in range(100):
+        if cloud.created and not cloud.alive:
+            break
+        await asyncio.sleep(0.05)
+    assert cloud.created == 1
+    assert cloud.alive == {}
+
+
+async def test_sandboxes_over_the_cap_wait_their_turn(fake_cloud: FakeCloud, no_leaks: None) -> None:
+    backend = E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key, max_sandboxes=1)
+    first = await backend.create(SandboxSpec())
+    second = asyncio.ensure_future(backend.create(SandboxSpec()))
+    await asyncio.sleep(0.5)
+    assert not second.done()
+    assert len(fake_cloud.alive) == 1
+    await first.close()
+    await (await asyncio.wait_for(second, timeout=10)).close()
+
+
+async def test_reap_kills_tagged_sandboxes_left_behind(
+    fake_cloud: FakeCloud, e2b_fake: E2BBackend, no_leaks: None
+) -> None:
+    leaked = [await e2b_fake.create(SandboxSpec(task_id=f"leak{i}")) for i in range(2)]
+    await leaked[0].run("sleep 300 &", timeout_s=5)
+    killed = await reap(older_than_s=0, sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+    assert sorted(killed) == sorted(box.sandbox_id for box in leaked)
+    assert fake_cloud.alive == {}
+    assert processes_mentioning("sleep 300") == []
+    for box in leaked:
+        await box.close()
+
+
+def test_the_template_bakes_in_opencode_and_the_proxy() -> None:
+    text = dockerfile()
+    assert "npm install -g opencode-ai@1.18.33" in text
+    assert "pip install fastapi uvicorn" in text
+    assert "@opencode-ai/plugin@1.18.33" in text
+    assert "OPENCODE_DISABLE_MODELS_FETCH=1" in text
+
+
+@pytest.mark.e2b
+@pytest.mark.timeout(900)
+async def test_a_live_rollout_on_e2b() -> None:
+    endpoint = os.environ.get("OPENCODE_ENV_LIVE_ENDPOINT", "")
+    if not endpoint:
+        pytest.skip("set OPENCODE_ENV_LIVE_ENDPOINT (vllm, openai or hf_router, with its env vars) for a live rollout")
+    result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), E2BBackend())
+    assert result.status == "completed", result.error
