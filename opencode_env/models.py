@@ -6,9 +6,9 @@ kept as they are; everything added is optional with a safe default.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
 Mode = Literal["transparent_proxy", "black_box"]
@@ -35,6 +35,19 @@ TOOL_NAME = "run_rollout"
 MAX_INSTRUCTION_CHARS = 200_000
 MAX_COMMANDS = 64
 MAX_COMMAND_CHARS = 16_000
+MAX_FILES = 256
+MAX_FILE_CHARS = 1_000_000
+MAX_FILES_TOTAL_CHARS = 8_000_000
+MAX_ENV_VARS = 64
+MAX_ENV_VALUE_CHARS = 32_000
+RESERVED_ENV = frozenset({"PATH", "HOME", "USER", "TMPDIR", "PYTHONPATH"})
+
+Command = Annotated[str, StringConstraints(min_length=1, max_length=MAX_COMMAND_CHARS)]
+TaskId = Annotated[str, StringConstraints(max_length=256, pattern=r"^[A-Za-z0-9._:@+/-]*$")]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\x00]+$")]
+FileText = Annotated[str, StringConstraints(max_length=MAX_FILE_CHARS)]
 
 
 class RolloutRequest(BaseModel):
@@ -51,18 +64,18 @@ class RolloutRequest(BaseModel):
     instruction: str = Field(
         ..., min_length=1, max_length=MAX_INSTRUCTION_CHARS, description="The task given to the agent, verbatim."
     )
-    setup: list[str] = Field(
+    setup: list[Command] = Field(
         default_factory=list,
         max_length=MAX_COMMANDS,
         description="Shell commands run in order before the agent; the first failure stops the rollout.",
     )
-    verify: list[str] = Field(
+    verify: list[Command] = Field(
         default_factory=list,
         max_length=MAX_COMMANDS,
         description="Shell commands run after the agent (always, even after an agent timeout); pass rate is the "
         "fallback reward.",
     )
-    task_id: str = Field("", max_length=256, description="Caller's label for the task, echoed in the result.")
+    task_id: TaskId = Field("", description="Caller's label for the task (letters, digits, ._:@+/-), echoed back.")
     mode: Mode = Field(
         "transparent_proxy",
         description="transparent_proxy records every LLM turn with token logprobs; black_box lets OpenCode call "
@@ -75,21 +88,59 @@ class RolloutRequest(BaseModel):
     top_logprobs: int = Field(5, ge=0, le=20, description="Alternatives recorded per token (0 = sampled only).")
     agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
     template: str = Field("", max_length=256, description="E2B template name (ignored by the local backend).")
-    files: dict[str, str] = Field(
+    files: dict[FilePath, FileText] = Field(
         default_factory=dict,
-        description="Text files written into the work dir before setup, keyed by path relative to it.",
+        max_length=MAX_FILES,
+        description="Text files written into the work dir before setup, keyed by path relative to it "
+        f"(no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
     )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Environment variables for setup, verify and the agent's commands."
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARS,
+        description="Environment variables for setup, verify and the agent's commands "
+        "(PATH, HOME, USER, TMPDIR, PYTHONPATH and OPENCODE_* are reserved).",
     )
     setup_timeout_s: float = Field(300.0, gt=0, le=86_400, description="Time limit for each setup command.")
     verify_timeout_s: float = Field(300.0, gt=0, le=86_400, description="Time limit for each verify command.")
+    upstream_idle_timeout_s: float = Field(
+        120.0,
+        ge=1,
+        le=290,
+        description="The proxy ends a model call that sends no bytes for this long (OpenCode gives up at ~300 s).",
+    )
     total_timeout_s: float | None = Field(
         None,
         gt=0,
         le=172_800,
         description="Deadline over the whole rollout; None derives it from the phase timeouts.",
     )
+
+    @field_validator("files")
+    @classmethod
+    def _files_stay_in_the_work_dir(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            if path.startswith("/"):
+                raise ValueError(f"files: path {path[:80]!r} must be relative to the work dir, not absolute")
+            if ".." in path.replace("\\", "/").split("/"):
+                raise ValueError(f"files: path {path[:80]!r} must stay inside the work dir (no '..' segments)")
+        total = sum(len(text) for text in files.values())
+        if total > MAX_FILES_TOTAL_CHARS:
+            raise ValueError(f"files: {total} characters in all, over the limit of {MAX_FILES_TOTAL_CHARS}")
+        return files
+
+    @field_validator("env")
+    @classmethod
+    def _env_leaves_reserved_names_alone(cls, env: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("OPENCODE"))
+        if reserved:
+            raise ValueError(f"env: {', '.join(reserved)} reserved (PATH, HOME, USER, TMPDIR, PYTHONPATH, OPENCODE_*)")
+        return env
+
+    @model_validator(mode="after")
+    def _timeouts_fit_the_total(self) -> RolloutRequest:
+        if self.total_timeout_s is not None and self.total_timeout_s < 1:
+            raise ValueError("total_timeout_s must be at least 1 second")
+        return self
 
 
 class CommandResult(BaseModel):

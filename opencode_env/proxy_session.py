@@ -70,6 +70,8 @@ def _proxy_command(python: str, upstream: Upstream, request: RolloutRequest) -> 
         upstream.model,
         "--endpoint-kind",
         upstream.endpoint,
+        "--idle-timeout",
+        str(request.upstream_idle_timeout_s),
         "--api-key-env",
         UPSTREAM_KEY_VAR,
     ]

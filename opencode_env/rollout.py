@@ -179,12 +179,13 @@ async def _in_sandbox(rollout: _Rollout) -> None:
     await rollout.timed("setup", _setup(rollout))
     proxy = await rollout.timed("proxy", _proxy(rollout))
     agent_failure: PhaseFailure | None = None
-    collected = False
+    collected, proxy_died = False, False
     try:
         try:
             await rollout.timed("agent", _agent(rollout, opencode_path, proxy))
         except PhaseFailure as failure:
             agent_failure = failure
+        proxy_died = proxy is not None and not await proxy.process.running()
         await rollout.timed("verify", _verify(rollout))
         await rollout.timed("collect", _collect(rollout))
         collected = True
@@ -194,8 +195,9 @@ async def _in_sandbox(rollout: _Rollout) -> None:
                 await _collect_agent_record(rollout)
             if proxy is not None:
                 await _collect_turns(rollout, proxy)
-    if agent_failure is not None:
-        raise _classify_agent_failure(agent_failure, rollout.result)
+    outcome = _classify(agent_failure, rollout.result, proxy_died)
+    if outcome is not None:
+        raise outcome
 
 
 def _cancelling() -> bool:
@@ -381,12 +383,20 @@ async def _collect_turns(rollout: _Rollout, proxy: RunningProxy) -> None:
         )
 
 
-def _classify_agent_failure(failure: PhaseFailure, result: RolloutResult) -> PhaseFailure:
-    """An agent that died on an error from the model is an upstream error, told by the proxy's last turn or,
-    in black_box mode, by OpenCode's APIError event."""
-    if failure.status != "agent_error":
-        return failure
+def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: bool) -> PhaseFailure | None:
+    """What the agent phase really ended with. A rollout that only looks clean (the agent exited 0 without ever
+    calling the model) fails; a timeout or crash caused by the model or the proxy says so."""
     turns = result.proxy_turns
+    if failure is not None and failure.status == "proxy_error":
+        return failure
+    if proxy_died:
+        return PhaseFailure("proxy_error", "agent", "the capture proxy died while the agent ran")
+    if failure is None:
+        if result.agent_exit_code == 0 and result.usage.llm_calls == 0:
+            return PhaseFailure("agent_error", "agent", "OpenCode exited 0 without calling the model")
+        return None
+    if failure.status not in ("agent_error", "agent_timeout"):
+        return failure
     if turns and turns[-1].outcome != "complete":
         last = turns[-1]
         return PhaseFailure(

@@ -38,8 +38,8 @@ def backend(opencode_binary: Path, sandbox_base: Path) -> LocalBackend:
 
 
 def processes_mentioning(text: str) -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if text in line and "ps -eo" not in line]
+    listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in listing.splitlines() if text in line and "ps -eww" not in line]
 
 
 @pytest.fixture(scope="session")

@@ -89,8 +89,17 @@ def _runtime_paths(tools: ProvidedTools) -> list[str]:
     if tools.python:
         paths.add(str(Path(tools.python).parent.parent))
     if tools.opencode:
-        paths.add(str(Path(tools.opencode).resolve().parents[3]))
+        paths.add(_install_root(tools.opencode))
     return sorted(paths)
+
+
+def _install_root(binary: str) -> str:
+    """The npm prefix an installed binary lives in (the directory above node_modules), else its directory."""
+    resolved = Path(binary).resolve()
+    for parent in resolved.parents:
+        if parent.name == "node_modules":
+            return str(parent.parent)
+    return str(resolved.parent)
 
 
 def trust_settings(host_env: Mapping[str, str]) -> dict[str, str]:
