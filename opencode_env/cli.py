@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output-dir", type=Path, default=Path("runs"))
     demo.set_defaults(handler=_cmd_demo)
     serve = commands.add_parser("serve", help="serve the MCP tool over HTTP (OpenEnv routes + /mcp/stream)")
-    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
     serve.set_defaults(handler=_cmd_serve)

@@ -16,16 +16,20 @@ client never gives up before the server does.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from openenv.core.mcp_client import MCPToolClient
 from openenv.core.sync_client import SyncEnvClient
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import InvalidHandshake
 
 from opencode_env.deadline import total_budget_s
 from opencode_env.models import TOOL_NAME, RolloutRequest, RolloutResult
 
+TOKEN_VAR = "OPENCODE_ENV_TOKEN"
 CLIENT_MARGIN_S = 120.0
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
 
@@ -47,11 +51,16 @@ def parse_result(data: Any) -> RolloutResult:
 
 class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
     _message_timeout: float
+    _connect_timeout: float
+    _max_message_size: int
+    _ws_url: str
+    _ws: Any
 
     def __init__(
         self,
         base_url: str,
         *,
+        token: str | None = None,
         connect_timeout_s: float = 10.0,
         message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S,
         **kwargs: Any,
@@ -60,12 +69,30 @@ class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
             base_url=base_url, connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s, **kwargs
         )
         self._base_url = base_url
+        self._token = token if token is not None else os.environ.get(TOKEN_VAR, "")
         self._client_options = {
+            "token": self._token,
             "connect_timeout_s": connect_timeout_s,
             "message_timeout_s": message_timeout_s,
             **kwargs,
         }
         self._sync_view: SyncEnvClient | None = None
+
+    async def connect(self) -> OpenCodeEnv:
+        """Open the session's WebSocket, sending the bearer token when there is one."""
+        if self._ws is not None or not self._token:
+            await super().connect()
+            return self
+        try:
+            self._ws = await ws_connect(
+                self._ws_url,
+                open_timeout=self._connect_timeout,
+                max_size=self._max_message_size,
+                additional_headers={"authorization": f"Bearer {self._token}"},
+            )
+        except (OSError, InvalidHandshake, TimeoutError) as error:
+            raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
+        return self
 
     async def run_rollout(self, request: RolloutRequest | None = None, **fields: Any) -> RolloutResult:
         """Run one rollout on the server. Pass a RolloutRequest or its fields as keyword arguments."""

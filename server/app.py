@@ -17,12 +17,16 @@ from fastapi import FastAPI
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
-from server.environment import OpenCodeEnvironment, default_max_sessions, runtime
+from opencode_env.client import TOKEN_VAR
+from server.auth import ALLOW_UNAUTHENTICATED_VAR, BearerAuth, refuse_unprotected_local
+from server.disconnect import CancelOnDisconnect
+from server.environment import SHUTDOWN_GRACE_S, OpenCodeEnvironment, default_max_sessions, runtime
 
 MCP_STREAM_PATH = "/mcp/stream"
 
 
-def build_app() -> FastAPI:
+def build_app(token: str | None = None) -> FastAPI:
+    """The app; with a token (default: OPENCODE_ENV_TOKEN) every route but /health requires it."""
     shared = runtime()
     app: FastAPI = create_app(
         OpenCodeEnvironment,
@@ -39,13 +43,27 @@ def build_app() -> FastAPI:
     async def lifespan(application: FastAPI) -> AsyncIterator[None]:
         async with openenv_lifespan(application), stream.lifespan(stream):
             yield
+            await shared.cancel_in_flight()
 
     app.router.lifespan_context = lifespan
+    token = os.environ.get(TOKEN_VAR, "") if token is None else token
+    app.add_middleware(CancelOnDisconnect)
+    if token:
+        app.add_middleware(BearerAuth, token=token)
     return app
 
 
 def main(host: str | None = None, port: int | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    host = host or os.environ.get("HOST", "0.0.0.0")
+    refusal = refuse_unprotected_local(
+        host,
+        runtime().backend_name,
+        os.environ.get(TOKEN_VAR, ""),
+        os.environ.get(ALLOW_UNAUTHENTICATED_VAR, "") == "1",
+    )
+    if refusal:
+        raise SystemExit(refusal)
     logging.getLogger("opencode_env.server").info(
         "sandbox backend: %s; at most %d concurrent sessions; standard MCP endpoint at %s",
         runtime().backend_name,
@@ -53,7 +71,10 @@ def main(host: str | None = None, port: int | None = None) -> None:
         MCP_STREAM_PATH,
     )
     uvicorn.run(
-        build_app(), host=host or os.environ.get("HOST", "0.0.0.0"), port=port or int(os.environ.get("PORT", "8000"))
+        app,
+        host=host,
+        port=port or int(os.environ.get("PORT", "8000")),
+        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
 
 

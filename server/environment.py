@@ -7,11 +7,12 @@ FastMCP publishes as the output schema.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 from uuid import uuid4
 
@@ -31,6 +32,7 @@ log = logging.getLogger("opencode_env.server")
 # openenv-core reads FastMCP's renamed Tool.inputSchema on every tools/list; the schema it gets is right.
 warnings.filterwarnings("ignore", message="Accessing `Tool.inputSchema` is deprecated")
 SERVER_MARGIN_S = 60.0
+SHUTDOWN_GRACE_S = 30.0
 PHASES: tuple[Phase, ...] = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect")
 TOOL_DESCRIPTION = (
     "Run one OpenCode coding-agent episode in a fresh sandbox: run the setup commands, the agent on the "
@@ -46,6 +48,16 @@ class Runtime:
     backend: SandboxBackend
     backend_name: str
     mcp: FastMCP
+    in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def cancel_in_flight(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Cancel every rollout still running (server shutdown) and wait for their sandboxes to close."""
+        tasks = list(self.in_flight)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            log.info("shutting down: cancelling %d rollout(s) in flight", len(tasks))
+            await asyncio.wait(tasks, timeout=timeout_s)
 
 
 class _Current:
@@ -68,9 +80,9 @@ def _annotated(base: Any, *metadata: Any) -> Any:
 
 def _tool_signature() -> tuple[inspect.Signature, dict[str, Any]]:
     parameters, annotations = [], {}
-    for name, field in RolloutRequest.model_fields.items():
-        annotation = _annotated(field.annotation, *field.metadata, Field(description=field.description))
-        default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
+    for name, info in RolloutRequest.model_fields.items():
+        annotation = _annotated(info.annotation, *info.metadata, Field(description=info.description))
+        default = inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
         parameters.append(
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
         )
@@ -81,7 +93,7 @@ def _tool_signature() -> tuple[inspect.Signature, dict[str, Any]]:
     return inspect.Signature(parameters, return_annotation=RolloutResult), annotations
 
 
-def build_mcp(backend: SandboxBackend) -> FastMCP:
+def build_mcp(backend: SandboxBackend, in_flight: set[asyncio.Task[Any]]) -> FastMCP:
     mcp = FastMCP("opencode_env", instructions=TOOL_DESCRIPTION)
 
     async def run_rollout_tool(**arguments: Any) -> RolloutResult:
@@ -92,7 +104,13 @@ def build_mcp(backend: SandboxBackend) -> FastMCP:
             if ctx is not None:
                 await ctx.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        result = await run_rollout(request, backend, progress=progress)
+        task = asyncio.current_task()
+        if task is not None:
+            in_flight.add(task)
+        try:
+            result = await run_rollout(request, backend, progress=progress)
+        finally:
+            in_flight.discard(task)
         log.info(
             "rollout %s %s: %s reward=%s in %.1fs",
             result.task_id or "-",
@@ -116,7 +134,8 @@ def configure(backend: SandboxBackend | None = None, backend_name: BackendName |
     if backend is None:
         requested: BackendName = backend_name or os.environ.get("OPENCODE_ENV_BACKEND", "auto")  # type: ignore[assignment]
         backend = make_backend(requested)
-    _Current.runtime = Runtime(backend, backend.name, build_mcp(backend))
+    in_flight: set[asyncio.Task[Any]] = set()
+    _Current.runtime = Runtime(backend, backend.name, build_mcp(backend, in_flight), in_flight)
     log.info("opencode-env serving rollouts on the %s backend", backend.name)
     return _Current.runtime
 

@@ -1,0 +1,120 @@
+"""A client that goes away, and a server told to stop, with rollouts in flight: every sandbox is closed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from opencode_env.client import OpenCodeEnv
+from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import Script, stall
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.testing.threaded_server import ThreadedServer
+from server.app import build_app
+from server.environment import configure
+from tests.conftest import processes_mentioning
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def server_url(backend: LocalBackend) -> Iterator[str]:
+    configure(backend)
+    server = ThreadedServer(build_app())
+    server.start()
+    yield server.url
+    server.stop()
+
+
+async def wait_for(condition: object, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_client_that_disconnects_cancels_its_rollout(
+    server_url: str, sandbox_base: Path, no_leaks: None
+) -> None:
+    with ScriptedModelServer(Script(steps=[stall(120)])) as model:
+
+        async def client() -> None:
+            async with OpenCodeEnv(server_url) as env:
+                await env.run_rollout(demo_request(model.base_url, agent_timeout_s=100))
+
+        running = asyncio.ensure_future(client())
+        assert await wait_for(lambda: len(model.exchanges) >= 1, 30)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert await wait_for(lambda: not list(sandbox_base.iterdir()), 20)
+    assert processes_mentioning(str(sandbox_base)) == []
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def test_sigterm_cancels_rollouts_in_flight_and_closes_their_sandboxes(tmp_path: Path) -> None:
+    sandboxes = tmp_path / "sandboxes"
+    sandboxes.mkdir()
+    port = free_port()
+    env = {
+        **os.environ,
+        "OPENCODE_ENV_BACKEND": "local",
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "TMPDIR": str(sandboxes),
+    }
+    log = (tmp_path / "server.log").open("wb")
+    command = [sys.executable, "-m", "server.app"]
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert await wait_for(lambda: _healthy(url), 60), (tmp_path / "server.log").read_text()
+        with ScriptedModelServer(Script(steps=[stall(120)])) as model:
+
+            async def client() -> None:
+                async with OpenCodeEnv(url) as session:
+                    await session.run_rollout(demo_request(model.base_url, agent_timeout_s=100))
+
+            requests = [asyncio.ensure_future(client()) for _ in range(2)]
+            assert await wait_for(lambda: len(model.exchanges) >= 2, 90)
+            assert len([p for p in sandboxes.iterdir() if p.name.startswith("opencode-env-")]) == 2
+            server.send_signal(signal.SIGTERM)
+            exit_code = await asyncio.to_thread(server.wait, 60)
+            for request in requests:
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        log.close()
+    # uvicorn finishes its shutdown, then re-raises the signal so the exit status tells how it ended.
+    assert exit_code in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in (tmp_path / "server.log").read_text()
+    assert [p.name for p in sandboxes.iterdir() if p.name.startswith("opencode-env-")] == []
+    assert processes_mentioning(str(sandboxes)) == []
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
