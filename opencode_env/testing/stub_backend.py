@@ -1,0 +1,83 @@
+"""A sandbox backend that runs nothing: commands sleep and succeed, files live in memory.
+
+Only for measuring and stressing the server and the pipeline around the agent (load tests, hostile-input tests),
+where a real OpenCode run would be the thing measured instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping
+
+from opencode_env.models import CommandResult
+from opencode_env.sandbox.base import DEFAULT_MAX_OUTPUT_BYTES, WORKDIR, FileEntry, ProvidedTools, SandboxSpec
+
+
+class StubProcess:
+    async def running(self) -> bool:
+        return False
+
+    async def kill(self) -> None:
+        return None
+
+
+class StubSandbox:
+    backend = "stub"
+
+    def __init__(self, sandbox_id: str, command_s: float, registry: set[str]) -> None:
+        self.sandbox_id = sandbox_id
+        self.tools = ProvidedTools(opencode="opencode", opencode_version="stub", python="python3", proxy_ready=True)
+        self._command_s = command_s
+        self._files: dict[str, bytes] = {}
+        self._registry = registry
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        await asyncio.sleep(min(self._command_s, timeout_s))
+        return CommandResult(cmd=cmd, exit_code=0, duration_s=self._command_s)
+
+    async def start(
+        self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
+    ) -> StubProcess:
+        return StubProcess()
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        self._files[path] = data.encode() if isinstance(data, str) else data
+
+    async def read_file(self, path: str) -> bytes:
+        if path not in self._files:
+            raise FileNotFoundError(path)
+        return self._files[path]
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        prefix = root.rstrip("/") + "/"
+        return [FileEntry(p.removeprefix(prefix), len(d)) for p, d in self._files.items() if p.startswith(prefix)][
+            :limit
+        ]
+
+    async def close(self) -> None:
+        self._registry.discard(self.sandbox_id)
+
+
+class StubBackend:
+    name = "stub"
+
+    def __init__(self, *, create_s: float = 0.0, command_s: float = 0.0) -> None:
+        self._create_s = create_s
+        self._command_s = command_s
+        self._ids = itertools.count(1)
+        self.alive: set[str] = set()
+
+    async def create(self, spec: SandboxSpec) -> StubSandbox:
+        await asyncio.sleep(self._create_s)
+        sandbox = StubSandbox(f"stub{next(self._ids)}", self._command_s, self.alive)
+        self.alive.add(sandbox.sandbox_id)
+        return sandbox
