@@ -58,6 +58,9 @@ class Runtime:
         if tasks:
             log.info("shutting down: cancelling %d rollout(s) in flight", len(tasks))
             await asyncio.wait(tasks, timeout=timeout_s)
+        closed = await self.backend.close_all()
+        if closed:
+            log.info("shutting down: closed %d sandbox(es) whose rollouts had been torn down", closed)
 
 
 class _Current:

@@ -155,3 +155,26 @@ async def test_tools_under_hidden_host_dirs_stay_visible(tmp_path: Path, sandbox
         assert (await box.run("echo ok > /tmp/scratch && cat /tmp/scratch", timeout_s=10)).stdout == "ok\n"
     finally:
         await box.close()
+
+
+async def test_close_all_closes_what_is_still_open(any_backend: SandboxBackend, no_leaks: None) -> None:
+    closed_early = await any_backend.create(SandboxSpec())
+    left_open = [await any_backend.create(SandboxSpec()) for _ in range(2)]
+    await left_open[0].start("exec sleep 402", log_path="/home/user/logs/a.log")
+    await closed_early.close()
+    assert await any_backend.close_all() == 2
+    assert await any_backend.close_all() == 0
+    assert processes_mentioning("sleep 402") == []
+    with pytest.raises(SandboxError, match="closed"):
+        await left_open[1].run("true", timeout_s=5)
+
+
+async def test_close_finishes_even_when_its_caller_is_cancelled(any_backend: SandboxBackend, no_leaks: None) -> None:
+    box = await any_backend.create(SandboxSpec())
+    await box.start("exec sleep 403", log_path="/home/user/logs/a.log")
+    closing = asyncio.ensure_future(box.close())
+    await asyncio.sleep(0)
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await box.close()
+    assert processes_mentioning("sleep 403") == []

@@ -32,6 +32,9 @@ class ScanningBackend:
         self.inner = inner
         self.hits: list[str] = []
 
+    async def close_all(self) -> int:
+        return await self.inner.close_all()
+
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         sandbox = await self.inner.create(spec)
         close = sandbox.close

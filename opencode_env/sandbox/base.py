@@ -95,3 +95,7 @@ class SandboxBackend(Protocol):
     name: str
 
     async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def close_all(self) -> int:
+        """Close every sandbox this backend still has open (server shutdown); returns how many."""
+        ...

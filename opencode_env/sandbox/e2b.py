@@ -112,6 +112,7 @@ class E2BSandbox:
         self._release = release
         self._processes: set[E2BProcess] = set()
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
 
     def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {**self._env, **(extra or {})}
@@ -190,9 +191,13 @@ class E2BSandbox:
         return [FileEntry(entry.path.removeprefix(prefix), entry.size) for entry in files[:limit]]
 
     async def close(self) -> None:
-        if self._closed:
-            return
+        """Every caller waits for the one closing task, which runs to its end even if a caller is cancelled."""
         self._closed = True
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         try:
             for process in list(self._processes):
                 await process.kill()
@@ -223,6 +228,7 @@ class E2BBackend:
         self._stagger = asyncio.Lock()
         self._last_create = 0.0
         self._server_id = server_id or f"{os.uname().nodename}-{os.getpid()}"
+        self._open: set[E2BSandbox] = set()
 
     def _key(self) -> str:
         key = self._api_key or os.environ.get("E2B_API_KEY", "")
@@ -247,7 +253,21 @@ class E2BBackend:
         except BaseException:
             self._slots.release()
             raise
-        return E2BSandbox(sandbox, tools, spec.env, self._slots.release)
+        opened: E2BSandbox
+
+        def release() -> None:
+            self._slots.release()
+            self._open.discard(opened)
+
+        opened = E2BSandbox(sandbox, tools, spec.env, release)
+        self._open.add(opened)
+        return opened
+
+    async def close_all(self) -> int:
+        still_open = list(self._open)
+        for sandbox in still_open:
+            await sandbox.close()
+        return len(still_open)
 
     async def _create_killing_if_cancelled(self, spec: SandboxSpec, template: str, key: str) -> Any:
         creating = asyncio.ensure_future(

@@ -130,7 +130,9 @@ class LocalSandbox:
         self._base_env = dict(env)
         self._extra_path = extra_path
         self._processes: set[LocalProcess] = set()
+        self.on_close: Callable[[LocalSandbox], None] | None = None
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
 
     def host_path(self, path: str) -> Path:
         """Where a sandbox path (absolute /home/user/..., or relative to the work dir) lives on the host."""
@@ -286,13 +288,21 @@ class LocalSandbox:
         return entries
 
     async def close(self) -> None:
-        if self._closed:
-            return
+        """Every caller waits for the one closing task, which runs to its end even if a caller is cancelled."""
         self._closed = True
-        for process in list(self._processes):
-            await process.kill()
-        self._processes.clear()
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        try:
+            for process in list(self._processes):
+                await process.kill()
+            self._processes.clear()
+            await asyncio.to_thread(shutil.rmtree, self.root, True)
+        finally:
+            if self.on_close is not None:
+                self.on_close(self)
 
 
 async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
@@ -326,6 +336,7 @@ class LocalBackend:
     ) -> None:
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
+        self._open: set[LocalSandbox] = set()
         self._isolation: Isolation = isolation or isolation_from_env()
         self._base_dir = base_dir
 
@@ -337,4 +348,13 @@ class LocalBackend:
         for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
             (root / sub.lstrip("/")).mkdir(parents=True, exist_ok=True)
         (root / "tmp").mkdir()
-        return LocalSandbox(root, isolation=self._isolation, tools=tools, env=spec.env, extra_path=self._extra_path)
+        sandbox = LocalSandbox(root, isolation=self._isolation, tools=tools, env=spec.env, extra_path=self._extra_path)
+        sandbox.on_close = self._open.discard
+        self._open.add(sandbox)
+        return sandbox
+
+    async def close_all(self) -> int:
+        still_open = list(self._open)
+        for sandbox in still_open:
+            await sandbox.close()
+        return len(still_open)

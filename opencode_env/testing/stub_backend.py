@@ -76,6 +76,11 @@ class StubBackend:
         self._ids = itertools.count(1)
         self.alive: set[str] = set()
 
+    async def close_all(self) -> int:
+        count = len(self.alive)
+        self.alive.clear()
+        return count
+
     async def create(self, spec: SandboxSpec) -> StubSandbox:
         await asyncio.sleep(self._create_s)
         sandbox = StubSandbox(f"stub{next(self._ids)}", self._command_s, self.alive)
