@@ -91,6 +91,25 @@ class Sandbox(Protocol):
         ...
 
 
+class OpenSandboxes:
+    """The sandboxes a backend has open, so that server shutdown can close whatever its rollouts left behind."""
+
+    def __init__(self) -> None:
+        self._open: set[Sandbox] = set()
+
+    def add(self, sandbox: Sandbox) -> None:
+        self._open.add(sandbox)
+
+    def discard(self, sandbox: Sandbox) -> None:
+        self._open.discard(sandbox)
+
+    async def close_all(self) -> int:
+        still_open = list(self._open)
+        for sandbox in still_open:
+            await sandbox.close()
+        return len(still_open)
+
+
 class SandboxBackend(Protocol):
     name: str
 

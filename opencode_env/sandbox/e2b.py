@@ -36,6 +36,7 @@ from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
     FileEntry,
+    OpenSandboxes,
     ProvidedTools,
     SandboxError,
     SandboxSpec,
@@ -228,7 +229,7 @@ class E2BBackend:
         self._stagger = asyncio.Lock()
         self._last_create = 0.0
         self._server_id = server_id or f"{os.uname().nodename}-{os.getpid()}"
-        self._open: set[E2BSandbox] = set()
+        self._open = OpenSandboxes()
 
     def _key(self) -> str:
         key = self._api_key or os.environ.get("E2B_API_KEY", "")
@@ -264,10 +265,7 @@ class E2BBackend:
         return opened
 
     async def close_all(self) -> int:
-        still_open = list(self._open)
-        for sandbox in still_open:
-            await sandbox.close()
-        return len(still_open)
+        return await self._open.close_all()
 
     async def _create_killing_if_cancelled(self, spec: SandboxSpec, template: str, key: str) -> Any:
         creating = asyncio.ensure_future(

@@ -30,6 +30,7 @@ from opencode_env.sandbox.base import (
     VERIFIER_DIR,
     WORKDIR,
     FileEntry,
+    OpenSandboxes,
     ProvidedTools,
     SandboxError,
     SandboxSpec,
@@ -336,7 +337,7 @@ class LocalBackend:
     ) -> None:
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
-        self._open: set[LocalSandbox] = set()
+        self._open = OpenSandboxes()
         self._isolation: Isolation = isolation or isolation_from_env()
         self._base_dir = base_dir
 
@@ -354,7 +355,4 @@ class LocalBackend:
         return sandbox
 
     async def close_all(self) -> int:
-        still_open = list(self._open)
-        for sandbox in still_open:
-            await sandbox.close()
-        return len(still_open)
+        return await self._open.close_all()
