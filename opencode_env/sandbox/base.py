@@ -6,7 +6,8 @@ sandbox itself could not be created or reached.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,6 +90,24 @@ class Sandbox(Protocol):
     async def close(self) -> None:
         """Kill every process and release the sandbox; safe to call twice."""
         ...
+
+
+class CloseOnce:
+    """A sandbox's closing, run once: every caller waits for it, and it runs to its end even if a caller is
+    cancelled (a half-closed sandbox would otherwise be skipped by later calls)."""
+
+    def __init__(self, close: Callable[[], Awaitable[None]]) -> None:
+        self._close = close
+        self._task: asyncio.Future[None] | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    async def __call__(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._task)
 
 
 class OpenSandboxes:

@@ -35,6 +35,7 @@ from opencode_env.models import CommandResult
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
+    CloseOnce,
     FileEntry,
     OpenSandboxes,
     ProvidedTools,
@@ -112,8 +113,7 @@ class E2BSandbox:
         self._env = dict(env)
         self._release = release
         self._processes: set[E2BProcess] = set()
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
+        self._closer = CloseOnce(self._close)
 
     def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {**self._env, **(extra or {})}
@@ -127,7 +127,7 @@ class E2BSandbox:
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> CommandResult:
-        if self._closed:
+        if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         started = time.monotonic()
         stdout, stderr = BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes)
@@ -164,7 +164,7 @@ class E2BSandbox:
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
     ) -> E2BProcess:
-        if self._closed:
+        if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         logged = f"mkdir -p {shlex.quote(os.path.dirname(log_path))} && exec >> {shlex.quote(log_path)} 2>&1; {cmd}"
         handle = await self._sandbox.commands.run(logged, background=True, envs=self._envs(env), cwd=cwd, timeout=0)
@@ -192,11 +192,7 @@ class E2BSandbox:
         return [FileEntry(entry.path.removeprefix(prefix), entry.size) for entry in files[:limit]]
 
     async def close(self) -> None:
-        """Every caller waits for the one closing task, which runs to its end even if a caller is cancelled."""
-        self._closed = True
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
+        await self._closer()
 
     async def _close(self) -> None:
         try:

@@ -29,6 +29,7 @@ from opencode_env.sandbox.base import (
     HOME,
     VERIFIER_DIR,
     WORKDIR,
+    CloseOnce,
     FileEntry,
     OpenSandboxes,
     ProvidedTools,
@@ -132,8 +133,7 @@ class LocalSandbox:
         self._extra_path = extra_path
         self._processes: set[LocalProcess] = set()
         self.on_close: Callable[[LocalSandbox], None] | None = None
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
+        self._closer = CloseOnce(self._close)
 
     def host_path(self, path: str) -> Path:
         """Where a sandbox path (absolute /home/user/..., or relative to the work dir) lives on the host."""
@@ -191,7 +191,7 @@ class LocalSandbox:
     async def _spawn(
         self, cmd: str, cwd: str, env: Mapping[str, str] | None, stdout: int, stderr: int
     ) -> asyncio.subprocess.Process:
-        if self._closed:
+        if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         argv, host_cwd = self._argv(cmd, cwd)
         return await asyncio.create_subprocess_exec(
@@ -289,11 +289,7 @@ class LocalSandbox:
         return entries
 
     async def close(self) -> None:
-        """Every caller waits for the one closing task, which runs to its end even if a caller is cancelled."""
-        self._closed = True
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
+        await self._closer()
 
     async def _close(self) -> None:
         try:
