@@ -27,6 +27,19 @@ RolloutStatus = Literal[
     "cancelled",
     "internal_error",
 ]
+INFRASTRUCTURE_FAILURES: frozenset[RolloutStatus] = frozenset(
+    {"sandbox_error", "install_error", "proxy_error", "upstream_error", "timeout", "cancelled", "internal_error"}
+)
+"""Statuses where our side (sandbox, install, proxy, model endpoint, deadline) failed: such a rollout carries no
+reward and gives no usable training data. `invalid_request` never ran; `setup_failed`, `agent_error` and
+`agent_timeout` are outcomes of the task or the policy."""
+
+
+def is_infrastructure_failure(status: RolloutStatus) -> bool:
+    """The one predicate that decides whether a rollout's reward and training data can be used."""
+    return status in INFRASTRUCTURE_FAILURES
+
+
 RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
 TurnKind = Literal["agent", "auxiliary", "sub_agent"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
