@@ -107,7 +107,7 @@ async def run_rollout(
         result.upstream = upstream.info()
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
-        sandbox = await _create_sandbox(backend, request, result, deadline, progress, endpoints)
+        sandbox = await _create_sandbox(backend, request, result, deadline, progress, model_endpoints=endpoints)
         try:
             await _in_sandbox(_Rollout(request, upstream, sandbox, result, deadline, progress))
         finally:
@@ -139,6 +139,7 @@ async def _create_sandbox(
     result: RolloutResult,
     deadline: Deadline,
     progress: ProgressCallback | None,
+    *,
     model_endpoints: tuple[tuple[str, int], ...],
 ) -> Sandbox:
     if progress is not None:

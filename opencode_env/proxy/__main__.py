@@ -43,10 +43,8 @@ def listen(port: int, port_file: str) -> socket.socket:
 
 
 def listeners(args: argparse.Namespace) -> list[socket.socket]:
-    if args.listen_fd >= 0:
-        sockets = [socket.socket(fileno=args.listen_fd)]
-    else:
-        sockets = [listen(args.port, args.port_file)]
+    inherited = args.listen_fd >= 0
+    sockets = [socket.socket(fileno=args.listen_fd) if inherited else listen(args.port, args.port_file)]
     if args.admin_socket:
         admin = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         admin.bind(args.admin_socket)

@@ -91,7 +91,8 @@ async def start_root_proxy(sandbox: RootRunner, launch: ProxyLaunch) -> RootProx
         f" >> {private}/proxy.log 2>&1"
     )
     process = await sandbox.start_root(command, {**launch.env, "OPENCODE_ENV_PROXY_TOKEN": token})
-    wait = f"for i in $(seq 1 {int(PORT_WAIT_S * 20)}); do test -s {private}/port && break; sleep 0.05; done; cat {private}/port"
+    tries = int(PORT_WAIT_S * 20)
+    wait = f"for i in $(seq 1 {tries}); do test -s {private}/port && break; sleep 0.05; done; cat {private}/port"
     exit_code, port_text = await sandbox.run_root(wait, PORT_WAIT_S + 5)
     try:
         port = int(port_text.strip())
