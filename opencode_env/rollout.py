@@ -222,7 +222,7 @@ async def _install(rollout: _Rollout) -> str:
         await _run_install_step(rollout, command)
     if tools.opencode:
         return tools.opencode
-    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60), privileged=True)
+    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60))
     if version.exit_code != 0:
         raise PhaseFailure("install_error", "install", f"OpenCode does not run after install: {version.stderr[-500:]}")
     rollout.result.opencode_version = version.stdout.strip().splitlines()[-1] if version.stdout.strip() else ""
@@ -231,9 +231,7 @@ async def _install(rollout: _Rollout) -> str:
 
 async def _run_install_step(rollout: _Rollout, command: str) -> None:
     for attempt in range(1, INSTALL_ATTEMPTS + 1):
-        result = await rollout.sandbox.run(
-            command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S), privileged=True
-        )
+        result = await rollout.sandbox.run(command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S))
         if result.exit_code == 0:
             return
         if attempt == INSTALL_ATTEMPTS:
