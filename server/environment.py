@@ -117,7 +117,9 @@ def build_mcp(rollouts: Rollouts) -> FastMCP:
     run_rollout_tool.__signature__ = signature  # type: ignore[attr-defined]
     run_rollout_tool.__annotations__ = annotations
     run_rollout_tool.__name__ = TOOL_NAME
-    mcp.tool(run_rollout_tool, name=TOOL_NAME, description=TOOL_DESCRIPTION)
+    # Given explicitly because FastMCP strips titles from the schema it derives; ours keeps RolloutResult's name.
+    output_schema = RolloutResult.model_json_schema(mode="serialization")
+    mcp.tool(run_rollout_tool, name=TOOL_NAME, description=TOOL_DESCRIPTION, output_schema=output_schema)
     return mcp
 
 
