@@ -16,15 +16,17 @@ client never gives up before the server does.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from openenv.core.mcp_client import MCPToolClient
 from openenv.core.sync_client import SyncEnvClient
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import InvalidHandshake
+from websockets.exceptions import InvalidHandshake, InvalidStatus
 
 from opencode_env.deadline import total_budget_s
 from opencode_env.models import TOOL_NAME, RolloutRequest, RolloutResult
@@ -80,16 +82,20 @@ class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
 
     async def connect(self) -> OpenCodeEnv:
         """Open the session's WebSocket, sending the bearer token when there is one."""
-        if self._ws is not None or not self._token:
-            await super().connect()
+        if self._ws is not None:
             return self
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
         try:
             self._ws = await ws_connect(
                 self._ws_url,
                 open_timeout=self._connect_timeout,
                 max_size=self._max_message_size,
-                additional_headers={"authorization": f"Bearer {self._token}"},
+                additional_headers=headers,
+                # Like OpenEnv's own connect: a proxy from the environment is never used for this machine.
+                proxy=None if _is_local(self._ws_url) else True,
             )
+        except InvalidStatus as refused:
+            raise ConnectionError(f"{self._ws_url} refused the connection: {_reason(refused)}") from refused
         except (OSError, InvalidHandshake, TimeoutError) as error:
             raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
         return self
@@ -148,6 +154,21 @@ class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
         if self._sync_view is not None:
             self._sync_view.__exit__(*exc)
             self._sync_view = None
+
+
+def _is_local(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+def _reason(refused: InvalidStatus) -> str:
+    """The server's own explanation, from the body of its refusal, else the HTTP status."""
+    response = refused.response
+    try:
+        reason = json.loads(response.body or b"{}").get("error")
+    except (ValueError, AttributeError):
+        reason = None
+    return str(reason) if reason else f"HTTP {response.status_code}"
 
 
 async def _isolated(session: OpenCodeEnv, request: RolloutRequest) -> RolloutResult:
