@@ -64,11 +64,12 @@ def build_app(token: str | None = None) -> FastAPI:
     )
     _replace_metadata_route(app, shared, policy)
     standard = shared.mcp.http_app(path=MCP_PATH, stateless_http=False)
+    one_shot = shared.mcp.http_app(path=MCP_PATH, stateless_http=True)
     openenv_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(application: FastAPI) -> AsyncIterator[None]:
-        async with openenv_lifespan(application), standard.lifespan(standard):
+        async with openenv_lifespan(application), standard.lifespan(standard), one_shot.lifespan(one_shot):
             restore = _answer_before_exit(shared)
             try:
                 yield
@@ -77,7 +78,7 @@ def build_app(token: str | None = None) -> FastAPI:
                 await shared.cancel_in_flight()
 
     app.router.lifespan_context = lifespan
-    app.add_middleware(McpRouter, standard=standard)
+    app.add_middleware(McpRouter, standard=standard, stateless=one_shot)
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(AccessGate, policy=policy)
     return app

@@ -163,3 +163,14 @@ def test_uvicorn_serving_the_importable_app_on_all_interfaces_starts_and_refuses
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
         log.close()
+
+
+def test_serve_help_explains_the_access_token(capsys: pytest.CaptureFixture[str]) -> None:
+    from opencode_env.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    assert "OPENCODE_ENV_TOKEN" in text
+    assert "Authorization: Bearer" in text
+    assert "OPENCODE_ENV_ALLOW_UNAUTHENTICATED" in text

@@ -78,12 +78,19 @@ async def test_openenv_clients_keep_working_at_mcp(server: StubServer) -> None:
     assert_stub_result(answer["result"]["structured_content"])
 
 
-def test_a_standard_post_without_a_session_is_not_taken_for_openenv(server: StubServer) -> None:
-    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+async def test_a_one_shot_call_without_a_session_is_served_by_the_standard_transport(server: StubServer) -> None:
+    """curl and scripts: one tools/call with the streamable-HTTP headers, no initialize, no session."""
+    message = {"jsonrpc": "2.0", "id": 5, "method": "tools/call"}
+    message["params"] = {"name": "run_rollout", "arguments": stub_arguments("curl")}
     headers = {"accept": "application/json, text/event-stream"}
-    response = httpx.post(f"{server.url}/mcp", json=listing, headers=headers)
-    # The standard transport's answer (it needs a session or a negotiated version), not the shim's tool list.
-    assert "tools" not in response.text or response.status_code >= 400
+    async with httpx.AsyncClient(timeout=60) as http:
+        for path in ("/mcp", "/mcp/stream"):
+            response = await http.post(f"{server.url}{path}", json=message, headers=headers)
+            assert response.headers["content-type"].startswith("text/event-stream")
+            data = next(line[5:] for line in response.text.split("\n") if line.startswith("data:"))
+            answer = json.loads(data)
+            assert answer["id"] == 5
+            assert_stub_result(answer["result"]["structuredContent"])
 
 
 def test_metadata_names_the_version_backend_and_access(server: StubServer) -> None:
