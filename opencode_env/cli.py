@@ -18,6 +18,17 @@ from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxError
 
+SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
+MCP clients, OpenEnv's /ws, /step and JSON-RPC at /mcp for OpenEnv clients, /health and /metadata.
+
+Access token: set OPENCODE_ENV_TOKEN in the server's environment (never on the command line) and every route but
+/health requires `Authorization: Bearer <token>` (OpenCodeEnv(token=...) or the same variable on the client side
+sends it). Without a token only connections from this machine are served: others get 403 and the reason.
+OPENCODE_ENV_ALLOW_UNAUTHENTICATED=1 serves everyone without a token (a trusted network only: the local backend
+runs commands on this machine, E2B spends your account).
+
+MAX_CONCURRENT_ENVS caps the rollouts running at once over every transport; calls beyond it wait for a slot."""
+
 
 def _progress(phase: Phase, message: str) -> None:
     print(f"[{phase}] {message}", file=sys.stderr, flush=True)
@@ -174,8 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
     demo.add_argument("--output-dir", type=Path, default=Path("runs"))
     demo.set_defaults(handler=_cmd_demo)
-    serve = commands.add_parser("serve", help="serve the MCP tool over HTTP (OpenEnv routes + /mcp/stream)")
-    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the MCP tool over HTTP (standard MCP at /mcp, OpenEnv's routes)",
+        description=SERVE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback (set a token first)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
     serve.set_defaults(handler=_cmd_serve)
