@@ -294,7 +294,8 @@ class RolloutResult(BaseModel):
     opencode_version: str = Field("", description="The OpenCode version that ran the agent.")
     upstream: UpstreamInfo = Field(default_factory=UpstreamInfo, description="The model endpoint used (never its key).")
     tool_calls: list[ToolCallSummary] = Field(
-        default_factory=list, description="Agent-reported: read from OpenCode's event stream, which the agent can write."
+        default_factory=list,
+        description="Agent-reported: read from OpenCode's event stream, which the agent can write.",
     )
     agent_final_text: str = Field("", description="Agent-reported: OpenCode's last text event.")
     request_tools: dict[str, list[Any]] = Field(
