@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from opencode_env.export import add_export_parser
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
+    add_export_parser(commands)
     return parser
 
 
