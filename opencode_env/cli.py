@@ -17,6 +17,7 @@ from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.viewer.cli import add_view_parser
 
 
 def _progress(phase: Phase, message: str) -> None:
@@ -193,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
+    add_view_parser(commands)
     return parser
 
 
