@@ -18,6 +18,8 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
 from opencode_env.client import TOKEN_VAR
+from opencode_env.rollout import run_rollout
+from opencode_env.viewer.web import web_router
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, BearerAuth, refuse_unprotected_local
 from server.disconnect import CancelOnDisconnect
 from server.environment import SHUTDOWN_GRACE_S, OpenCodeEnvironment, default_max_sessions, runtime
@@ -37,6 +39,7 @@ def build_app(token: str | None = None) -> FastAPI:
     )
     stream = shared.mcp.http_app(path="/stream", stateless_http=True)
     app.mount("/mcp", stream)
+    app.include_router(web_router(lambda request, progress: run_rollout(request, shared.backend, progress=progress)))
     openenv_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

@@ -9,9 +9,10 @@ import json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from opencode_env.client import TOKEN_VAR
+from opencode_env.viewer.web import WEB_OPEN_PATHS
 
 ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health"}) | WEB_OPEN_PATHS
 
 
 class BearerAuth:

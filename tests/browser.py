@@ -67,6 +67,14 @@ def requested_urls(session: WebDriver) -> list[str]:
     return urls
 
 
+NETWORK_SCHEMES = ("http:", "https:", "ws:", "wss:", "ftp:")
+
+
+def network_requests(session: WebDriver) -> list[str]:
+    """The requested URLs that would leave the browser (not chrome://, data:, blob: or file:)."""
+    return [url for url in requested_urls(session) if url.startswith(NETWORK_SCHEMES)]
+
+
 def rgb(css_colour: str) -> tuple[int, int, int]:
     match = re.match(r"rgba?\((\d+), (\d+), (\d+)", css_colour)
     assert match is not None, css_colour
