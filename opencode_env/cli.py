@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from opencode_env.check_task import add_check_task_parser
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
@@ -195,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
     add_view_parser(commands)
+    add_check_task_parser(commands)
     return parser
 
 
