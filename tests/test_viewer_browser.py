@@ -160,3 +160,38 @@ def test_hostile_text_is_shown_as_text_and_never_runs(browser: WebDriver, tmp_pa
     urls = requested_urls(browser)
     assert page_url in urls
     assert [url for url in urls if url.startswith(NETWORK_SCHEMES)] == []
+
+
+class ResultWithSequences(RolloutResult):
+    """A result as the training work will shape it: sequences and a summary the viewer has never been told about."""
+
+    training_sequences: list[dict[str, object]]
+    training_summary: dict[str, object]
+
+
+def test_training_sequences_and_unknown_fields_are_shown_when_present(browser: WebDriver, tmp_path: Path) -> None:
+    sequence = {
+        "prompt_ids": [1, 2, 3],
+        "completion_ids": [10, 11, 12, 13],
+        "logprobs": [-0.1, 0.0, 0.0, -2.0],
+        "env_mask": [1, 0, 0, 1],
+        "turns": [0, 1],
+        "started": "first",
+    }
+    result = ResultWithSequences(
+        task_id="trainable",
+        training_sequences=[sequence],
+        training_summary={"sequences": 1, "forks": 0, "aligned": True},
+    )
+    open_page(browser, result, tmp_path)
+    block = browser.find_element(By.ID, "sequences")
+    block.find_element(By.TAG_NAME, "summary").click()
+    block.find_element(By.CSS_SELECTOR, "details.sequence > summary").click()
+    assert "3 prompt ids · 4 completion ids (2 model, 2 environment)" in block.text
+    assert "started: first" in block.text
+    strip = block.find_elements(By.CSS_SELECTOR, ".seq-strip span")
+    assert [span.get_attribute("class") for span in strip] == ["model", "env", "env", "model"]
+    other = browser.find_element(By.ID, "other")
+    other.find_element(By.TAG_NAME, "summary").click()
+    other.find_element(By.CSS_SELECTOR, "details details > summary").click()
+    assert '"aligned": true' in other.text
