@@ -37,9 +37,7 @@ class GatedRunner:
 
     async def __call__(self, request: RolloutRequest, progress: Progress) -> RolloutResult:
         phase: Phase = "agent"
-        reported = progress(phase, "running OpenCode")
-        if reported is not None:
-            await reported
+        await progress(phase, "running OpenCode")
         await self.gate.wait()
         return RolloutResult(task_id=request.task_id, reward=1.0, reward_source="reward_txt")
 

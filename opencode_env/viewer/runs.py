@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from opencode_env.models import Phase, RolloutRequest, RolloutResult, RolloutStatus
 
 log = logging.getLogger("opencode_env.viewer")
-Progress = Callable[[Phase, str], Awaitable[None] | None]
+Progress = Callable[[Phase, str], Awaitable[None]]
 Runner = Callable[[RolloutRequest, Progress], Awaitable[RolloutResult]]
 """Runs one rollout reporting its phases; the server passes its own, which goes through its concurrency cap."""
 MAX_EVENTS = 200
@@ -62,7 +62,7 @@ class _Run:
         self.result: RolloutResult | None = None
         self.task: asyncio.Task[None] | None = None
 
-    def progress(self, phase: Phase, message: str) -> None:
+    async def progress(self, phase: Phase, message: str) -> None:
         view = self.view
         view.phase, view.message = phase, message[:MAX_MESSAGE_CHARS]
         view.events.append(ProgressEvent(phase=phase, message=view.message, at_s=round(self.elapsed(), 3)))

@@ -117,6 +117,7 @@
     event.preventDefault();
     const form = new FormData(event.target);
     const request = { instruction: form.get("instruction"), setup: lines(form.get("setup")), verify: lines(form.get("verify")), mode: form.get("mode") };
+    if (lines(form.get("solution")).length) request.solution = lines(form.get("solution"));
     for (const name of ["endpoint", "base_url", "model", "api_key", "task_id"]) if (form.get(name)) request[name] = form.get(name);
     if (form.get("agent_timeout_s")) request.agent_timeout_s = Number(form.get("agent_timeout_s"));
     $("run-error").textContent = "";
