@@ -129,7 +129,7 @@ FIRST_ROW = """
 const row = document.querySelector('#runs tbody tr[data-state]');
 if (!row) return null;
 const steps = [...row.querySelectorAll('.phase-steps span')];
-return {state: row.dataset.state, phase: row.querySelector('.run-phase').textContent,
+return {state: row.dataset.state, phase: row.querySelector('.run-phase').textContent, task: row.children[1].textContent,
         current: steps.filter((s) => s.classList.contains('current')).map((s) => s.textContent).join(),
         done: steps.filter((s) => s.classList.contains('done')).map((s) => s.textContent)};
 """
@@ -191,3 +191,27 @@ def test_the_form_runs_a_rollout_with_live_phases_and_opens_it_in_the_viewer(
     urls = network_requests(browser)
     assert urls
     assert [url for url in urls if not url.startswith(guarded_url + "/")] == []
+
+
+def test_the_form_runs_an_oracle_without_a_model(browser: WebDriver, guarded_url: str) -> None:
+    wait = WebDriverWait(browser, 60, poll_frequency=0.05)
+    browser.get(f"{guarded_url}/web")
+    if browser.execute_script("return sessionStorage.getItem('opencode-env-token')") != TOKEN:
+        browser.find_element(By.ID, "token-input").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#token-form button").click()
+    form = wait.until(
+        lambda b: b.find_element(By.ID, "run-form") if b.find_element(By.ID, "run-form").is_displayed() else None
+    )
+    form.find_element(By.NAME, "instruction").send_keys("Write 42 to answer.txt")
+    form.find_element(By.NAME, "verify").send_keys('cd /home/user/workdir && test "$(cat answer.txt)" = 42')
+    form.find_element(By.NAME, "solution").send_keys("echo 42 > /home/user/workdir/answer.txt")
+    form.find_element(By.NAME, "task_id").send_keys("web_oracle")
+    browser.find_element(By.ID, "run-button").click()
+    wait.until(lambda b: (row := first_row(b)) and row["state"] == "finished" and "web_oracle" in row["task"])
+    row = browser.find_element(By.CSS_SELECTOR, "#runs tbody tr")
+    assert row.find_element(By.CLASS_NAME, "run-status").text == "completed"
+    assert row.find_element(By.CLASS_NAME, "run-reward").text == "1.0"
+    row.find_element(By.CLASS_NAME, "view-run").click()
+    wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#viewer #solution"))
+    assert "oracle run" in browser.find_element(By.ID, "summary").text
+    assert "echo 42" in browser.find_element(By.ID, "solution").text
