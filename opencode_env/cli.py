@@ -12,12 +12,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from opencode_env.check_task import add_check_task_parser
 from opencode_env.export import add_export_parser
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.viewer.cli import add_view_parser
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
 MCP clients, OpenEnv's /ws, /step and JSON-RPC at /mcp for OpenEnv clients, /health and /metadata.
@@ -211,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
     add_export_parser(commands)
+    add_view_parser(commands)
+    add_check_task_parser(commands)
     return parser
 
 

@@ -89,6 +89,13 @@ class RolloutRequest(BaseModel):
         description="Shell commands run after the agent (always, even after an agent timeout); pass rate is the "
         "fallback reward.",
     )
+    solution: list[Command] | None = Field(
+        None,
+        max_length=MAX_COMMANDS,
+        description="Oracle run: shell commands run in order in place of the agent (no model, no proxy; [] is the "
+        "do-nothing agent), each within agent_timeout_s; the first failure stops the solution; verify runs as "
+        "usual. A task whose oracle does not reach reward 1.0 is broken.",
+    )
     task_id: TaskId = Field("", description="Caller's label for the task (letters, digits, ._:@+/-), echoed back.")
     mode: Mode = Field(
         "transparent_proxy",
@@ -306,6 +313,10 @@ class RolloutResult(BaseModel):
     )
     enforcement: dict[str, str] = Field(
         default_factory=dict, description="The isolation and limits that were active (which mechanism enforced what)."
+    )
+    oracle: bool = Field(False, description="True when the request's solution commands ran in place of the agent.")
+    solution_results: list[CommandResult] = Field(
+        default_factory=list, description="The solution commands of an oracle run, in order."
     )
 
     def turn_messages(self, index: int) -> list[Any]:

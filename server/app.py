@@ -24,6 +24,7 @@ from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservatio
 
 from opencode_env.client import TOKEN_VAR
 from opencode_env.version import VERSION
+from opencode_env.viewer.web import web_router
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
 from server.disconnect import CancelOnDisconnect
 from server.environment import (
@@ -65,6 +66,7 @@ def build_app(token: str | None = None) -> FastAPI:
     _replace_metadata_route(app, shared, policy)
     standard = shared.mcp.http_app(path=MCP_PATH, stateless_http=False)
     one_shot = shared.mcp.http_app(path=MCP_PATH, stateless_http=True)
+    app.include_router(web_router(shared.rollouts.run))
     openenv_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

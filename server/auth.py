@@ -13,9 +13,10 @@ import ipaddress
 from dataclasses import dataclass
 
 from opencode_env.client import TOKEN_VAR
+from opencode_env.viewer.web import WEB_OPEN_PATHS
 
 ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health"}) | WEB_OPEN_PATHS
 # A request relayed by a proxy may come from anywhere, whatever the address of the hop that relayed it.
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip"})
 WHAT_IT_RISKS = {
