@@ -41,7 +41,7 @@ def summarize(result: RolloutResult) -> str:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=["local", "e2b"], default="local")
+    parser.add_argument("--backend", choices=["local", "e2b", "hf"], default="local")
     parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
     parser.add_argument("--base-url", default="")
     parser.add_argument("--model", default="")
@@ -177,10 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the MCP tool over HTTP (OpenEnv routes + /mcp/stream)")
     serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
+    serve.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
     serve.set_defaults(handler=_cmd_serve)
     mcp = commands.add_parser("mcp", help="serve the MCP tool over stdio (for desktop MCP clients)")
-    mcp.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
+    mcp.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
     mcp.set_defaults(handler=_cmd_mcp)
     build = commands.add_parser("build-template", help="build the E2B template (OpenCode and the proxy baked in)")
     build.add_argument("--name", default="opencode-env")
