@@ -148,7 +148,10 @@ def _cmd_build_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_reap(args: argparse.Namespace) -> int:
-    from opencode_env.sandbox.e2b import reap
+    if args.backend == "hf":
+        from opencode_env.sandbox.hf import reap
+    else:
+        from opencode_env.sandbox.e2b import reap  # type: ignore[assignment]
 
     killed = asyncio.run(reap(older_than_s=args.older_than * 60))
     for sandbox_id in killed:
@@ -188,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--cpu", type=int, default=2)
     build.add_argument("--memory-mb", type=int, default=2048)
     build.set_defaults(handler=_cmd_build_template)
-    reap = commands.add_parser("reap", help="kill E2B sandboxes tagged by opencode-env that outlived their rollout")
+    reap = commands.add_parser("reap", help="kill cloud sandboxes tagged by opencode-env that outlived their rollout")
     reap.add_argument("--older-than", type=float, default=60.0, metavar="MIN")
+    reap.add_argument("--backend", choices=["e2b", "hf"], default="e2b")
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
