@@ -58,7 +58,8 @@ async def collect_files(sandbox: Sandbox, root: str = WORKDIR) -> CollectedFiles
 
 
 async def read_tail(sandbox: Sandbox, path: str, limit: int = LOG_TAIL_BYTES) -> str:
+    """The file's last `limit` bytes as text, read without loading the rest; "" when it is absent or unsafe."""
     try:
-        return tail_text(await sandbox.read_file(path), limit)
+        return tail_text(await sandbox.read_tail(path, limit), limit)
     except FileNotFoundError:
         return ""

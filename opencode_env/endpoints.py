@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from opencode_env.models import EndpointName, RolloutRequest, UpstreamInfo
 
@@ -42,6 +43,12 @@ class Upstream:
     model: str
     disable_thinking: bool
 
+    def host_port(self) -> tuple[tuple[str, int], ...]:
+        """The one host:port the sandbox may reach in black_box mode."""
+        parsed = urlsplit(self.base_url)
+        default = 443 if parsed.scheme == "https" else 80
+        return (((parsed.hostname or "").lower(), parsed.port or default),)
+
     def info(self) -> UpstreamInfo:
         return UpstreamInfo(
             endpoint=self.endpoint, base_url=self.base_url, model=self.model, disable_thinking=self.disable_thinking
@@ -49,6 +56,16 @@ class Upstream:
 
     def __repr__(self) -> str:
         return f"Upstream(endpoint={self.endpoint!r}, base_url={self.base_url!r}, model={self.model!r})"
+
+
+def _server_key(request: RolloutRequest, base_url: str, configured_url: str, server_key: str) -> str:
+    """A key from the server's environment goes only to the URL configured beside it, and never into a sandbox
+    (black_box mode hands the key to the agent itself)."""
+    if request.mode == "black_box":
+        return ""
+    if base_url.rstrip("/") != configured_url.rstrip("/"):
+        return ""
+    return server_key
 
 
 def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None = None) -> Upstream:
@@ -59,8 +76,9 @@ def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None 
         key_required, thinking_off = False, False
         hint = "pass base_url and model, or endpoint='vllm'|'openai'|'hf_router'"
     else:
-        base_url = request.base_url or env.get(defaults.url_var, "") or defaults.default_url
-        api_key = request.api_key or env.get(defaults.key_var, "")
+        configured_url = env.get(defaults.url_var, "") or defaults.default_url
+        base_url = request.base_url or configured_url
+        api_key = request.api_key or _server_key(request, base_url, configured_url, env.get(defaults.key_var, ""))
         model = request.model or env.get(defaults.model_var, "")
         key_required, thinking_off = defaults.key_required, defaults.thinking_disabled_by_default
         hint = f"pass it, or set {defaults.url_var} / {defaults.key_var} / {defaults.model_var}"

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
 Mode = Literal["transparent_proxy", "black_box"]
+Network = Literal["internet", "model_only"]
 Phase = Literal["validate", "sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
 RolloutStatus = Literal[
     "completed",
@@ -127,6 +128,16 @@ class RolloutRequest(BaseModel):
         le=172_800,
         description="Deadline over the whole rollout; None derives it from the phase timeouts.",
     )
+    network: Network = Field(
+        "internet",
+        description="internet: setup, agent and verify reach public addresses through an egress proxy (never the "
+        "host, private or link-local ranges); model_only: nothing but the model. The agent reaches the model only "
+        "through its capture proxy (black_box: only the configured upstream).",
+    )
+    memory_mb: int = Field(4096, ge=64, le=1_048_576, description="Memory for everything the rollout runs (MiB).")
+    max_processes: int = Field(1024, ge=16, le=1_000_000, description="Processes and threads alive at once.")
+    disk_mb: int = Field(8192, ge=64, le=1_048_576, description="Size of the rollout's writable tree (MiB).")
+    cpus: float = Field(2.0, gt=0, le=1024, description="CPU time share, in cores.")
 
     @field_validator("files")
     @classmethod
@@ -261,10 +272,19 @@ class RolloutResult(BaseModel):
     backend: str = ""
     opencode_version: str = ""
     upstream: UpstreamInfo = Field(default_factory=UpstreamInfo)
-    tool_calls: list[ToolCallSummary] = Field(default_factory=list)
-    agent_final_text: str = ""
+    tool_calls: list[ToolCallSummary] = Field(
+        default_factory=list,
+        description="Agent-reported: read from OpenCode's event stream, which the agent can write.",
+    )
+    agent_final_text: str = Field("", description="Agent-reported: OpenCode's last text event.")
     request_tools: dict[str, list[Any]] = Field(
         default_factory=dict, description="Tool schemas sent upstream, by sha256, stored once per rollout."
+    )
+    limits_hit: list[str] = Field(
+        default_factory=list, description="Resource limits the sandbox enforced: 'memory', 'processes', 'disk'."
+    )
+    enforcement: dict[str, str] = Field(
+        default_factory=dict, description="The isolation and limits that were active (which mechanism enforced what)."
     )
 
     def turn_messages(self, index: int) -> list[Any]:

@@ -41,6 +41,16 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "opencode-env"
 
 
+def _installed_prefix(binary: Path) -> Path:
+    return binary.parents[2]
+
+
+def _world_readable(prefix: Path) -> None:
+    mode = prefix.stat().st_mode
+    if mode & 0o055 != 0o055:
+        prefix.chmod(mode | 0o055)
+
+
 def _installed_binary(prefix: Path) -> Path:
     return prefix / "node_modules" / ".bin" / "opencode"
 
@@ -81,6 +91,8 @@ async def cached_tools() -> ProvidedTools:
     import sys
 
     binary = await asyncio.to_thread(install_cached)
+    # npm stages the install in a private temporary directory: sandbox users must be able to run what it holds.
+    await asyncio.to_thread(_world_readable, _installed_prefix(binary))
     return ProvidedTools(
         opencode=str(binary), opencode_version=OPENCODE_VERSION, python=sys.executable, proxy_ready=True
     )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shlex
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,30 +13,17 @@ from pydantic import ValidationError
 from opencode_env.endpoints import Upstream
 from opencode_env.models import RolloutRequest, RolloutTurn
 from opencode_env.opencode import UPSTREAM_KEY_VAR
-from opencode_env.sandbox.base import LOGS_DIR, ROLLOUT_DIR, BackgroundProcess, Sandbox
+from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, Sandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 
-PACKAGE_DIR = f"{ROLLOUT_DIR}/pkg"
-TRACE_PATH = f"{LOGS_DIR}/proxy/trace.jsonl"
-LOG_PATH = f"{LOGS_DIR}/proxy/proxy.log"
-PORT_FILE = f"{ROLLOUT_DIR}/proxy.port"
+TRACE_LIMIT = 256 * 1024 * 1024
+LOG_LIMIT = 8192
 HEALTH_WAIT_S = 20.0
 DRAIN_WAIT_S = 15.0
 
 
 class ProxyStartError(Exception):
     """The capture proxy did not come up; the message carries its log."""
-
-
-@dataclass
-class RunningProxy:
-    process: BackgroundProcess
-    python: str
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
 
 def proxy_sources() -> dict[str, str]:
@@ -49,19 +34,11 @@ def proxy_sources() -> dict[str, str]:
     return files
 
 
-def _proxy_command(python: str, upstream: Upstream, request: RolloutRequest) -> str:
+def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> ProxyLaunch:
+    """The proxy's program and environment; the backend adds where it listens, its trace and its token."""
     args = [
-        python,
-        "-m",
-        "opencode_env.proxy",
         "--upstream-url",
         upstream.base_url,
-        "--port",
-        "0",
-        "--port-file",
-        PORT_FILE,
-        "--trace",
-        TRACE_PATH,
         "--top-logprobs",
         str(request.top_logprobs),
         "--max-tokens-cap",
@@ -77,65 +54,35 @@ def _proxy_command(python: str, upstream: Upstream, request: RolloutRequest) -> 
     ]
     if upstream.disable_thinking:
         args.append("--disable-thinking")
-    return shlex.join(args)
+    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1"}
+    return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 
 
-async def start_proxy(sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, budget_s: float) -> RunningProxy:
-    """Upload and start the proxy; returns once it listens (its port is known), before it is fully up."""
-    python = sandbox.tools.python or "python3"
-    for path, text in proxy_sources().items():
-        await sandbox.write_file(f"{PACKAGE_DIR}/{path}", text)
-    await sandbox.write_file(TRACE_PATH, b"")
-    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONPATH": PACKAGE_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
-    process = await sandbox.start(_proxy_command(python, upstream, request), log_path=LOG_PATH, env=env)
-    deadline = time.monotonic() + min(budget_s, HEALTH_WAIT_S)
-    port: int | None = None
-    while port is None:
-        if not await process.running():
-            raise ProxyStartError(f"the capture proxy exited at start: {await proxy_log_tail(sandbox)}")
-        if time.monotonic() > deadline:
-            await process.kill()
-            raise ProxyStartError(f"the capture proxy did not listen in time: {await proxy_log_tail(sandbox)}")
-        try:
-            port = int((await sandbox.read_file(PORT_FILE)).decode())
-        except (FileNotFoundError, ValueError):
-            await asyncio.sleep(0.02)
-    return RunningProxy(process, python, port)
+async def start_proxy(sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, budget_s: float) -> ProxyHandle:
+    """Start the proxy; returns once it listens, before it is fully up (see wait_healthy)."""
+    launch = proxy_launch(sandbox.tools.python or "python3", upstream, request)
+    try:
+        return await asyncio.wait_for(sandbox.start_proxy(launch), timeout=min(budget_s, HEALTH_WAIT_S))
+    except TimeoutError as error:
+        raise ProxyStartError("the capture proxy did not listen in time") from error
+    except SandboxError as error:
+        raise ProxyStartError(str(error)) from error
 
 
-async def wait_healthy(sandbox: Sandbox, proxy: RunningProxy, budget_s: float) -> None:
+async def wait_healthy(proxy: ProxyHandle, budget_s: float) -> None:
     """Raise ProxyStartError unless the proxy answers /healthz within the budget."""
-    answer = await _call(sandbox, proxy, "/healthz", "GET", min(budget_s, HEALTH_WAIT_S))
+    answer = await proxy.call("/healthz", "GET", min(budget_s, HEALTH_WAIT_S))
     if answer is None or answer.get("ok") is not True:
-        await proxy.process.kill()
-        raise ProxyStartError(f"the capture proxy did not answer /healthz: {await proxy_log_tail(sandbox)}")
+        log_tail = await proxy_log_tail(proxy)
+        await proxy.kill()
+        raise ProxyStartError(f"the capture proxy did not answer /healthz: {log_tail}")
 
 
-async def _call(sandbox: Sandbox, proxy: RunningProxy, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
-    command = shlex.join(
-        [
-            proxy.python,
-            "-m",
-            "opencode_env.proxy.ping",
-            f"http://127.0.0.1:{proxy.port}{path}",
-            "--method",
-            method,
-            "--wait",
-            f"{wait_s:.1f}",
-        ]
-    )
-    result = await sandbox.run(command, timeout_s=wait_s + 5, env={"PYTHONPATH": PACKAGE_DIR})
-    if result.exit_code != 0:
-        return None
-    answer = json.loads(result.stdout)
-    return answer if isinstance(answer, dict) else None
-
-
-async def stop_proxy(sandbox: Sandbox, proxy: RunningProxy) -> None:
+async def stop_proxy(proxy: ProxyHandle) -> None:
     """Wait for the records still being written, then stop the proxy."""
-    if await proxy.process.running():
-        await _call(sandbox, proxy, "/drain", "POST", DRAIN_WAIT_S)
-    await proxy.process.kill()
+    if await proxy.running():
+        await proxy.call("/drain", "POST", DRAIN_WAIT_S)
+    await proxy.kill()
 
 
 @dataclass
@@ -170,15 +117,10 @@ def parse_trace(text: str) -> Trace:
     return trace
 
 
-async def read_trace(sandbox: Sandbox) -> Trace:
-    try:
-        return parse_trace((await sandbox.read_file(TRACE_PATH)).decode("utf-8", errors="replace"))
-    except FileNotFoundError:
-        return Trace()
+async def read_trace(proxy: ProxyHandle) -> Trace:
+    """The turns as the proxy wrote them, from its own file (no task command can write there)."""
+    return parse_trace((await proxy.read("trace.jsonl", TRACE_LIMIT)).decode("utf-8", errors="replace"))
 
 
-async def proxy_log_tail(sandbox: Sandbox, limit: int = 8192) -> str:
-    try:
-        return tail_text(await sandbox.read_file(LOG_PATH), limit)
-    except FileNotFoundError:
-        return ""
+async def proxy_log_tail(proxy: ProxyHandle) -> str:
+    return tail_text(await proxy.read("proxy.log", LOG_LIMIT), LOG_LIMIT)

@@ -18,10 +18,10 @@ from opencode_env import opencode
 from opencode_env.collect import collect_files, read_tail
 from opencode_env.deadline import Deadline, DeadlineExceeded, total_budget_s
 from opencode_env.endpoints import EndpointError, Upstream, resolve_upstream
+from opencode_env.limits import LimitError, sandbox_limits
 from opencode_env.models import CommandResult, Phase, RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
 from opencode_env.proxy_session import (
     ProxyStartError,
-    RunningProxy,
     proxy_log_tail,
     read_trace,
     start_proxy,
@@ -31,8 +31,8 @@ from opencode_env.proxy_session import (
 from opencode_env.reward import read_reward
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
-    ROLLOUT_DIR,
     WORKDIR,
+    ProxyHandle,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -43,15 +43,12 @@ log = logging.getLogger("opencode_env.rollout")
 ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
 T = TypeVar("T")
 
-INSTRUCTION_PATH = f"{ROLLOUT_DIR}/instruction.md"
-CONFIG_PATH = f"{ROLLOUT_DIR}/opencode.json"
 EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
 OPENCODE_LOG_DIR = "/home/user/.local/share/opencode/log"
 INSTALL_TIMEOUT_S = 600.0
 INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
-PROXY_AGENT_KEY = "sk-opencode-env-proxy"
 CLOSE_TIMEOUT_S = 30.0
 
 
@@ -70,6 +67,7 @@ class _Rollout:
     result: RolloutResult
     deadline: Deadline
     progress: ProgressCallback | None
+    instruction_path: str = ""
 
     async def report(self, phase: Phase, message: str) -> None:
         if self.progress is not None:
@@ -108,12 +106,13 @@ async def run_rollout(
         upstream = resolve_upstream(request)
         result.upstream = upstream.info()
         deadline = Deadline(total_budget_s(request))
-        sandbox = await _create_sandbox(backend, request, result, deadline, progress)
+        endpoints = upstream.host_port() if request.mode == "black_box" else ()
+        sandbox = await _create_sandbox(backend, request, result, deadline, progress, model_endpoints=endpoints)
         try:
             await _in_sandbox(_Rollout(request, upstream, sandbox, result, deadline, progress))
         finally:
             await _close(sandbox, result)
-    except EndpointError as error:
+    except (EndpointError, LimitError) as error:
         _fail(result, "invalid_request", "validate", str(error))
     except PhaseFailure as failure:
         _fail(result, failure.status, failure.phase, str(failure))
@@ -140,13 +139,21 @@ async def _create_sandbox(
     result: RolloutResult,
     deadline: Deadline,
     progress: ProgressCallback | None,
+    *,
+    model_endpoints: tuple[tuple[str, int], ...],
 ) -> Sandbox:
     if progress is not None:
         outcome = progress("sandbox", f"creating a {backend.name} sandbox")
         if outcome is not None:
             await outcome
     spec = SandboxSpec(
-        task_id=request.task_id, template=request.template, lifetime_s=deadline.total_s + 120, env=request.env
+        task_id=request.task_id,
+        template=request.template,
+        lifetime_s=deadline.total_s + 120,
+        env=request.env,
+        limits=sandbox_limits(request),
+        network=request.network,
+        model_endpoints=model_endpoints,
     )
     started = time.monotonic()
     try:
@@ -159,6 +166,7 @@ async def _create_sandbox(
         result.timings.sandbox_s = round(time.monotonic() - started, 4)
     result.sandbox_id = sandbox.sandbox_id
     result.opencode_version = sandbox.tools.opencode_version or ""
+    result.enforcement = dict(sandbox.enforcement)
     return sandbox
 
 
@@ -185,11 +193,12 @@ async def _in_sandbox(rollout: _Rollout) -> None:
             await rollout.timed("agent", _agent(rollout, opencode_path, proxy))
         except PhaseFailure as failure:
             agent_failure = failure
-        proxy_died = proxy is not None and not await proxy.process.running()
+        proxy_died = proxy is not None and not await proxy.running()
         await rollout.timed("verify", _verify(rollout))
         await rollout.timed("collect", _collect(rollout))
         collected = True
     finally:
+        rollout.result.limits_hit = rollout.sandbox.limits_hit()
         if not _cancelling():
             if not collected:
                 await _collect_agent_record(rollout)
@@ -213,7 +222,7 @@ async def _install(rollout: _Rollout) -> str:
         await _run_install_step(rollout, command)
     if tools.opencode:
         return tools.opencode
-    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60))
+    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60), privileged=True)
     if version.exit_code != 0:
         raise PhaseFailure("install_error", "install", f"OpenCode does not run after install: {version.stderr[-500:]}")
     rollout.result.opencode_version = version.stdout.strip().splitlines()[-1] if version.stdout.strip() else ""
@@ -222,7 +231,9 @@ async def _install(rollout: _Rollout) -> str:
 
 async def _run_install_step(rollout: _Rollout, command: str) -> None:
     for attempt in range(1, INSTALL_ATTEMPTS + 1):
-        result = await rollout.sandbox.run(command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S))
+        result = await rollout.sandbox.run(
+            command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S), privileged=True
+        )
         if result.exit_code == 0:
             return
         if attempt == INSTALL_ATTEMPTS:
@@ -237,7 +248,7 @@ async def _prepare(rollout: _Rollout) -> None:
     await rollout.report("prepare", "writing the task files and the instruction")
     for path, content in rollout.request.files.items():
         await rollout.sandbox.write_file(f"{WORKDIR}/{path}", content)
-    await rollout.sandbox.write_file(INSTRUCTION_PATH, rollout.request.instruction)
+    rollout.instruction_path = await rollout.sandbox.write_control_file("instruction.md", rollout.request.instruction)
 
 
 async def _run_commands(
@@ -246,7 +257,12 @@ async def _run_commands(
     results: list[CommandResult] = []
     for index, cmd in enumerate(commands, start=1):
         await rollout.report(phase, f"{phase} command {index}/{len(commands)}")
-        result = await rollout.sandbox.run(cmd, timeout_s=rollout.budget(phase, timeout_s), env=rollout.request.env)
+        result = await rollout.sandbox.run(
+            cmd,
+            timeout_s=rollout.budget(phase, timeout_s),
+            env=rollout.request.env,
+            keep_background=phase == "setup",
+        )
         results.append(result)
         if stop_on_failure and result.exit_code != 0:
             break
@@ -263,7 +279,7 @@ async def _setup(rollout: _Rollout) -> None:
         raise PhaseFailure("setup_failed", "setup", f"setup command {len(results)} {why}: {failed.cmd[:200]}")
 
 
-async def _proxy(rollout: _Rollout) -> RunningProxy | None:
+async def _proxy(rollout: _Rollout) -> ProxyHandle | None:
     if rollout.request.mode == "black_box":
         return None
     await rollout.report("proxy", "starting the capture proxy")
@@ -272,7 +288,6 @@ async def _proxy(rollout: _Rollout) -> RunningProxy | None:
             rollout.sandbox, rollout.upstream, rollout.request, rollout.budget("proxy", PROXY_START_S)
         )
     except ProxyStartError as error:
-        rollout.result.proxy_log_tail = await proxy_log_tail(rollout.sandbox)
         raise PhaseFailure("proxy_error", "proxy", str(error)) from error
 
 
@@ -282,28 +297,28 @@ def _model_options(rollout: _Rollout) -> dict[str, object]:
     return {}
 
 
-async def _agent(rollout: _Rollout, opencode_path: str, proxy: RunningProxy | None) -> None:
+async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | None) -> None:
     request, upstream = rollout.request, rollout.upstream
     if proxy is None:
         base_url, model_id, agent_key = upstream.base_url, upstream.model, upstream.api_key
     else:
-        base_url, model_id, agent_key = proxy.base_url, opencode.PROXY_MODEL_ALIAS, PROXY_AGENT_KEY
+        base_url, model_id, agent_key = proxy.base_url, opencode.PROXY_MODEL_ALIAS, proxy.token
     config = opencode.render_config(
         base_url=base_url,
         model_id=model_id,
         max_tokens_cap=request.max_tokens_cap,
         model_options=_model_options(rollout),
     )
-    await rollout.sandbox.write_file(CONFIG_PATH, json.dumps(config, indent=2))
+    config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))
     command = opencode.run_command(
         opencode=opencode_path,
         workdir=WORKDIR,
-        instruction_path=INSTRUCTION_PATH,
+        instruction_path=rollout.instruction_path,
         events_path=EVENTS_PATH,
         stderr_path=AGENT_STDERR_PATH,
         title=request.task_id or "rollout",
     )
-    env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": CONFIG_PATH, opencode.UPSTREAM_KEY_VAR: agent_key}
+    env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.UPSTREAM_KEY_VAR: agent_key}
     await rollout.report("agent", "running OpenCode")
     timeout_s = rollout.budget("agent", request.agent_timeout_s)
     agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env))
@@ -317,22 +332,25 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: RunningProxy | No
         raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
 
 
-async def _proxy_healthy_or_stop(rollout: _Rollout, proxy: RunningProxy, agent: asyncio.Future[CommandResult]) -> None:
+async def _proxy_healthy_or_stop(rollout: _Rollout, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
     """The agent boots while the proxy finishes starting (its socket already listens); a proxy that never becomes
     healthy stops the agent and the rollout."""
     try:
-        await wait_healthy(rollout.sandbox, proxy, PROXY_START_S)
+        await wait_healthy(proxy, PROXY_START_S)
     except BaseException as error:
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)
         if isinstance(error, ProxyStartError):
-            rollout.result.proxy_log_tail = await proxy_log_tail(rollout.sandbox)
+            rollout.result.proxy_log_tail = await proxy_log_tail(proxy)
             raise PhaseFailure("proxy_error", "proxy", str(error)) from error
         raise
 
 
 async def _verify(rollout: _Rollout) -> None:
+    """The reward comes from verify alone: the agent's processes are gone (they died with its command) and the
+    verifier directory is emptied from outside before the first verify command."""
     request = rollout.request
+    await rollout.sandbox.reset_verifier_dir()
     rollout.result.verify_results = await _run_commands(
         rollout, "verify", request.verify, request.verify_timeout_s, stop_on_failure=False
     )
@@ -356,31 +374,32 @@ async def _collect_agent_record(rollout: _Rollout) -> None:
     events = opencode.parse_events(await read_tail(sandbox, EVENTS_PATH, limit=32 * 1024 * 1024))
     result.tool_calls = events.tool_calls
     result.agent_final_text = events.final_text
-    result.usage = TokenUsage(
-        prompt_tokens=events.input_tokens,
-        completion_tokens=events.output_tokens,
-        llm_calls=events.steps,
-        source="opencode_events" if events.steps else "none",
-    )
+    if rollout.request.mode == "black_box":
+        result.usage = TokenUsage(
+            prompt_tokens=events.input_tokens,
+            completion_tokens=events.output_tokens,
+            llm_calls=events.steps,
+            source="opencode_events" if events.steps else "none",
+        )
     result.agent_log_tail = await _agent_log_tail(sandbox, events.errors)
 
 
-async def _collect_turns(rollout: _Rollout, proxy: RunningProxy) -> None:
-    result, sandbox = rollout.result, rollout.sandbox
-    await stop_proxy(sandbox, proxy)
-    trace = await read_trace(sandbox)
+async def _collect_turns(rollout: _Rollout, proxy: ProxyHandle) -> None:
+    """Turns and usage come from the proxy's own records, never from a file the sandbox can write."""
+    result = rollout.result
+    await stop_proxy(proxy)
+    trace = await read_trace(proxy)
     result.proxy_turns, result.request_tools = trace.turns, trace.tools
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
-    result.proxy_log_tail = await proxy_log_tail(sandbox)
-    if trace.turns:
-        agent_turns = [turn for turn in trace.turns if turn.outcome == "complete"]
-        result.usage = TokenUsage(
-            prompt_tokens=sum(turn.usage.get("prompt_tokens", 0) for turn in agent_turns),
-            completion_tokens=sum(turn.usage.get("completion_tokens", 0) for turn in agent_turns),
-            llm_calls=len(trace.turns),
-            source="proxy",
-        )
+    result.proxy_log_tail = await proxy_log_tail(proxy)
+    complete = [turn for turn in trace.turns if turn.outcome == "complete"]
+    result.usage = TokenUsage(
+        prompt_tokens=sum(turn.usage.get("prompt_tokens", 0) for turn in complete),
+        completion_tokens=sum(turn.usage.get("completion_tokens", 0) for turn in complete),
+        llm_calls=len(trace.turns),
+        source="proxy",
+    )
 
 
 def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: bool) -> PhaseFailure | None:

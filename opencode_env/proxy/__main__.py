@@ -22,6 +22,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--endpoint-kind", choices=["vllm", "openai", "hf_router", ""], default="")
     parser.add_argument("--idle-timeout", type=float, default=120.0, help="seconds without upstream bytes")
     parser.add_argument("--api-key-env", default="OPENCODE_ENV_UPSTREAM_KEY", help="env var holding the key")
+    parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited listening socket")
+    parser.add_argument("--admin-socket", default="", help="also serve on this unix socket (health, drain)")
+    parser.add_argument("--token-env", default="", help="env var holding the bearer token every caller must send")
     return parser.parse_args(argv)
 
 
@@ -39,9 +42,20 @@ def listen(port: int, port_file: str) -> socket.socket:
     return listener
 
 
+def listeners(args: argparse.Namespace) -> list[socket.socket]:
+    inherited = args.listen_fd >= 0
+    sockets = [socket.socket(fileno=args.listen_fd) if inherited else listen(args.port, args.port_file)]
+    if args.admin_socket:
+        admin = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        admin.bind(args.admin_socket)
+        admin.listen(16)
+        sockets.append(admin)
+    return sockets
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    listener = listen(args.port, args.port_file)
+    sockets = listeners(args)
 
     import uvicorn
 
@@ -62,9 +76,10 @@ def main(argv: list[str] | None = None) -> None:
             disable_thinking=args.disable_thinking,
         ),
         idle_timeout_s=args.idle_timeout,
+        access_token=os.environ.get(args.token_env, "") if args.token_env else "",
     )
     config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False, lifespan="on")
-    uvicorn.Server(config).run(sockets=[listener])
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 if __name__ == "__main__":

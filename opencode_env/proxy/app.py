@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import logging
@@ -55,6 +56,7 @@ class ProxySettings:
     rewrite: RewriteConfig = field(default_factory=RewriteConfig)
     idle_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
+    access_token: str = ""
 
     def __repr__(self) -> str:
         return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"
@@ -345,8 +347,23 @@ class ProxyApp:
     def __init__(self, proxy: CaptureProxy, admin: FastAPI) -> None:
         self.proxy = proxy
         self.admin = admin
+        token = proxy.settings.access_token
+        self._expected = f"bearer {token}".encode("latin-1") if token else b""
+
+    def _authorized(self, scope: Scope) -> bool:
+        """With an access token set, only the rollout's own agent (and the server) may call: anything else is 401."""
+        if not self._expected:
+            return True
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credential = value.partition(b" ")
+                return hmac.compare_digest(scheme.lower() + b" " + credential.strip(), self._expected)
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._authorized(scope):
+            await _send_json(send, 401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
+            return
         if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
             await self.proxy(scope, receive, send)
         else:

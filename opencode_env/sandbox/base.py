@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from opencode_env.models import CommandResult
 
@@ -28,12 +28,60 @@ class SandboxError(Exception):
     """The sandbox could not be created, reached or used (not a command's own failure)."""
 
 
+Network = Literal["internet", "model_only"]
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """What one rollout may use, counted over everything it runs."""
+
+    memory_mb: int = 4096
+    max_processes: int = 1024
+    disk_mb: int = 8192
+    cpus: float = 2.0
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
     task_id: str = ""
     template: str = ""
     lifetime_s: float = 3600.0
     env: Mapping[str, str] = field(default_factory=dict)
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    network: Network = "internet"
+    model_endpoints: tuple[tuple[str, int], ...] = ()
+    """host:port pairs the sandbox may always reach (the model, in black_box mode)."""
+
+
+@dataclass(frozen=True)
+class ProxyLaunch:
+    """How to run the capture proxy: `python -m opencode_env.proxy` with `args` (the backend adds where it
+    listens, its trace and its token) and an environment of its own, which holds the upstream key."""
+
+    python: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """The proxy package's files, for backends that upload it (the local one runs the installed package)."""
+
+
+class ProxyHandle(Protocol):
+    """A running capture proxy, out of the sandbox's reach: the agent reaches it at `base_url` with `token`."""
+
+    base_url: str
+    token: str
+
+    async def running(self) -> bool: ...
+
+    async def kill(self) -> None: ...
+
+    async def call(self, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
+        """The proxy's JSON answer at path (health, drain), or None when it does not answer in time."""
+        ...
+
+    async def read(self, name: str, limit: int) -> bytes:
+        """The tail of one of the proxy's own files ('trace.jsonl', 'proxy.log'); b"" when absent."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -62,6 +110,8 @@ class Sandbox(Protocol):
     sandbox_id: str
     backend: str
     tools: ProvidedTools
+    enforcement: dict[str, str]
+    """What isolation and limits are active (for the result): e.g. {"limits": "cgroup v1", "disk": "loop ext4"}."""
 
     async def run(
         self,
@@ -71,13 +121,39 @@ class Sandbox(Protocol):
         env: Mapping[str, str] | None = None,
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> CommandResult: ...
+        keep_background: bool = False,
+        privileged: bool = False,
+    ) -> CommandResult:
+        """Run as the unprivileged `user`; `privileged` runs as the sandbox's root (install steps). Processes the
+        command leaves in the background die with it, unless `keep_background` (setup's services), then they live
+        until the sandbox closes."""
+        ...
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
     ) -> BackgroundProcess: ...
 
     async def write_file(self, path: str, data: str | bytes) -> None: ...
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        """A file task commands can read but not change (the agent's config, the instruction); returns its path."""
+        ...
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        """The file's last `limit` bytes; raises FileNotFoundError when it does not exist or is not a plain file."""
+        ...
+
+    async def reset_verifier_dir(self) -> None:
+        """Empty the verifier directory (nothing the agent planted there survives into verify)."""
+        ...
+
+    async def start_proxy(self, launch: ProxyLaunch) -> ProxyHandle:
+        """Start the capture proxy where no task command can read its key, its files or its memory."""
+        ...
+
+    def limits_hit(self) -> list[str]:
+        """Resource limits the sandbox enforced so far ('memory', 'processes', 'disk')."""
+        ...
 
     async def read_file(self, path: str) -> bytes:
         """The file's bytes; raises FileNotFoundError when it does not exist."""

@@ -35,18 +35,23 @@ from opencode_env.models import CommandResult
 from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    VERIFIER_DIR,
     WORKDIR,
     CloseOnce,
     FileEntry,
     OpenSandboxes,
     ProvidedTools,
+    ProxyLaunch,
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.e2b_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
 
 log = logging.getLogger("opencode_env.e2b")
 DEFAULT_TEMPLATE = "opencode-env"
+TASK_USER = "user"
+CONTROL_DIR = "/home/user/.rollout"
 TAG = "opencode_env"
 MAX_SANDBOXES_VAR = "OPENCODE_ENV_E2B_MAX_SANDBOXES"
 DEFAULT_MAX_SANDBOXES = 20
@@ -114,6 +119,7 @@ class E2BSandbox:
         self._env = dict(env)
         self._release = release
         self._processes: set[E2BProcess] = set()
+        self.enforcement = {"isolation": "E2B microVM; task commands as user, the proxy as root"}
         self._closer = CloseOnce(self._close)
 
     def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -127,7 +133,12 @@ class E2BSandbox:
         env: Mapping[str, str] | None = None,
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        keep_background: bool = False,
+        privileged: bool = False,
     ) -> CommandResult:
+        """Task commands run as `user` (the template gives it no sudo); privileged ones (install steps) as root.
+        A command's own process is killed when it ends; what it left in the background lives on in the VM until
+        the sandbox closes, as E2B does (setup's services rely on it)."""
         if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         started = time.monotonic()
@@ -137,6 +148,7 @@ class E2BSandbox:
             background=True,
             envs=self._envs(env),
             cwd=cwd,
+            user="root" if privileged else TASK_USER,
             timeout=0,
             on_stdout=lambda text: stdout.feed(text.encode()),
             on_stderr=lambda text: stderr.feed(text.encode()),
@@ -168,10 +180,47 @@ class E2BSandbox:
         if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         logged = f"mkdir -p {shlex.quote(os.path.dirname(log_path))} && exec >> {shlex.quote(log_path)} 2>&1; {cmd}"
-        handle = await self._sandbox.commands.run(logged, background=True, envs=self._envs(env), cwd=cwd, timeout=0)
+        handle = await self._sandbox.commands.run(
+            logged, background=True, envs=self._envs(env), cwd=cwd, user=TASK_USER, timeout=0
+        )
         process = E2BProcess(handle)
         self._processes.add(process)
         return process
+
+    async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:
+        result = await self.run(cmd, timeout_s=timeout_s, cwd="/", privileged=True, max_output_bytes=64 * 2**20)
+        return result.exit_code, result.stdout if result.exit_code == 0 else result.stderr
+
+    async def write_root_file(self, path: str, data: str) -> None:
+        await self._sandbox.files.write(path, data, user="root")
+
+    async def start_root(self, cmd: str, env: dict[str, str]) -> E2BProcess:
+        handle = await self._sandbox.commands.run(
+            cmd, background=True, envs={**self._env, **env}, cwd="/", user="root", timeout=0
+        )
+        process = E2BProcess(handle)
+        self._processes.add(process)
+        return process
+
+    async def start_proxy(self, launch: ProxyLaunch) -> RootProxy:
+        return await start_root_proxy(self, launch)
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        """In the user's home: E2B's boundary is the VM, and a task that rewrites its own agent's config only
+        loses its own capture."""
+        path = f"{CONTROL_DIR}/{name}"
+        await self._sandbox.files.write(path, data)
+        return path
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        return (await self.read_file(path))[-limit:]
+
+    async def reset_verifier_dir(self) -> None:
+        quoted = shlex.quote(VERIFIER_DIR)
+        await self.run_root(f"rm -rf {quoted} && mkdir -p {quoted} && chown {TASK_USER}: {quoted}", 60)
+
+    def limits_hit(self) -> list[str]:
+        return []
 
     async def write_file(self, path: str, data: str | bytes) -> None:
         await self._sandbox.files.write(path, data)

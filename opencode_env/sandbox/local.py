@@ -1,28 +1,30 @@
-"""The embedded local backend: one directory per rollout, mounted at /home/user inside bubblewrap.
+"""The embedded local backend: one isolated compartment per rollout on this machine (see isolation.py).
 
-Each command runs in its own process group and its own PID namespace, so killing the group (or the sandbox) ends
-every process the command started. The environment is rebuilt from an allowlist: nothing of the server's own
-environment (its API keys above all) reaches a task. Without bubblewrap the backend refuses to run unless the
-caller opts in to `isolation="none"`, where commands run directly in the rollout directory.
+What holds, proven by tests/test_hostile.py: sandbox processes run as `user` (uid 1000) mapped to an
+unprivileged host uid of their own, with no capability over any host resource; they see the host read-only and
+only their own writable tree; they have their own network namespace (loopback, plus an egress proxy that refuses
+private addresses); the capture proxy and its key live outside their namespaces; memory, processes, CPU and disk
+are limited per rollout; the server reads and writes their tree without following a single symlink.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Literal
 
 from opencode_env.models import CommandResult
+from opencode_env.sandbox import hostfs, netns
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -33,20 +35,41 @@ from opencode_env.sandbox.base import (
     FileEntry,
     OpenSandboxes,
     ProvidedTools,
+    ProxyLaunch,
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.cgroup import Cgroup, Limits, detect
+from opencode_env.sandbox.egress import EgressPolicy, EgressProxy
+from opencode_env.sandbox.isolation import (
+    CONTROL_MOUNT,
+    GROUP,
+    PASSWD,
+    Layout,
+    UidLease,
+    command_argv,
+    holder_argv,
+    proxy_argv,
+)
+from opencode_env.sandbox.local_proxy import LocalProxy
 from opencode_env.sandbox.output import BoundedOutput
 
-Isolation = Literal["bwrap", "none"]
+log = logging.getLogger("opencode_env.local")
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Which certificates to trust is machine configuration, not a secret: tasks that install packages need it.
 TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 PIPE_DRAIN_S = 2.0
+HOLDER_START_S = 10.0
+MAX_READ_BYTES = 64 * 1024 * 1024
+EGRESS_PORT = 3128
 INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local backend needs it to isolate rollouts. "
-    "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`, "
-    "or opt in to running commands unisolated with OPENCODE_ENV_LOCAL_ISOLATION=none."
+    "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`."
+)
+ROOT_HINT = (
+    "the local backend isolates each rollout with its own unprivileged host uid, namespaces and cgroup, which "
+    "needs the server to run as root (as in a container or CI); run it as root, or use the E2B or Hugging Face "
+    "backend"
 )
 
 ToolsResolver = Callable[[], Awaitable[ProvidedTools]]
@@ -76,16 +99,7 @@ class LocalProcess:
             await self._process.wait()
 
 
-def _hidden_roots() -> list[str]:
-    """Host directories a sandbox must not see; the rollout's own directories are mounted over them."""
-    roots = ["/home", "/tmp", "/run", "/var/tmp"]
-    host_home = os.path.expanduser("~")
-    if host_home not in ("/", "") and not any(host_home.startswith(root + "/") for root in roots):
-        roots.append(host_home)
-    return roots
-
-
-def _runtime_paths(tools: ProvidedTools) -> list[str]:
+def runtime_paths(tools: ProvidedTools) -> list[str]:
     """Host paths a sandbox needs to see even when they live under a hidden root (interpreters, OpenCode)."""
     paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[2])}
     if tools.python:
@@ -118,85 +132,134 @@ class LocalSandbox:
 
     def __init__(
         self,
-        root: Path,
+        layout: Layout,
         *,
-        isolation: Isolation,
+        lease: UidLease,
         tools: ProvidedTools,
         env: Mapping[str, str],
+        spec: SandboxSpec,
         extra_path: tuple[str, ...] = (),
+        own_network: bool = True,
     ) -> None:
-        self.root = root
-        self.sandbox_id = f"local-{root.name}"
+        self._own_network = own_network
+        self.layout = layout
+        self.root = layout.root
+        self.sandbox_id = f"local-{layout.root.name}"
         self.tools = tools
-        self._isolation = isolation
+        self.control_dir = CONTROL_MOUNT
+        self._lease = lease
+        self._ids = lease.ids
+        self._spec = spec
         self._base_env = dict(env)
         self._extra_path = extra_path
         self._processes: set[LocalProcess] = set()
+        self._holder: asyncio.subprocess.Process | None = None
+        self._holder_pid = 0
+        self._cgroup: Cgroup | None = None
+        self._egress: EgressProxy | None = None
+        self.enforcement: dict[str, str] = {}
         self.on_close: Callable[[LocalSandbox], None] | None = None
         self._closer = CloseOnce(self._close)
 
-    def host_path(self, path: str) -> Path:
-        """Where a sandbox path (absolute /home/user/..., or relative to the work dir) lives on the host."""
+    @property
+    def owner(self) -> tuple[int, int]:
+        return self._ids.user, self._ids.user
+
+    def _relative(self, path: str) -> tuple[Path, str]:
+        """The host directory and the path under it that a sandbox path names (within /home/user or /tmp)."""
         absolute = path if path.startswith("/") else f"{WORKDIR}/{path}"
         normal = os.path.normpath(absolute)
         if normal == HOME or normal.startswith(HOME + "/"):
-            return self.root / "home" / "user" / os.path.relpath(normal, HOME)
+            return self.layout.home, os.path.relpath(normal, HOME)
         if normal == "/tmp" or normal.startswith("/tmp/"):
-            return self.root / "tmp" / os.path.relpath(normal, "/tmp")
+            return self.layout.tmp, os.path.relpath(normal, "/tmp")
         raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME} and /tmp)")
+
+    def host_path(self, path: str) -> Path:
+        """Where a sandbox path lives on the host (for test doubles only: never open it without hostfs)."""
+        base, relative = self._relative(path)
+        return base / relative
+
+    async def boot(self) -> None:
+        """Start the namespace holder, inside the rollout's cgroup, and its egress proxy."""
+        limits = self._spec.limits
+        version = detect()
+        if version is not None:
+            self._cgroup = Cgroup(self.layout.root.name, version)
+            await asyncio.to_thread(
+                self._cgroup.create, Limits(limits.memory_mb * 2**20, limits.max_processes, limits.cpus)
+            )
+            self.enforcement["limits"] = f"cgroup {version}"
+        else:
+            self.enforcement["limits"] = "none (no writable cgroup)"
+        argv = [*self._join(), *holder_argv(self.layout, runtime_paths(self.tools), own_network=self._own_network)]
+        self._holder = await asyncio.create_subprocess_exec(
+            *argv,
+            env={"PATH": BASE_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self._holder.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._holder.stdout.readline(), HOLDER_START_S)
+        except TimeoutError:
+            line = b""
+        if line.strip() != b"ready":
+            assert self._holder.stderr is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._holder.pid, signal.SIGKILL)
+            stderr = (await self._holder.stderr.read(4096)).decode(errors="replace").strip()
+            raise SandboxError(f"the sandbox could not start: {stderr or 'no message from bubblewrap'}")
+        self._holder_pid = _sandbox_init_pid(self._holder.pid)
+        if not self._own_network:
+            self.enforcement["network"] = "the host's (a test double of a cloud VM)"
+            return
+        self._egress = EgressProxy(
+            EgressPolicy(internet=self._spec.network == "internet", allowed=frozenset(self._spec.model_endpoints)),
+            rollout=self.sandbox_id,
+        )
+        await self._egress.serve(netns.listen_in(self._holder_pid, EGRESS_PORT))
+        self.enforcement["network"] = f"own namespace, egress {self._spec.network}"
+
+    def _join(self) -> list[str]:
+        return self._cgroup.join_prefix() if self._cgroup is not None else []
 
     def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         path = ":".join([*self._extra_path, BASE_PATH])
         if self.tools.opencode:
             path = f"{Path(self.tools.opencode).parent}:{path}"
-        home = HOME if self._isolation == "bwrap" else str(self.host_path(HOME))
-        tmp = "/tmp" if self._isolation == "bwrap" else str(self.host_path("/tmp"))
-        env = {"PATH": path, "HOME": home, "USER": "user", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": tmp}
+        env = {"PATH": path, "HOME": HOME, "USER": "user", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
+        if self._own_network:
+            proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env[name] = proxy
+            env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
         env.update(trust_settings(os.environ))
         env.update(self._base_env)
         env.update(extra or {})
         return env
 
-    def _argv(self, cmd: str, cwd: str) -> tuple[list[str], str | None]:
-        if self._isolation == "none":
-            return ["/bin/bash", "-c", cmd], str(self.host_path(cwd))
-        argv = [
-            "bwrap",
-            "--die-with-parent",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--hostname",
-            "sandbox",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-        ]
-        for root in _hidden_roots():
-            if os.path.isdir(root):
-                argv += ["--tmpfs", root]
-        argv += ["--bind", str(self.root / "home" / "user"), HOME, "--bind", str(self.root / "tmp"), "/tmp"]
-        # Bound last, so that the rollout's own /home/user and /tmp do not shadow them.
-        shadowed = [*_hidden_roots(), HOME]
-        for path in _runtime_paths(self.tools):
-            if any(path == root or path.startswith(root + "/") for root in shadowed):
-                argv += ["--ro-bind", path, path]
-        argv += ["--chdir", cwd, "--", "/bin/bash", "-c", cmd]
-        return argv, None
-
     async def _spawn(
-        self, cmd: str, cwd: str, env: Mapping[str, str] | None, stdout: int, stderr: int
+        self,
+        cmd: str,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        stdout: int,
+        stderr: int,
+        *,
+        own_pid_namespace: bool = True,
+        privileged: bool = False,
     ) -> asyncio.subprocess.Process:
         if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
-        argv, host_cwd = self._argv(cmd, cwd)
+        argv = command_argv(
+            self._holder_pid, self._ids, cmd, cwd, own_pid_namespace=own_pid_namespace, privileged=privileged
+        )
         return await asyncio.create_subprocess_exec(
+            *self._join(),
             *argv,
-            cwd=host_cwd,
             env=self._environment(env),
             stdin=subprocess.DEVNULL,
             stdout=stdout,
@@ -212,9 +275,19 @@ class LocalSandbox:
         env: Mapping[str, str] | None = None,
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        keep_background: bool = False,
+        privileged: bool = False,
     ) -> CommandResult:
         started = time.monotonic()
-        process = await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE)
+        process = await self._spawn(
+            cmd,
+            cwd,
+            env,
+            subprocess.PIPE,
+            subprocess.PIPE,
+            own_pid_namespace=not keep_background,
+            privileged=privileged,
+        )
         handle = LocalProcess(process)
         self._processes.add(handle)
         outputs = (BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes))
@@ -230,7 +303,8 @@ class LocalSandbox:
         except TimeoutError:
             timed_out = True
         finally:
-            await handle.kill()
+            if timed_out or not keep_background or _cancelling():
+                await handle.kill()
             self._processes.discard(handle)
             _, pending = await asyncio.wait(readers, timeout=PIPE_DRAIN_S)
             for reader in pending:
@@ -246,47 +320,115 @@ class LocalSandbox:
             output_truncated=stdout.truncated or stderr.truncated,
         )
 
-    async def spawn(self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR) -> LocalProcess:
+    async def spawn(
+        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, privileged: bool = False
+    ) -> LocalProcess:
         """A process with piped stdout and stderr, owned (and killed on close) by the sandbox."""
-        handle = LocalProcess(await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE))
+        process = await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE, privileged=privileged)
+        handle = LocalProcess(process)
         self._processes.add(handle)
         return handle
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
     ) -> LocalProcess:
-        log_file = self.host_path(log_path)
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with log_file.open("ab") as log:
-            process = await self._spawn(cmd, cwd, env, log.fileno(), subprocess.STDOUT)
+        """A background command whose output goes to `log_path`, opened by the command itself inside the sandbox
+        (so the server never opens a path the sandbox could have replaced)."""
+        logged = f'mkdir -p "$(dirname {_quote(log_path)})" && exec >> {_quote(log_path)} 2>&1; {cmd}'
+        process = await self._spawn(logged, cwd, env, subprocess.DEVNULL, subprocess.DEVNULL)
         handle = LocalProcess(process)
         self._processes.add(handle)
         return handle
 
-    async def write_file(self, path: str, data: str | bytes) -> None:
-        target = self.host_path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    async def write_file(self, path: str, data: str | bytes, *, privileged: bool = False) -> None:
+        """Written as `user` (or as the sandbox's root, mode 0600, when privileged)."""
+        base, relative = self._relative(path)
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        owner, mode = ((self._ids.root, self._ids.root), 0o600) if privileged else (self.owner, 0o644)
+        try:
+            await asyncio.to_thread(hostfs.write_file, base, relative, raw, owner=owner, mode=mode)
+        except hostfs.UnsafePath as error:
+            raise SandboxError(f"refusing to write {path}: {error.strerror}") from error
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        """A file the sandbox can read but not change or replace; returns its path inside the sandbox."""
+        await asyncio.to_thread(hostfs.write_file, self.layout.control, name, data.encode("utf-8"))
+        return f"{CONTROL_MOUNT}/{name}"
 
     async def read_file(self, path: str) -> bytes:
-        target = self.host_path(path)
-        if not target.is_file():
-            raise FileNotFoundError(path)
-        return target.read_bytes()
+        base, relative = self._relative(path)
+        try:
+            return await asyncio.to_thread(hostfs.read_file, base, relative, MAX_READ_BYTES)
+        except (hostfs.UnsafePath, IsADirectoryError, NotADirectoryError) as error:
+            raise FileNotFoundError(path) from error
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        base, relative = self._relative(path)
+        try:
+            return await asyncio.to_thread(hostfs.read_tail, base, relative, limit)
+        except (hostfs.UnsafePath, IsADirectoryError, NotADirectoryError) as error:
+            raise FileNotFoundError(path) from error
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
-        base = self.host_path(root)
-        entries: list[FileEntry] = []
-        for directory, subdirs, names in os.walk(base):
-            subdirs.sort()
-            for name in sorted(names):
-                full = Path(directory) / name
-                if full.is_symlink() or not full.is_file():
-                    continue
-                entries.append(FileEntry(str(full.relative_to(base)), full.stat().st_size))
-                if len(entries) >= limit:
-                    return entries
-        return entries
+        base, relative = self._relative(root)
+        entries = await asyncio.to_thread(hostfs.list_files, base, relative, limit=limit)
+        return [FileEntry(entry.path, entry.size) for entry in entries]
+
+    async def reset_verifier_dir(self) -> None:
+        """An empty verifier directory, made from the host side: nothing planted before verify survives."""
+        base, relative = self._relative(VERIFIER_DIR)
+        await asyncio.to_thread(hostfs.remove_tree, base / relative)
+        await asyncio.to_thread(hostfs.make_dirs, base, relative, owner=self.owner)
+
+    async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
+        """The capture proxy, in its own compartment outside the sandbox, listening on 127.0.0.1 inside it."""
+        listener = netns.listen_in(self._holder_pid)
+        try:
+            token = secrets.token_urlsafe(24)
+            program = [
+                launch.python,
+                "-I",
+                "-m",
+                "opencode_env.proxy",
+                *launch.args,
+                "--listen-fd",
+                str(listener.fileno()),
+                "--admin-socket",
+                str(self.layout.private / "admin.sock"),
+                "--trace",
+                str(self.layout.private / "trace.jsonl"),
+                "--token-env",
+                "OPENCODE_ENV_PROXY_TOKEN",
+            ]
+            argv = proxy_argv(self.layout, self._ids, runtime_paths(self.tools), program)
+            log_file = self.layout.private / "proxy.log"
+            with log_file.open("ab") as log_handle:
+                os.fchown(log_handle.fileno(), self._ids.root, self._ids.root)
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env={"PATH": BASE_PATH, "OPENCODE_ENV_PROXY_TOKEN": token, **launch.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_handle.fileno(),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(listener.fileno(),),
+                )
+            port = listener.getsockname()[1]
+        finally:
+            listener.close()
+        handle = LocalProcess(process)
+        self._processes.add(handle)
+        return LocalProxy(handle, self.layout.private, port=port, token=token)
+
+    def limits_hit(self) -> list[str]:
+        return self._cgroup.limits_hit() if self._cgroup is not None else []
+
+    def egress_attempts(self) -> list[str]:
+        if self._egress is None:
+            return []
+        return [
+            f"{a.host}:{a.port} {'allowed' if a.allowed else 'refused'} ({a.reason})" for a in self._egress.attempts
+        ]
 
     async def close(self) -> None:
         await self._closer()
@@ -296,10 +438,43 @@ class LocalSandbox:
             for process in list(self._processes):
                 await process.kill()
             self._processes.clear()
-            await asyncio.to_thread(shutil.rmtree, self.root, True)
+            if self._egress is not None:
+                await self._egress.close()
+            if self._holder is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._holder.pid, signal.SIGKILL)
+                await self._holder.wait()
+            if self._cgroup is not None:
+                await asyncio.to_thread(self._cgroup.destroy)
+            await asyncio.to_thread(_remove_rollout, self.layout)
         finally:
+            self._lease.release()
             if self.on_close is not None:
                 self.on_close(self)
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "'\\''") + "'"
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _sandbox_init_pid(bwrap_pid: int) -> int:
+    """The pid (as the host sees it) of pid 1 of the holder's namespaces: bubblewrap's only child."""
+    children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+    if not children:
+        raise SandboxError("the sandbox's holder has no init process")
+    return int(children[0])
+
+
+def _remove_rollout(layout: Layout) -> None:
+    if layout.disk_image.exists():
+        subprocess.run(["umount", "--lazy", str(layout.fs)], capture_output=True, check=False)
+        layout.disk_image.unlink(missing_ok=True)
+    hostfs.remove_tree(layout.root)
 
 
 async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
@@ -311,13 +486,6 @@ def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
-def isolation_from_env() -> Isolation:
-    value = os.environ.get("OPENCODE_ENV_LOCAL_ISOLATION", "bwrap")
-    if value not in ("bwrap", "none"):
-        raise SandboxError(f"OPENCODE_ENV_LOCAL_ISOLATION must be 'bwrap' or 'none', not {value!r}")
-    return "none" if value == "none" else "bwrap"
-
-
 class LocalBackend:
     """Creates local sandboxes; the OpenCode binary is installed once per machine by `tools_resolver`."""
 
@@ -327,28 +495,92 @@ class LocalBackend:
         self,
         tools_resolver: ToolsResolver,
         *,
-        isolation: Isolation | None = None,
         base_dir: Path | None = None,
         extra_path: tuple[str, ...] = (),
+        own_network: bool = True,
     ) -> None:
+        self._own_network = own_network
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
         self._open = OpenSandboxes()
-        self._isolation: Isolation = isolation or isolation_from_env()
         self._base_dir = base_dir
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        if self._isolation == "bwrap" and not bwrap_available():
+        if not bwrap_available():
             raise SandboxError(INSTALL_HINT)
+        if os.geteuid() != 0:
+            raise SandboxError(ROOT_HINT)
         tools = await self._tools_resolver()
-        root = Path(tempfile.mkdtemp(prefix=f"opencode-env-{uuid.uuid4().hex[:8]}-", dir=self._base_dir))
-        for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
-            (root / sub.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        (root / "tmp").mkdir()
-        sandbox = LocalSandbox(root, isolation=self._isolation, tools=tools, env=spec.env, extra_path=self._extra_path)
+        layout = await asyncio.to_thread(_make_layout, self._base_dir, spec)
+        lease = await asyncio.to_thread(UidLease)
+        await asyncio.to_thread(_own_tree, layout, lease.ids.user, lease.ids.root)
+        sandbox = LocalSandbox(
+            layout,
+            lease=lease,
+            tools=tools,
+            env=spec.env,
+            spec=spec,
+            extra_path=self._extra_path,
+            own_network=self._own_network,
+        )
+        sandbox.enforcement["disk"] = "loop ext4" if layout.disk_image.exists() else "none (no loop device)"
         sandbox.on_close = self._open.discard
         self._open.add(sandbox)
+        try:
+            await sandbox.boot()
+        except BaseException:
+            await sandbox.close()
+            raise
         return sandbox
 
     async def close_all(self) -> int:
         return await self._open.close_all()
+
+
+def _make_layout(base_dir: Path | None, spec: SandboxSpec) -> Layout:
+    root = Path(tempfile.mkdtemp(prefix="opencode-env-", dir=base_dir))
+    root.chmod(0o711)
+    layout = Layout(root)
+    layout.fs.mkdir()
+    _mount_disk(layout, spec.limits.disk_mb)
+    for directory in (layout.control, layout.private):
+        directory.mkdir()
+    (layout.control / "passwd").write_text(PASSWD)
+    (layout.control / "group").write_text(GROUP)
+    return layout
+
+
+def _mount_disk(layout: Layout, disk_mb: int) -> None:
+    """The rollout's writable tree on a file system of its own, so its size is bounded (and removal is one
+    unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so."""
+    if shutil.which("mkfs.ext4") is None or not Path("/dev/loop-control").exists():
+        return
+    with layout.disk_image.open("wb") as image:
+        image.truncate(disk_mb * 2**20)
+    made = subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1", str(layout.disk_image)],
+        capture_output=True,
+        check=False,
+    )
+    mounted = made.returncode == 0 and (
+        subprocess.run(
+            ["mount", "-o", "loop,nosuid,nodev", str(layout.disk_image), str(layout.fs)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    if not mounted:
+        log.warning("no size-bounded file system for %s: %s", layout.root, made.stderr.decode(errors="replace"))
+        layout.disk_image.unlink(missing_ok=True)
+        return
+    shutil.rmtree(layout.fs / "lost+found", ignore_errors=True)
+
+
+def _own_tree(layout: Layout, user: int, root: int) -> None:
+    for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
+        hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
+    hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
+    (layout.tmp).chmod(0o1777)
+    os.chown(layout.private, root, root)
+    layout.private.chmod(0o700)

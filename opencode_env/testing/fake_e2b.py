@@ -68,7 +68,9 @@ class FakeCloud:
             return ProvidedTools(opencode=provided.opencode if with_opencode else None)
 
         venv_bin = str(Path(sys.executable).parent)
-        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(f"{NPM_GLOBAL}/bin", venv_bin))
+        backend = LocalBackend(
+            tools, base_dir=self.base_dir, extra_path=(f"{NPM_GLOBAL}/bin", venv_bin), own_network=False
+        )
         return await backend.create(SandboxSpec(env={"NPM_CONFIG_PREFIX": NPM_GLOBAL}))
 
 
@@ -136,7 +138,7 @@ class FakeCommands:
         *,
         retain_output: bool = True,
     ) -> Any:
-        process = await self._sandbox.spawn(cmd, env=envs, cwd=cwd or HOME)
+        process = await self._sandbox.spawn(cmd, env=envs, cwd=cwd or HOME, privileged=user == "root")
         handle = FakeCommandHandle(process, on_stdout, on_stderr, retain_output)
         self._handles[handle.pid] = handle
         if timeout:
@@ -168,7 +170,7 @@ class FakeFilesystem:
         use_octet_stream: bool | None = None,
         metadata: dict[str, str] | None = None,
     ) -> WriteInfo:
-        await self._sandbox.write_file(path, data)
+        await self._sandbox.write_file(path, data, privileged=user == "root")
         return WriteInfo(name=os.path.basename(path), type=FileType.FILE, path=path)
 
     async def read(

@@ -1,0 +1,167 @@
+"""The egress proxy: the only way out of a local rollout's network namespace.
+
+It listens inside the namespace (see netns.py) and runs in the server's event loop. HTTP `CONNECT host:port` and
+absolute-URI requests (what pip, npm, curl and OpenCode send with HTTPS_PROXY / HTTP_PROXY set) are allowed to
+public addresses when the rollout has internet, and always to the exact host:port pairs named in the policy (the
+model in black_box mode). Loopback, private, link-local (the cloud metadata address included), multicast and
+reserved addresses are refused. The name is resolved once and the vetted address is the one connected to, so a
+DNS answer cannot change between the check and the connection. Every attempt is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger("opencode_env.egress")
+HEADER_LIMIT = 64 * 1024
+CONNECT_TIMEOUT_S = 15.0
+MAX_ATTEMPTS_RECORDED = 1000
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    internet: bool
+    allowed: frozenset[tuple[str, int]] = frozenset()
+
+
+@dataclass(frozen=True)
+class Attempt:
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+    at: float
+
+
+@dataclass
+class EgressProxy:
+    policy: EgressPolicy
+    rollout: str
+    attempts: list[Attempt] = field(default_factory=list)
+    _server: asyncio.AbstractServer | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def serve(self, listener: socket.socket) -> None:
+        listener.setblocking(False)
+        self._server = await asyncio.start_server(self._handle, sock=listener)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve_one(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > HEADER_LIMIT:
+            raise ValueError("request head too large")
+        request_line, _, rest = head.partition(b"\r\n")
+        method, target, version = request_line.decode("latin-1").split(" ", 2)
+        if method == "CONNECT":
+            host, port = _split_host_port(target, 443)
+            forward = b""
+        else:
+            host, port, path = _absolute_target(target)
+            forward = f"{method} {path} {version}\r\n".encode("latin-1") + rest
+        address, reason = await self._vet(host, port)
+        if address is None:
+            writer.write(f"HTTP/1.1 403 Forbidden\r\ncontent-length: {len(reason)}\r\n\r\n{reason}".encode())
+            await writer.drain()
+            return
+        upstream_reader, upstream_writer = await asyncio.wait_for(
+            asyncio.open_connection(address, port), timeout=CONNECT_TIMEOUT_S
+        )
+        try:
+            if method == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+            else:
+                upstream_writer.write(forward)
+            await _pipe_both(reader, writer, upstream_reader, upstream_writer)
+        finally:
+            upstream_writer.close()
+
+    async def _vet(self, host: str, port: int) -> tuple[str | None, str]:
+        named = (host.lower(), port) in self.policy.allowed
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            return self._record(host, port, None, f"cannot resolve: {error}")
+        addresses = [str(info[4][0]) for info in infos]
+        if named:
+            return self._record(host, port, addresses[0], "the configured model endpoint")
+        if not self.policy.internet:
+            return self._record(host, port, None, "this rollout has no internet access (network='model_only')")
+        for address in addresses:
+            if not ipaddress.ip_address(address.split("%")[0]).is_global:
+                return self._record(host, port, None, f"{address} is not a public address")
+        return self._record(host, port, addresses[0], "public")
+
+    def _record(self, host: str, port: int, address: str | None, reason: str) -> tuple[str | None, str]:
+        allowed = address is not None
+        if len(self.attempts) < MAX_ATTEMPTS_RECORDED:
+            self.attempts.append(Attempt(host, port, allowed, reason, time.time()))
+        log.info("%s egress %s:%d %s (%s)", self.rollout, host, port, "allowed" if allowed else "refused", reason)
+        return address, reason
+
+
+def _split_host_port(target: str, default_port: int) -> tuple[str, int]:
+    if target.startswith("["):
+        host, _, port = target[1:].partition("]")
+        return host, int(port.lstrip(":") or default_port)
+    host, _, port = target.rpartition(":")
+    if not host:
+        return target, default_port
+    return host, int(port)
+
+
+def _absolute_target(target: str) -> tuple[str, int, str]:
+    if not target.startswith("http://"):
+        raise ValueError("only absolute http:// targets and CONNECT are proxied")
+    authority, _, path = target[len("http://") :].partition("/")
+    host, port = _split_host_port(authority, 80)
+    return host, port, "/" + path
+
+
+async def _pipe_both(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    upstream_reader: asyncio.StreamReader,
+    upstream_writer: asyncio.StreamWriter,
+) -> None:
+    directions = [
+        asyncio.ensure_future(_pipe(reader, upstream_writer)),
+        asyncio.ensure_future(_pipe(upstream_reader, writer)),
+    ]
+    try:
+        await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for direction in directions:
+            direction.cancel()
+        await asyncio.gather(*directions, return_exceptions=True)
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while chunk := await source.read(65536):
+            sink.write(chunk)
+            await sink.drain()

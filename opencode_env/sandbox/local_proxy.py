@@ -1,0 +1,48 @@
+"""The local backend's handle on a rollout's capture proxy: admin calls over its unix socket, files read host-side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from opencode_env.sandbox import hostfs
+from opencode_env.sandbox.base import BackgroundProcess
+
+
+class LocalProxy:
+    def __init__(self, process: BackgroundProcess, private: Path, *, port: int, token: str) -> None:
+        self.process = process
+        self._private = private
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.token = token
+
+    async def running(self) -> bool:
+        return await self.process.running()
+
+    async def kill(self) -> None:
+        await self.process.kill()
+
+    async def call(self, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
+        transport = httpx.AsyncHTTPTransport(uds=str(self._private / "admin.sock"))
+        headers = {"authorization": f"Bearer {self.token}"}
+        deadline = asyncio.get_running_loop().time() + wait_s
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy", headers=headers) as client:
+            while True:
+                try:
+                    answer = await client.request(method, path, timeout=max(wait_s, 1.0))
+                    data = answer.json()
+                    return data if isinstance(data, dict) else None
+                except (httpx.TransportError, json.JSONDecodeError):
+                    if asyncio.get_running_loop().time() > deadline or not await self.process.running():
+                        return None
+                    await asyncio.sleep(0.02)
+
+    async def read(self, name: str, limit: int) -> bytes:
+        try:
+            return await asyncio.to_thread(hostfs.read_tail, self._private, name, limit)
+        except (FileNotFoundError, hostfs.UnsafePath):
+            return b""
