@@ -12,7 +12,7 @@ from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.hf import HFBackend
 from opencode_env.sandbox.local import LocalBackend
 from opencode_env.testing.fake_e2b import FakeCloud
-from tests.fake_hf import FakeHfCloud
+from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -65,7 +65,9 @@ def hf_cloud(sandbox_base: Path, opencode_binary: Path) -> Iterator[FakeHfCloud]
 
 @pytest.fixture
 def hf_fake(hf_cloud: FakeHfCloud) -> HFBackend:
-    return HFBackend(sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env")
+    return HFBackend(
+        sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
+    )
 
 
 @pytest.fixture

@@ -36,6 +36,8 @@ from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 
 T = TypeVar("T")
 IMAGE_BIN = str(Path(__file__).parent / "fake_hf_image")
+# The fake cannot write /opt: where the backend keeps its root-owned tools and control files in a fake sandbox.
+FAKE_TOOLS_DIR = "/tmp/opencode-env"
 OWNER = {"id": "0123456789abcdef", "name": "fake-user", "type": "user"}
 
 
@@ -85,7 +87,7 @@ class FakeHfCloud:
             return ProvidedTools(opencode=provided.opencode if with_opencode else None)
 
         venv_bin = str(Path(sys.executable).parent)
-        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(IMAGE_BIN, venv_bin))
+        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(IMAGE_BIN, venv_bin), own_network=False)
         return await backend.create(SandboxSpec())
 
 

@@ -24,7 +24,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
-from tests.fake_hf import FakeHfApi, FakeHfCloud, FakeSandbox, FakeSandboxFiles, FakeSandboxProcess
+from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfApi, FakeHfCloud, FakeSandbox, FakeSandboxFiles, FakeSandboxProcess
 
 
 def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
@@ -86,7 +86,9 @@ async def test_task_commands_run_as_user_and_privileged_ones_as_root(hf_fake: HF
 
 
 async def test_the_sandbox_servers_variables_never_reach_a_command(hf_cloud: FakeHfCloud, hf_no_leaks: None) -> None:
-    backend = HFBackend(sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env")
+    backend = HFBackend(
+        sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
+    )
     box = await backend.create(SandboxSpec())
     try:
         assert isinstance(box, HFSandbox)
@@ -136,7 +138,12 @@ async def test_each_creation_failure_is_one_clear_fast_error(
     monkeypatch.setenv("HF_TOKEN", "")
     monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
     cloud = FakeHfCloud(base_dir=sandbox_base, **cloud_change)
-    backend = HFBackend(sandbox_class=cloud.sandbox_class(), token=cloud.token if token is None else token, image=image)
+    backend = HFBackend(
+        sandbox_class=cloud.sandbox_class(),
+        token=cloud.token if token is None else token,
+        image=image,
+        tools_dir=FAKE_TOOLS_DIR,
+    )
     started = time.monotonic()
     result = await run_rollout(demo_request("http://127.0.0.1:9/v1"), backend)
     elapsed = time.monotonic() - started
@@ -148,7 +155,9 @@ async def test_each_creation_failure_is_one_clear_fast_error(
 
 async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Path, hf_no_leaks: None) -> None:
     cloud = FakeHfCloud(base_dir=sandbox_base, create_delay_s=1.0)
-    backend = HFBackend(sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env")
+    backend = HFBackend(
+        sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
+    )
     rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), backend))
     await asyncio.sleep(0.3)
     rollout.cancel()
@@ -164,7 +173,11 @@ async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Path, 
 
 async def test_sandboxes_over_the_cap_wait_their_turn(hf_cloud: FakeHfCloud, hf_no_leaks: None) -> None:
     backend = HFBackend(
-        sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env", max_sandboxes=1
+        sandbox_class=hf_cloud.sandbox_class(),
+        token=hf_cloud.token,
+        image="opencode-env",
+        max_sandboxes=1,
+        tools_dir=FAKE_TOOLS_DIR,
     )
     first = await backend.create(SandboxSpec())
     second = asyncio.ensure_future(backend.create(SandboxSpec()))

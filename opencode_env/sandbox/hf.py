@@ -37,14 +37,17 @@ from opencode_env.sandbox import hf_shell
 from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    VERIFIER_DIR,
     WORKDIR,
     CloseOnce,
     FileEntry,
     OpenSandboxes,
     ProvidedTools,
+    ProxyLaunch,
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.e2b_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
 
 log = logging.getLogger("opencode_env.hf")
@@ -65,6 +68,12 @@ PREPARE_TIMEOUT_S = 120.0
 INSTALL_TIMEOUT_S = 600.0
 TAG = "opencode-env"
 TRANSIENT_POLL_FAILURES = 3
+ENFORCEMENT = {
+    "isolation": "Hugging Face Job (a dedicated VM); task commands as user (setpriv, no capabilities, "
+    "no new privileges), the capture proxy as root",
+    "network": "the Job's own: the internet, unfiltered",
+    "limits": "the Job's hardware flavor, not the per-rollout limits",
+}
 
 
 def default_image() -> str:
@@ -186,8 +195,10 @@ class HFSandbox:
         self.tools = tools
         self.calls = calls
         self._env = {**env, "OPENCODE_ENV_TOOLS_BIN": f"{tools_dir}/bin"}
+        self._control_dir = f"{tools_dir}/control"
         self._release = release
         self._closer = CloseOnce(self._close)
+        self.enforcement = dict(ENFORCEMENT)
 
     @property
     def closed(self) -> bool:
@@ -205,8 +216,12 @@ class HFSandbox:
         env: Mapping[str, str] | None = None,
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        keep_background: bool = False,
         privileged: bool = False,
     ) -> CommandResult:
+        """Task commands run as `user` (setpriv, no capabilities, no new privileges); privileged ones as root. A
+        timeout kills the command's process group; what it left in the background otherwise lives on in the VM
+        until the sandbox closes (as on E2B), so `keep_background` changes nothing here."""
         argv = hf_shell.as_root(cmd) if privileged else hf_shell.as_user(cmd)
         return await self._run(cmd, argv, timeout_s=timeout_s, env=env, cwd=cwd, max_output_bytes=max_output_bytes)
 
@@ -258,28 +273,27 @@ class HFSandbox:
         )
 
     async def start(
-        self,
-        cmd: str,
-        *,
-        log_path: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str = WORKDIR,
-        privileged: bool = False,
+        self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
     ) -> HFProcess:
-        self._check_open()
         directory = shlex.quote(os.path.dirname(log_path))
         logged = f"mkdir -p {directory} && exec >> {shlex.quote(log_path)} 2>&1; {cmd}"
-        argv = hf_shell.as_root(logged) if privileged else hf_shell.as_user(logged)
+        return await self._start(logged, env=env, cwd=cwd, privileged=False)
+
+    async def _start(self, cmd: str, *, env: Mapping[str, str] | None, cwd: str, privileged: bool) -> HFProcess:
+        self._check_open()
+        argv = hf_shell.as_root(cmd) if privileged else hf_shell.as_user(cmd)
         call = functools.partial(
             self.sdk.run, argv, shell=False, env={**self._env, **(env or {})}, cwd=cwd, background=True
         )
         handle = await self.calls(call, timeout_s=CALL_TIMEOUT_S, action="start a process")
         return HFProcess(self, handle)
 
-    async def _file_command(self, script: str, action: str, stdin: str | None = None) -> CommandResult:
+    async def _file_command(
+        self, script: str, action: str, stdin: str | None = None, *, privileged: bool = False
+    ) -> CommandResult:
         result = await self._run(
             script,
-            hf_shell.as_user(script),
+            hf_shell.as_root(script) if privileged else hf_shell.as_user(script),
             timeout_s=CALL_TIMEOUT_S,
             env=None,
             cwd="/",
@@ -301,6 +315,48 @@ class HFSandbox:
         if result.exit_code == hf_shell.TOO_BIG_EXIT:
             raise SandboxError(f"{path} is larger than {hf_shell.MAX_READ_BYTES} bytes")
         return base64.b64decode(result.stdout)
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        result = await self._file_command(hf_shell.read_tail(path, limit), f"read {path}")
+        if result.exit_code == hf_shell.MISSING_EXIT:
+            raise FileNotFoundError(path)
+        return base64.b64decode(result.stdout)
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        """Root-owned (0644 in a root-owned directory): the agent reads its config and instruction, never edits
+        them."""
+        path = f"{self._control_dir}/{name}"
+        payload = base64.b64encode(data.encode()).decode()
+        await self._file_command(hf_shell.write_control_file(path), f"write {path}", stdin=payload, privileged=True)
+        return path
+
+    async def reset_verifier_dir(self) -> None:
+        quoted = shlex.quote(VERIFIER_DIR)
+        result = await self._file_command(
+            f"rm -rf {quoted} && mkdir -p {quoted} && chown {hf_shell.USER}:{hf_shell.USER} {quoted}",
+            "reset the verifier directory",
+            privileged=True,
+        )
+        if result.exit_code != 0:
+            raise SandboxError(f"could not reset {VERIFIER_DIR}: {result.stderr.strip()[-500:]}")
+
+    async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:
+        result = await self.run(cmd, timeout_s=timeout_s, cwd="/", privileged=True, max_output_bytes=64 * 2**20)
+        return result.exit_code, result.stdout if result.exit_code == 0 else result.stderr
+
+    async def write_root_file(self, path: str, data: str) -> None:
+        payload = base64.b64encode(data.encode()).decode()
+        await self._file_command(hf_shell.write_file(path), f"write {path}", stdin=payload, privileged=True)
+
+    async def start_root(self, cmd: str, env: dict[str, str]) -> HFProcess:
+        return await self._start(cmd, env=env, cwd="/", privileged=True)
+
+    async def start_proxy(self, launch: ProxyLaunch) -> RootProxy:
+        """As root, from a directory only root can open: `user` cannot read its key, its trace or its memory."""
+        return await start_root_proxy(self, launch)
+
+    def limits_hit(self) -> list[str]:
+        return []
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
         result = await self._file_command(hf_shell.list_files(root, limit), f"list {root}")
@@ -354,6 +410,11 @@ class HFBackend:
         return token
 
     async def create(self, spec: SandboxSpec) -> HFSandbox:
+        if spec.network != "internet":
+            raise SandboxError(
+                f"the hf backend cannot limit a sandbox's network (network={spec.network!r}): its Job reaches the "
+                "internet; use network='internet', or the local backend for model_only"
+            )
         token = self._token()
         image = spec.template or self._image
         await self._admission.acquire()
@@ -416,6 +477,12 @@ class HFBackend:
         log.warning("creation of HF sandbox %s finished after its rollout stopped waiting: killing it", sdk.id)
         self._calls.submit(sdk.kill)
 
+    @staticmethod
+    async def _probe(probe: HFSandbox) -> tuple[str | None, bool]:
+        """What the image has, as root sees it (-E -s: the proxy runs as root with those flags)."""
+        found = await probe.run(hf_shell.PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", privileged=True)
+        return hf_shell.parse_probe(found.stdout)
+
     async def _prepare(self, sdk: Any, spec: SandboxSpec) -> ProvidedTools:
         """Make `user` and its home, find what the image has, install OpenCode when it lacks it, start the watchdog."""
         probe = HFSandbox(
@@ -424,18 +491,19 @@ class HFBackend:
         prepared = await probe.run(hf_shell.prepare_image(), timeout_s=PREPARE_TIMEOUT_S, cwd="/", privileged=True)
         if prepared.exit_code != 0:
             raise SandboxError(f"preparing HF sandbox {sdk.id} failed: {prepared.stderr.strip()[-800:]}")
-        await probe.start(
-            hf_shell.watchdog(spec.lifetime_s + LIFETIME_MARGIN_S), log_path="/dev/null", cwd="/", privileged=True
-        )
-        found = await probe.run(hf_shell.PROBE, timeout_s=CALL_TIMEOUT_S)
-        version, proxy_ready = hf_shell.parse_probe(found.stdout)
-        if version is None:
-            installed = await probe.run(
-                hf_shell.install_opencode(self._tools_dir), timeout_s=INSTALL_TIMEOUT_S, cwd="/", privileged=True
-            )
+        await probe.start_root(hf_shell.watchdog(spec.lifetime_s + LIFETIME_MARGIN_S), {})
+        version, proxy_ready = await self._probe(probe)
+        for missing, script in (
+            (version is None, hf_shell.install_opencode(self._tools_dir)),
+            (not proxy_ready, hf_shell.install_proxy_packages()),
+        ):
+            if not missing:
+                continue
+            installed = await probe.run(script, timeout_s=INSTALL_TIMEOUT_S, cwd="/", privileged=True)
             if installed.exit_code != 0:
-                raise SandboxError(f"installing OpenCode in HF sandbox {sdk.id} failed: {installed.stderr[-800:]}")
-            version, proxy_ready = hf_shell.parse_probe((await probe.run(hf_shell.PROBE, timeout_s=60)).stdout)
+                raise SandboxError(f"installing in HF sandbox {sdk.id} failed: {installed.stderr.strip()[-800:]}")
+        if version is None or not proxy_ready:
+            version, proxy_ready = await self._probe(probe)
         return ProvidedTools(
             opencode="opencode" if version else None,
             opencode_version=version,

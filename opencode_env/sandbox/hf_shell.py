@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from opencode_env.opencode import OPENCODE_VERSION
+from opencode_env.opencode import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry
 
 USER = "user"
@@ -62,8 +62,17 @@ chown -R {USER}:{USER} {HOME}
 
 PROBE = (
     "opencode --version 2>/dev/null | tail -n 1; "
-    "python3 -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
+    "python3 -E -s -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 )
+
+
+def install_proxy_packages() -> str:
+    """Run as root when the image lacks them: the proxy's packages where root's `python3 -E -s` finds them."""
+    packages = " ".join(PROXY_PYTHON_PACKAGES)
+    return (
+        f"python3 -m pip install --quiet --no-cache-dir {packages} 2>/dev/null "
+        f"|| python3 -m pip install --quiet --no-cache-dir --break-system-packages {packages}"
+    )
 
 
 _FETCH = (
@@ -116,6 +125,22 @@ def read_file(path: str) -> str:
         f'[ "$(stat -c %s -- {quoted})" -le {MAX_READ_BYTES} ] || exit {TOO_BIG_EXIT}; '
         f"base64 -w0 -- {quoted}"
     )
+
+
+def read_tail(path: str, limit: int) -> str:
+    """The last `limit` bytes of a regular file (not a symlink) as one base64 line."""
+    quoted = shlex.quote(path)
+    return (
+        f"if [ -L {quoted} ] || [ ! -f {quoted} ]; then exit {MISSING_EXIT}; fi; "
+        f"tail -c {int(limit)} -- {quoted} | base64 -w0"
+    )
+
+
+def write_control_file(path: str) -> str:
+    """As root: a file `user` can read but not change, in a root-owned directory."""
+    quoted = shlex.quote(path)
+    directory = shlex.quote(path.rsplit("/", 1)[0])
+    return f"mkdir -p -m 755 {directory} && base64 -d > {quoted} && chmod 644 {quoted}"
 
 
 def list_files(root: str, limit: int) -> str:
