@@ -55,7 +55,7 @@ def summarize(result: RolloutResult) -> str:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=["local", "e2b"], default="local")
+    parser.add_argument("--backend", choices=["local", "e2b", "hf"], default="local")
     parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
     parser.add_argument("--base-url", default="")
     parser.add_argument("--model", default="")
@@ -162,7 +162,10 @@ def _cmd_build_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_reap(args: argparse.Namespace) -> int:
-    from opencode_env.sandbox.e2b import reap
+    if args.backend == "hf":
+        from opencode_env.sandbox.hf import reap
+    else:
+        from opencode_env.sandbox.e2b import reap  # type: ignore[assignment]
 
     killed = asyncio.run(reap(older_than_s=args.older_than * 60))
     for sandbox_id in killed:
@@ -196,10 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback (set a token first)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
+    serve.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
     serve.set_defaults(handler=_cmd_serve)
     mcp = commands.add_parser("mcp", help="serve the MCP tool over stdio (for desktop MCP clients)")
-    mcp.add_argument("--backend", choices=["auto", "local", "e2b"], default="auto")
+    mcp.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
     mcp.set_defaults(handler=_cmd_mcp)
     build = commands.add_parser("build-template", help="build the E2B template (OpenCode and the proxy baked in)")
     build.add_argument("--name", default="opencode-env")
@@ -207,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--cpu", type=int, default=2)
     build.add_argument("--memory-mb", type=int, default=2048)
     build.set_defaults(handler=_cmd_build_template)
-    reap = commands.add_parser("reap", help="kill E2B sandboxes tagged by opencode-env that outlived their rollout")
+    reap = commands.add_parser("reap", help="kill cloud sandboxes tagged by opencode-env that outlived their rollout")
     reap.add_argument("--older-than", type=float, default=60.0, metavar="MIN")
+    reap.add_argument("--backend", choices=["e2b", "hf"], default="e2b")
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)

@@ -9,17 +9,21 @@ import pytest
 
 from opencode_env.opencode import cached_tools, install_cached
 from opencode_env.sandbox.e2b import E2BBackend
+from opencode_env.sandbox.hf import HFBackend
 from opencode_env.sandbox.local import LocalBackend
 from opencode_env.testing.fake_e2b import FakeCloud
+from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("E2B_API_KEY"):
-        return
-    skip = pytest.mark.skip(reason="needs a live E2B account: set E2B_API_KEY")
-    for item in items:
-        if "e2b" in item.keywords:
-            item.add_marker(skip)
+    live = {"e2b": ("E2B_API_KEY", "a live E2B account"), "hf": ("HF_TOKEN", "a Hugging Face token with Jobs access")}
+    for marker, (variable, what) in live.items():
+        if os.environ.get(variable):
+            continue
+        skip = pytest.mark.skip(reason=f"needs {what}: set {variable}")
+        for item in items:
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -52,10 +56,25 @@ def e2b_fake(fake_cloud: FakeCloud) -> E2BBackend:
     return E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
 
 
+@pytest.fixture(scope="session")
+def hf_cloud(sandbox_base: Path, opencode_binary: Path) -> Iterator[FakeHfCloud]:
+    cloud = FakeHfCloud(base_dir=sandbox_base)
+    yield cloud
+    cloud.kill_all()
+
+
 @pytest.fixture
-def no_leaks(sandbox_base: Path, fake_cloud: FakeCloud) -> Iterator[None]:
-    """After the test: no sandbox directory, no process of any sandbox and no (fake) E2B sandbox is left."""
+def hf_fake(hf_cloud: FakeHfCloud) -> HFBackend:
+    return HFBackend(
+        sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
+    )
+
+
+@pytest.fixture
+def no_leaks(sandbox_base: Path, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> Iterator[None]:
+    """After the test: no sandbox directory, no process of any sandbox and no (fake) E2B or HF sandbox is left."""
     yield
     assert fake_cloud.alive == {}
+    assert hf_cloud.alive == {}
     assert list(sandbox_base.iterdir()) == []
     assert processes_mentioning(str(sandbox_base)) == []

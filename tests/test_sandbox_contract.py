@@ -20,16 +20,29 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.e2b import E2BBackend
+from opencode_env.sandbox.hf import HFBackend
 from opencode_env.sandbox.local import LocalBackend
 from tests.conftest import processes_mentioning
 
 
-@pytest.fixture(params=["local", "e2b-fake", pytest.param("e2b-live", marks=pytest.mark.e2b)])
+@pytest.fixture(
+    params=[
+        "local",
+        "e2b-fake",
+        pytest.param("e2b-live", marks=pytest.mark.e2b),
+        "hf-fake",
+        pytest.param("hf-live", marks=pytest.mark.hf),
+    ]
+)
 def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake: E2BBackend) -> SandboxBackend:
     if request.param == "local":
         return backend
     if request.param == "e2b-fake":
         return e2b_fake
+    if request.param == "hf-fake":
+        return request.getfixturevalue("hf_fake")  # type: ignore[no-any-return]
+    if request.param == "hf-live":
+        return HFBackend()
     return E2BBackend()
 
 

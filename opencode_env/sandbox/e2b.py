@@ -32,6 +32,7 @@ from e2b import (
 from e2b.sandbox.filesystem.filesystem import FileType
 
 from opencode_env.models import CommandResult
+from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     VERIFIER_DIR,
@@ -269,10 +270,8 @@ class E2BBackend:
     ) -> None:
         self._sandbox_class = sandbox_class
         self._api_key = api_key
-        limit = max_sandboxes or int(os.environ.get(MAX_SANDBOXES_VAR, DEFAULT_MAX_SANDBOXES))
-        self._slots = asyncio.Semaphore(limit)
-        self._stagger = asyncio.Lock()
-        self._last_create = 0.0
+        limit = max_sandboxes or limit_from_env(MAX_SANDBOXES_VAR, DEFAULT_MAX_SANDBOXES)
+        self._admission = Admission(limit, stagger_s=CREATE_STAGGER_S)
         self._server_id = server_id or f"{os.uname().nodename}-{os.getpid()}"
         self._open = OpenSandboxes()
 
@@ -287,22 +286,17 @@ class E2BBackend:
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         key = self._key()
         template = spec.template or DEFAULT_TEMPLATE
-        await self._slots.acquire()
+        await self._admission.acquire()
         try:
-            async with self._stagger:
-                wait = self._last_create + CREATE_STAGGER_S - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                self._last_create = time.monotonic()
             sandbox = await self._create_killing_if_cancelled(spec, template, key)
             tools = await self._probe(sandbox)
         except BaseException:
-            self._slots.release()
+            self._admission.release()
             raise
         opened: E2BSandbox
 
         def release() -> None:
-            self._slots.release()
+            self._admission.release()
             self._open.discard(opened)
 
         opened = E2BSandbox(sandbox, tools, spec.env, release)

@@ -243,9 +243,11 @@ class _InstanceOrClass:
 
 
 async def _kill_instance(box: FakeAsyncSandbox, **opts: Any) -> bool:
-    if box.cloud.alive.pop(box.sandbox_id, None) is None:
+    # Gone from the listing only once its processes and files are, as a killed sandbox is.
+    if box.sandbox_id not in box.cloud.alive:
         return False
     await box._local.close()
+    box.cloud.alive.pop(box.sandbox_id, None)
     return True
 
 
