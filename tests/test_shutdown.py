@@ -88,7 +88,7 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
     }
     log = (tmp_path / "server.log").open("wb")
     command = [sys.executable, "-m", "server.app"]
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         assert await wait_for(lambda: _healthy(url), 60), (tmp_path / "server.log").read_text()

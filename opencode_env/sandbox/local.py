@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -26,7 +25,6 @@ from pathlib import Path
 from opencode_env.models import CommandResult
 from opencode_env.sandbox import hostfs, netns
 from opencode_env.sandbox.base import (
-    AGENT_LOG_DIR,
     DEFAULT_MAX_OUTPUT_BYTES,
     HOME,
     VERIFIER_DIR,
@@ -43,14 +41,13 @@ from opencode_env.sandbox.cgroup import Cgroup, Limits, detect
 from opencode_env.sandbox.egress import EgressPolicy, EgressProxy
 from opencode_env.sandbox.isolation import (
     CONTROL_MOUNT,
-    GROUP,
-    PASSWD,
     Layout,
     UidLease,
     command_argv,
     holder_argv,
     proxy_argv,
 )
+from opencode_env.sandbox.local_layout import OwnerLock, make_layout, own_tree, reap_orphans, remove_rollout
 from opencode_env.sandbox.local_proxy import LocalProxy
 from opencode_env.sandbox.output import BoundedOutput
 
@@ -135,6 +132,7 @@ class LocalSandbox:
         layout: Layout,
         *,
         lease: UidLease,
+        owner_lock: OwnerLock,
         tools: ProvidedTools,
         env: Mapping[str, str],
         spec: SandboxSpec,
@@ -148,6 +146,7 @@ class LocalSandbox:
         self.tools = tools
         self.control_dir = CONTROL_MOUNT
         self._lease = lease
+        self._owner_lock = owner_lock
         self._ids = lease.ids
         self._spec = spec
         self._base_env = dict(env)
@@ -450,8 +449,9 @@ class LocalSandbox:
                         await asyncio.to_thread(self._cgroup.destroy)
                 finally:
                     try:
-                        await asyncio.to_thread(_remove_rollout, self.layout)
+                        await asyncio.to_thread(remove_rollout, self.layout)
                     finally:
+                        self._owner_lock.release()
                         self._lease.release()
                         if self.on_close is not None:
                             self.on_close(self)
@@ -481,13 +481,6 @@ def _sandbox_init_pid(bwrap_pid: int) -> int:
     return int(children[0])
 
 
-def _remove_rollout(layout: Layout) -> None:
-    if layout.disk_image.exists():
-        subprocess.run(["umount", "--lazy", str(layout.fs)], capture_output=True, check=False)
-        layout.disk_image.unlink(missing_ok=True)
-    hostfs.remove_tree(layout.root)
-
-
 async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
     while chunk := await stream.read(65536):
         out.feed(chunk)
@@ -511,6 +504,7 @@ class LocalBackend:
         own_network: bool = True,
     ) -> None:
         self._own_network = own_network
+        self._reaped = False
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
         self._open = OpenSandboxes()
@@ -522,12 +516,17 @@ class LocalBackend:
         if os.geteuid() != 0:
             raise SandboxError(ROOT_HINT)
         tools = await self._tools_resolver()
-        layout = await asyncio.to_thread(_make_layout, self._base_dir, spec)
+        if not self._reaped:
+            self._reaped = True
+            await asyncio.to_thread(reap_orphans, self._base_dir)
+        layout = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb)
+        owner_lock = OwnerLock(layout)
         lease = await asyncio.to_thread(UidLease)
-        await asyncio.to_thread(_own_tree, layout, lease.ids.user, lease.ids.root)
+        await asyncio.to_thread(own_tree, layout, lease.ids.user, lease.ids.root)
         sandbox = LocalSandbox(
             layout,
             lease=lease,
+            owner_lock=owner_lock,
             tools=tools,
             env=spec.env,
             spec=spec,
@@ -546,52 +545,3 @@ class LocalBackend:
 
     async def close_all(self) -> int:
         return await self._open.close_all()
-
-
-def _make_layout(base_dir: Path | None, spec: SandboxSpec) -> Layout:
-    root = Path(tempfile.mkdtemp(prefix="opencode-env-", dir=base_dir))
-    root.chmod(0o711)
-    layout = Layout(root)
-    layout.fs.mkdir()
-    _mount_disk(layout, spec.limits.disk_mb)
-    for directory in (layout.control, layout.private):
-        directory.mkdir()
-    (layout.control / "passwd").write_text(PASSWD)
-    (layout.control / "group").write_text(GROUP)
-    return layout
-
-
-def _mount_disk(layout: Layout, disk_mb: int) -> None:
-    """The rollout's writable tree on a file system of its own, so its size is bounded (and removal is one
-    unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so."""
-    if shutil.which("mkfs.ext4") is None or not Path("/dev/loop-control").exists():
-        return
-    with layout.disk_image.open("wb") as image:
-        image.truncate(disk_mb * 2**20)
-    made = subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1", str(layout.disk_image)],
-        capture_output=True,
-        check=False,
-    )
-    mounted = made.returncode == 0 and (
-        subprocess.run(
-            ["mount", "-o", "loop,nosuid,nodev", str(layout.disk_image), str(layout.fs)],
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    )
-    if not mounted:
-        log.warning("no size-bounded file system for %s: %s", layout.root, made.stderr.decode(errors="replace"))
-        layout.disk_image.unlink(missing_ok=True)
-        return
-    shutil.rmtree(layout.fs / "lost+found", ignore_errors=True)
-
-
-def _own_tree(layout: Layout, user: int, root: int) -> None:
-    for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
-        hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
-    hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
-    (layout.tmp).chmod(0o1777)
-    os.chown(layout.private, root, root)
-    layout.private.chmod(0o700)

@@ -9,9 +9,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping
+from typing import Any
 
 from opencode_env.models import CommandResult
-from opencode_env.sandbox.base import DEFAULT_MAX_OUTPUT_BYTES, WORKDIR, FileEntry, ProvidedTools, SandboxSpec
+from opencode_env.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    WORKDIR,
+    FileEntry,
+    ProvidedTools,
+    ProxyLaunch,
+    SandboxBackend,
+    SandboxSpec,
+)
 
 
 class StubProcess:
@@ -22,8 +31,28 @@ class StubProcess:
         return None
 
 
+class StubProxy:
+    """A proxy that is healthy and records nothing."""
+
+    base_url = "http://127.0.0.1:9/v1"
+    token = "stub"
+
+    async def running(self) -> bool:
+        return True
+
+    async def kill(self) -> None:
+        return None
+
+    async def call(self, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
+        return {"ok": True, "turns_written": 0}
+
+    async def read(self, name: str, limit: int) -> bytes:
+        return b""
+
+
 class StubSandbox:
     backend = "stub"
+    enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every stub
 
     def __init__(self, sandbox_id: str, command_s: float, registry: set[str]) -> None:
         self.sandbox_id = sandbox_id
@@ -40,6 +69,8 @@ class StubSandbox:
         env: Mapping[str, str] | None = None,
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        keep_background: bool = False,
+        privileged: bool = False,
     ) -> CommandResult:
         await asyncio.sleep(min(self._command_s, timeout_s))
         return CommandResult(cmd=cmd, exit_code=0, duration_s=self._command_s)
@@ -56,6 +87,22 @@ class StubSandbox:
         if path not in self._files:
             raise FileNotFoundError(path)
         return self._files[path]
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        await self.write_file(f"/control/{name}", data)
+        return f"/control/{name}"
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        return (await self.read_file(path))[-limit:]
+
+    async def reset_verifier_dir(self) -> None:
+        return None
+
+    async def start_proxy(self, launch: ProxyLaunch) -> StubProxy:
+        return StubProxy()
+
+    def limits_hit(self) -> list[str]:
+        return []
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
         prefix = root.rstrip("/") + "/"
@@ -86,3 +133,8 @@ class StubBackend:
         sandbox = StubSandbox(f"stub{next(self._ids)}", self._command_s, self.alive)
         self.alive.add(sandbox.sandbox_id)
         return sandbox
+
+
+def as_backend(stub: StubBackend) -> SandboxBackend:
+    """The stub seen through the seam it stands in for (mypy checks that it still fits the Protocol)."""
+    return stub

@@ -1,0 +1,110 @@
+"""A local rollout's tree on the host: made (a size-bounded file system when loop devices exist), owned by the
+rollout's uids, removed without recursion, and reaped when the server that owned it is gone."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from opencode_env.sandbox import hostfs
+from opencode_env.sandbox.base import AGENT_LOG_DIR, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.cgroup import Cgroup, detect
+from opencode_env.sandbox.isolation import GROUP, PASSWD, Layout
+
+log = logging.getLogger("opencode_env.local")
+PREFIX = "opencode-env-"
+OWNER_LOCK = "owner.lock"
+
+
+class OwnerLock:
+    """Held by the server for a rollout's life: a tree whose lock nobody holds belongs to a server that is gone."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._handle = (layout.root / OWNER_LOCK).open("a")
+        fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def release(self) -> None:
+        self._handle.close()
+
+
+def make_layout(base_dir: Path | None, disk_mb: int) -> Layout:
+    root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base_dir))
+    root.chmod(0o711)
+    layout = Layout(root)
+    layout.fs.mkdir()
+    _mount_disk(layout, disk_mb)
+    for directory in (layout.control, layout.private):
+        directory.mkdir()
+    (layout.control / "passwd").write_text(PASSWD)
+    (layout.control / "group").write_text(GROUP)
+    return layout
+
+
+def _mount_disk(layout: Layout, disk_mb: int) -> None:
+    """The rollout's writable tree on a file system of its own, so its size is bounded (and removal is one
+    unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so."""
+    if shutil.which("mkfs.ext4") is None or not Path("/dev/loop-control").exists():
+        return
+    with layout.disk_image.open("wb") as image:
+        image.truncate(disk_mb * 2**20)
+    made = subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1", str(layout.disk_image)],
+        capture_output=True,
+        check=False,
+    )
+    mounted = made.returncode == 0 and (
+        subprocess.run(
+            ["mount", "-o", "loop,nosuid,nodev", str(layout.disk_image), str(layout.fs)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    if not mounted:
+        log.warning("no size-bounded file system for %s: %s", layout.root, made.stderr.decode(errors="replace"))
+        layout.disk_image.unlink(missing_ok=True)
+        return
+    shutil.rmtree(layout.fs / "lost+found", ignore_errors=True)
+
+
+def own_tree(layout: Layout, user: int, root: int) -> None:
+    for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
+        hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
+    hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
+    (layout.tmp).chmod(0o1777)
+    os.chown(layout.private, root, root)
+    layout.private.chmod(0o700)
+
+
+def remove_rollout(layout: Layout) -> None:
+    if layout.disk_image.exists():
+        subprocess.run(["umount", "--lazy", str(layout.fs)], capture_output=True, check=False)
+        layout.disk_image.unlink(missing_ok=True)
+    hostfs.remove_tree(layout.root)
+
+
+def reap_orphans(base_dir: Path | None) -> list[str]:
+    """Remove the trees (and cgroups, mounts) of rollouts whose server died; live servers' trees are untouched."""
+    base = base_dir or Path(tempfile.gettempdir())
+    reaped = []
+    for root in sorted(base.glob(f"{PREFIX}*")):
+        lock_path = root / OWNER_LOCK
+        if not lock_path.is_file() or lock_path.is_symlink():
+            continue
+        with lock_path.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            version = detect()
+            if version is not None:
+                Cgroup(root.name, version).destroy()
+            remove_rollout(Layout(root))
+        reaped.append(root.name)
+        log.warning("reaped %s, left by a server that is gone", root)
+    return reaped
