@@ -32,7 +32,7 @@ def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake:
 
 
 async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leaks: None) -> None:
-    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=6)
+    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15)
     result = await run_rollout(request, any_backend)
     assert (result.status, result.failed_phase) == ("upstream_error", "agent")
     assert result.proxy_turns
@@ -41,7 +41,7 @@ async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leak
 
 
 async def test_upstream_500_forever(any_backend: SandboxBackend, no_leaks: None) -> None:
-    outcome = await rollout(any_backend, Script(steps=[fail(500)] * 30), agent_timeout_s=6)
+    outcome = await rollout(any_backend, Script(steps=[fail(500)] * 30), agent_timeout_s=15)
     result = outcome.result
     assert result.status == "upstream_error"
     assert len(result.proxy_turns) == len(outcome.exchanges) >= 1
@@ -79,7 +79,7 @@ async def test_upstream_hangs_mid_stream(any_backend: SandboxBackend, no_leaks: 
 async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_base: Path, no_leaks: None) -> None:
     script = Script(steps=[bash("echo step one"), stall(60)])
     with ScriptedModelServer(script) as model:
-        task = run_rollout(demo_request(model.base_url, agent_timeout_s=12), any_backend)
+        task = run_rollout(demo_request(model.base_url, agent_timeout_s=20), any_backend)
         import asyncio
 
         running = asyncio.ensure_future(task)

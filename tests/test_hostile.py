@@ -201,12 +201,18 @@ async def test_the_disk_limit_bounds_the_whole_writable_tree(backend: LocalBacke
 
 
 async def test_setup_services_live_on_but_agent_processes_die_with_their_command(box: LocalSandbox) -> None:
-    await box.run("nohup sleep 300 >/dev/null 2>&1 &", timeout_s=10, keep_background=True)
-    await box.run("(setsid sleep 301 >/dev/null 2>&1 &); nohup sleep 302 >/dev/null 2>&1 &", timeout_s=10)
-    _, out = await sh(box, "ps -eo args")
-    assert "sleep 300" in out
-    assert "sleep 301" not in out
-    assert "sleep 302" not in out
+    serve = "nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &"
+    probe = (
+        'python3 -c "import time, urllib.request\n'
+        "for _ in range(50):\n"
+        "    try: urllib.request.urlopen('http://127.0.0.1:{port}/'); print('up'); break\n"
+        "    except OSError: time.sleep(0.1)\n"
+        "else: print('down')\""
+    )
+    await box.run(serve.format(port=8765), timeout_s=10, keep_background=True)
+    await box.run(f"{serve.format(port=8766)} (setsid {serve.format(port=8767)})", timeout_s=10)
+    results = [await box.run(probe.format(port=port), timeout_s=30) for port in (8765, 8766, 8767)]
+    assert [result.stdout.strip() for result in results] == ["up", "down", "down"]
 
 
 def test_server_keys_go_only_to_their_own_url() -> None:

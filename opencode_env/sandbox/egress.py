@@ -64,8 +64,8 @@ class EgressProxy:
         self._tasks.add(task)
         try:
             await self._serve_one(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError) as e:
+            log.debug("%s egress connection ended: %s", self.rollout, e)
         finally:
             self._tasks.discard(task)
             writer.close()
@@ -122,6 +122,42 @@ class EgressProxy:
             self.attempts.append(Attempt(host, port, allowed, reason, time.time()))
         log.info("%s egress %s:%d %s (%s)", self.rollout, host, port, "allowed" if allowed else "refused", reason)
         return address, reason
+
+
+@dataclass
+class LoopbackRelay:
+    """A model on the host's loopback (black_box mode with a local vLLM or the scripted model): the same port on
+    the sandbox's loopback relays to it, and to nothing else."""
+
+    port: int
+    rollout: str
+    _server: asyncio.AbstractServer | None = None
+
+    async def serve(self, listener: socket.socket) -> None:
+        listener.setblocking(False)
+        self._server = await asyncio.start_server(self._relay, sock=listener)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", self.port), timeout=CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as error:
+            log.info("%s model relay to 127.0.0.1:%d failed: %s", self.rollout, self.port, error)
+            writer.close()
+            return
+        try:
+            await _pipe_both(reader, writer, upstream_reader, upstream_writer)
+        finally:
+            upstream_writer.close()
+            writer.close()
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def _split_host_port(target: str, default_port: int) -> tuple[str, int]:

@@ -38,7 +38,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.cgroup import Cgroup, Limits, detect
-from opencode_env.sandbox.egress import EgressPolicy, EgressProxy
+from opencode_env.sandbox.egress import LOOPBACK_NAMES, EgressPolicy, EgressProxy, LoopbackRelay
 from opencode_env.sandbox.isolation import (
     CONTROL_MOUNT,
     Layout,
@@ -156,6 +156,7 @@ class LocalSandbox:
         self._holder_pid = 0
         self._cgroup: Cgroup | None = None
         self._egress: EgressProxy | None = None
+        self._relays: list[LoopbackRelay] = []
         self.enforcement: dict[str, str] = {}
         self.on_close: Callable[[LocalSandbox], None] | None = None
         self._closer = CloseOnce(self._close)
@@ -220,6 +221,11 @@ class LocalSandbox:
             rollout=self.sandbox_id,
         )
         await self._egress.serve(netns.listen_in(self._holder_pid, EGRESS_PORT))
+        for host, port in self._spec.model_endpoints:
+            if host in LOOPBACK_NAMES:
+                relay = LoopbackRelay(port, self.sandbox_id)
+                await relay.serve(netns.listen_in(self._holder_pid, port))
+                self._relays.append(relay)
         self.enforcement["network"] = f"own namespace, egress {self._spec.network}"
 
     def _join(self) -> list[str]:
@@ -440,6 +446,8 @@ class LocalSandbox:
             self._processes.clear()
             if self._egress is not None:
                 await self._egress.close()
+            for relay in self._relays:
+                await relay.close()
         finally:
             try:
                 await self._stop_holder()
