@@ -158,6 +158,7 @@ def test_the_template_bakes_in_opencode_and_the_proxy() -> None:
     assert "pip install fastapi uvicorn" in text
     assert "@opencode-ai/plugin@1.18.33" in text
     assert "OPENCODE_DISABLE_MODELS_FETCH=1" in text
+    assert "rm -f /etc/sudoers.d/user*" in text
 
 
 @pytest.mark.e2b

@@ -14,6 +14,10 @@ from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.e2b import DEFAULT_TEMPLATE
 
 CONFIG_DIR = f"{HOME}/.config/opencode"
+NO_SUDO_FOR_USER = (
+    "rm -f /etc/sudoers.d/user* && (deluser user sudo 2>/dev/null || true)"
+    " && (gpasswd -d user wheel 2>/dev/null || true)"
+)
 
 
 def template_builder() -> Any:
@@ -28,6 +32,8 @@ def template_builder() -> Any:
         .run_cmd("id -u user >/dev/null 2>&1 || useradd --create-home --uid 1000 user")
         .make_dir([WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, CONFIG_DIR], user="user")
         .run_cmd(f"chown -R user:user {HOME}")
+        # The proxy (and its key) runs as root: `user`, who runs every task command, must not become root.
+        .run_cmd(NO_SUDO_FOR_USER)
         .run_cmd(
             f"cd {CONFIG_DIR} && npm install --no-fund --no-audit @opencode-ai/plugin@{OPENCODE_VERSION}",
             user="user",
