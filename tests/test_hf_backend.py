@@ -185,7 +185,7 @@ async def test_sandboxes_over_the_cap_wait_their_turn(hf_cloud: FakeHfCloud, hf_
     assert not second.done()
     assert len(hf_cloud.alive) == 1
     await first.close()
-    await (await asyncio.wait_for(second, timeout=30)).close()
+    await (await asyncio.wait_for(second, timeout=120)).close()
 
 
 async def test_reap_kills_tagged_sandboxes_left_behind(

@@ -81,14 +81,16 @@ _FETCH = (
 )
 
 
-def install_opencode(tools_dir: str, version: str = OPENCODE_VERSION) -> str:
+def install_opencode(tools_dir: str, version: str = OPENCODE_VERSION, *, portable: bool = False) -> str:
     """Run as root when the image lacks OpenCode: its single binary for this CPU, straight from the npm registry
-    (no node or npm needed), into a root-owned directory."""
+    (no node or npm needed), into a root-owned directory. `portable` takes the x86-64 build that needs no AVX2
+    (for an image, which does not know the CPU it will run on)."""
     target = f"{tools_dir}/opencode-{version}"
+    avx2 = "false" if portable else "grep -qw avx2 /proc/cpuinfo"
     return f"""set -e
 FETCH='{_FETCH}'
 case "$(uname -m)" in
-  x86_64) pkg=opencode-linux-x64; grep -qw avx2 /proc/cpuinfo || pkg=opencode-linux-x64-baseline ;;
+  x86_64) pkg=opencode-linux-x64; {avx2} || pkg=opencode-linux-x64-baseline ;;
   aarch64|arm64) pkg=opencode-linux-arm64 ;;
   *) echo "OpenCode has no Linux build for $(uname -m)" >&2; exit {MISSING_EXIT} ;;
 esac
@@ -102,6 +104,19 @@ tar -xzf {target}/pkg.tgz -C {target} && rm {target}/pkg.tgz
 ln -sf {target}/package/bin/opencode {tools_dir}/bin/opencode
 {tools_dir}/bin/opencode --version >/dev/null
 """
+
+
+def main() -> None:
+    """`python -m opencode_env.sandbox.hf_shell install-opencode DIR`: the install script, for the image build."""
+    import sys
+
+    if sys.argv[1:2] != ["install-opencode"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python -m opencode_env.sandbox.hf_shell install-opencode DIR")
+    print(install_opencode(sys.argv[2], portable=True))
+
+
+if __name__ == "__main__":
+    main()
 
 
 def watchdog(lifetime_s: float) -> str:
