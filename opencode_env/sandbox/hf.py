@@ -423,7 +423,9 @@ class HFBackend:
             try:
                 tools = await self._prepare(sdk, spec)
             except BaseException:
-                self._calls.submit(sdk.kill)
+                killing = asyncio.wrap_future(self._calls.submit(sdk.kill))
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(killing), timeout=KILL_TIMEOUT_S)
                 raise
         except BaseException:
             self._admission.release()

@@ -30,7 +30,7 @@ unset OPENCODE_ENV_TOOLS_BIN
 exec setpriv --reuid={USER} --regid={USER} --init-groups --no-new-privs --inh-caps=-all -- /bin/bash -c "$1"
 """
 _AS_ROOT = f"""{_DROP_SERVER_VARS}
-export PATH="$OPENCODE_ENV_TOOLS_BIN:$PATH"
+export HOME=/root PATH="$OPENCODE_ENV_TOOLS_BIN:$PATH"
 unset OPENCODE_ENV_TOOLS_BIN
 exec /bin/bash -c "$1"
 """
@@ -47,6 +47,10 @@ def as_root(cmd: str) -> list[str]:
 def prepare_image() -> str:
     """Run once as root at creation: `user` exists (created when the image lacks it) and owns /home/user."""
     return f"""set -e
+if [ "$(id -u)" != 0 ]; then
+  echo "the sandbox server runs as uid $(id -u), not root: use an image without USER (opencode-env drops to {USER})" >&2
+  exit {MISSING_EXIT}
+fi
 if ! command -v setpriv >/dev/null; then
   echo "the image has no setpriv (util-linux), which runs task commands as {USER}" >&2
   exit {MISSING_EXIT}
