@@ -481,9 +481,10 @@ class HFBackend:
 
     @staticmethod
     async def _probe(probe: HFSandbox) -> tuple[str | None, bool]:
-        """What the image has, as root sees it (-E -s: the proxy runs as root with those flags)."""
-        found = await probe.run(hf_shell.PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", privileged=True)
-        return hf_shell.parse_probe(found.stdout)
+        """What the image has: OpenCode as `user` runs it, the proxy's packages as root imports them."""
+        opencode = await probe.run(hf_shell.OPENCODE_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/")
+        proxy = await probe.run(hf_shell.PROXY_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", privileged=True)
+        return hf_shell.parse_probe(opencode.stdout + proxy.stdout)
 
     async def _prepare(self, sdk: Any, spec: SandboxSpec) -> ProvidedTools:
         """Make `user` and its home, find what the image has, install OpenCode when it lacks it, start the watchdog."""

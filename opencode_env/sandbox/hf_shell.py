@@ -64,10 +64,9 @@ chown -R {USER}:{USER} {HOME}
 """
 
 
-PROBE = (
-    "opencode --version 2>/dev/null | tail -n 1; "
-    "python3 -E -s -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
-)
+# OpenCode as `user` runs it (it writes under its HOME); the proxy's packages as root imports them (-E -s).
+OPENCODE_PROBE = "opencode --version 2>/dev/null | tail -n 1; true"
+PROXY_PROBE = "python3 -E -s -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 
 
 def install_proxy_packages() -> str:
@@ -106,7 +105,7 @@ else python3 -c "$FETCH" "$url" {target}/pkg.tgz
 fi
 tar -xzf {target}/pkg.tgz -C {target} && rm {target}/pkg.tgz
 ln -sf {target}/package/bin/opencode {tools_dir}/bin/opencode
-{tools_dir}/bin/opencode --version >/dev/null
+test -x {tools_dir}/bin/opencode
 """
 
 
