@@ -5,18 +5,31 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opencode_env.models import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
-from opencode_env.rollout import run_rollout
+from opencode_env.version import VERSION as __version__
 
 if TYPE_CHECKING:
     from opencode_env.client import OpenCodeEnv
+    from opencode_env.rollout import run_rollout
 
-__all__ = ["CommandResult", "OpenCodeEnv", "RolloutRequest", "RolloutResult", "RolloutTurn", "run_rollout"]
+__all__ = [
+    "CommandResult",
+    "OpenCodeEnv",
+    "RolloutRequest",
+    "RolloutResult",
+    "RolloutTurn",
+    "__version__",
+    "run_rollout",
+]
 
 
 def __getattr__(name: str) -> Any:
-    # The client pulls in openenv-core, whose import takes seconds (it loads gradio): only on first use.
+    # Each on first use: a client never loads the pipeline, and the pipeline never loads the client.
     if name == "OpenCodeEnv":
         from opencode_env.client import OpenCodeEnv
 
         return OpenCodeEnv
+    if name == "run_rollout":
+        from opencode_env.rollout import run_rollout
+
+        return run_rollout
     raise AttributeError(f"module 'opencode_env' has no attribute {name!r}")

@@ -12,11 +12,25 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from opencode_env.check_task import add_check_task_parser
+from opencode_env.export import add_export_parser
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.viewer.cli import add_view_parser
+
+SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
+MCP clients, OpenEnv's /ws, /step and JSON-RPC at /mcp for OpenEnv clients, /health and /metadata.
+
+Access token: set OPENCODE_ENV_TOKEN in the server's environment (never on the command line) and every route but
+/health requires `Authorization: Bearer <token>` (OpenCodeEnv(token=...) or the same variable on the client side
+sends it). Without a token only connections from this machine are served: others get 403 and the reason.
+OPENCODE_ENV_ALLOW_UNAUTHENTICATED=1 serves everyone without a token (a trusted network only: the local backend
+runs commands on this machine, E2B spends your account).
+
+MAX_CONCURRENT_ENVS caps the rollouts running at once over every transport; calls beyond it wait for a slot."""
 
 
 def _progress(phase: Phase, message: str) -> None:
@@ -177,8 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
     demo.add_argument("--output-dir", type=Path, default=Path("runs"))
     demo.set_defaults(handler=_cmd_demo)
-    serve = commands.add_parser("serve", help="serve the MCP tool over HTTP (OpenEnv routes + /mcp/stream)")
-    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the MCP tool over HTTP (standard MCP at /mcp, OpenEnv's routes)",
+        description=SERVE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback (set a token first)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
     serve.set_defaults(handler=_cmd_serve)
@@ -197,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
+    add_export_parser(commands)
+    add_view_parser(commands)
+    add_check_task_parser(commands)
     return parser
 
 

@@ -1,4 +1,7 @@
-"""The client: `OpenCodeEnv(base_url=...)`, an OpenEnv MCP tool client for the `run_rollout` tool.
+"""The client: `OpenCodeEnv(base_url=...)`, a session on the server's OpenEnv WebSocket for the `run_rollout` tool.
+
+It speaks OpenEnv's `/ws` protocol itself (`ws_session`) and imports nothing of the pipeline, so that importing it
+takes a fraction of a second rather than the seconds openenv-core's client costs (it loads its server side too).
 
 Three forms work, each against a real server:
 
@@ -21,17 +24,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from openenv.core.mcp_client import MCPToolClient
-from openenv.core.sync_client import SyncEnvClient
-from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import InvalidHandshake
-
 from opencode_env.deadline import total_budget_s
 from opencode_env.models import TOOL_NAME, RolloutRequest, RolloutResult
+from opencode_env.sync_view import SyncView
+from opencode_env.ws_session import OpenEnvSession, ServerError, Tool
 
 TOKEN_VAR = "OPENCODE_ENV_TOKEN"
 CLIENT_MARGIN_S = 120.0
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
+__all__ = ["OpenCodeEnv", "RolloutAnswerError", "ServerError", "Tool"]
 
 
 class RolloutAnswerError(RuntimeError):
@@ -49,12 +50,8 @@ def parse_result(data: Any) -> RolloutResult:
     return RolloutResult.model_validate(data)
 
 
-class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
-    _message_timeout: float
-    _connect_timeout: float
-    _max_message_size: int
-    _ws_url: str
-    _ws: Any
+class OpenCodeEnv(OpenEnvSession):
+    """A session on an opencode-env server (OpenEnv's `/ws` protocol), with `run_rollout` and `run_rollouts`."""
 
     def __init__(
         self,
@@ -63,35 +60,26 @@ class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
         token: str | None = None,
         connect_timeout_s: float = 10.0,
         message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S,
-        **kwargs: Any,
+        max_message_size_mb: float = 100.0,
     ) -> None:
+        resolved = token if token is not None else os.environ.get(TOKEN_VAR, "")
         super().__init__(
-            base_url=base_url, connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s, **kwargs
+            base_url,
+            token=resolved,
+            connect_timeout_s=connect_timeout_s,
+            message_timeout_s=message_timeout_s,
+            max_message_size_mb=max_message_size_mb,
         )
-        self._base_url = base_url
-        self._token = token if token is not None else os.environ.get(TOKEN_VAR, "")
-        self._client_options = {
-            "token": self._token,
+        self._client_options: dict[str, Any] = {
+            "token": resolved,
             "connect_timeout_s": connect_timeout_s,
             "message_timeout_s": message_timeout_s,
-            **kwargs,
+            "max_message_size_mb": max_message_size_mb,
         }
-        self._sync_view: SyncEnvClient | None = None
+        self._sync_view: SyncView | None = None
 
-    async def connect(self) -> OpenCodeEnv:
-        """Open the session's WebSocket, sending the bearer token when there is one."""
-        if self._ws is not None or not self._token:
-            await super().connect()
-            return self
-        try:
-            self._ws = await ws_connect(
-                self._ws_url,
-                open_timeout=self._connect_timeout,
-                max_size=self._max_message_size,
-                additional_headers={"authorization": f"Bearer {self._token}"},
-            )
-        except (OSError, InvalidHandshake, TimeoutError) as error:
-            raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
+    async def __aenter__(self) -> OpenCodeEnv:
+        await self.connect()
         return self
 
     async def run_rollout(self, request: RolloutRequest | None = None, **fields: Any) -> RolloutResult:
@@ -124,7 +112,7 @@ class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
         bar = _ProgressBar(len(requests), enabled=progress)
 
         async def worker() -> None:
-            async with OpenCodeEnv(self._base_url, **self._client_options) as session:
+            async with OpenCodeEnv(self.base_url, **self._client_options) as session:
                 while not queue.empty():
                     index = queue.get_nowait()
                     results[index] = await _isolated(session, requests[index])
@@ -139,7 +127,11 @@ class OpenCodeEnv(MCPToolClient):  # type: ignore[misc]
             for result, request in zip(results, requests, strict=True)
         ]
 
-    def __enter__(self) -> SyncEnvClient:
+    def sync(self) -> SyncView:
+        """A synchronous view of this client (OpenEnv's `.sync()`): `with env.sync() as s: s.run_rollout(...)`."""
+        return SyncView(self)
+
+    def __enter__(self) -> SyncView:
         """The notebook form: a connected synchronous view of this client (its own event loop thread)."""
         self._sync_view = self.sync()
         return self._sync_view.__enter__()

@@ -89,6 +89,13 @@ class RolloutRequest(BaseModel):
         description="Shell commands run after the agent (always, even after an agent timeout); pass rate is the "
         "fallback reward.",
     )
+    solution: list[Command] | None = Field(
+        None,
+        max_length=MAX_COMMANDS,
+        description="Oracle run: shell commands run in order in place of the agent (no model, no proxy; [] is the "
+        "do-nothing agent), each within agent_timeout_s; the first failure stops the solution; verify runs as "
+        "usual. A task whose oracle does not reach reward 1.0 is broken.",
+    )
     task_id: TaskId = Field("", description="Caller's label for the task (letters, digits, ._:@+/-), echoed back.")
     mode: Mode = Field(
         "transparent_proxy",
@@ -250,28 +257,49 @@ class UpstreamInfo(BaseModel):
 
 
 class RolloutResult(BaseModel):
-    task_id: str = ""
-    sandbox_id: str = ""
-    reward: float | None = None
-    agent_exit_code: int | None = None
-    wall_s: float = 0.0
-    mode: Mode = "transparent_proxy"
-    setup_results: list[CommandResult] = Field(default_factory=list)
-    verify_results: list[CommandResult] = Field(default_factory=list)
-    proxy_turns: list[RolloutTurn] = Field(default_factory=list)
-    files: dict[str, str] = Field(default_factory=dict)
-    files_extra: list[str] = Field(default_factory=list)
-    agent_log_tail: str = ""
-    proxy_log_tail: str = ""
-    error: str | None = None
-    status: RolloutStatus = "completed"
-    failed_phase: Phase | None = None
-    timings: PhaseTimings = Field(default_factory=PhaseTimings)
-    reward_source: RewardSource = "none"
-    usage: TokenUsage = Field(default_factory=TokenUsage)
-    backend: str = ""
-    opencode_version: str = ""
-    upstream: UpstreamInfo = Field(default_factory=UpstreamInfo)
+    task_id: str = Field("", description="The request's task_id, echoed.")
+    sandbox_id: str = Field("", description="The sandbox the rollout ran in (empty when none was created).")
+    reward: float | None = Field(
+        None,
+        description="The verifier's reward (see reward_source); None when there is none or our side failed.",
+    )
+    agent_exit_code: int | None = Field(
+        None, description="OpenCode's exit code; None when the agent never ran or was killed."
+    )
+    wall_s: float = Field(0.0, description="Wall-clock seconds of the whole rollout, sandbox creation to close.")
+    mode: Mode = Field(
+        "transparent_proxy", description="How the agent reached the model: through the capture proxy, or directly."
+    )
+    setup_results: list[CommandResult] = Field(
+        default_factory=list, description="Each setup command's result, in order."
+    )
+    verify_results: list[CommandResult] = Field(
+        default_factory=list, description="Each verify command's result, in order."
+    )
+    proxy_turns: list[RolloutTurn] = Field(
+        default_factory=list, description="Every LLM call the proxy captured, with token ids and per-token logprobs."
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Text files of the work dir after the rollout, by path."
+    )
+    files_extra: list[str] = Field(
+        default_factory=list, description="Paths in the work dir left out of `files` (caps, binary)."
+    )
+    agent_log_tail: str = Field("", description="The end of OpenCode's own log.")
+    proxy_log_tail: str = Field("", description="The end of the capture proxy's log.")
+    error: str | None = Field(None, description="What went wrong, when status is not completed.")
+    status: RolloutStatus = Field(
+        "completed", description="How the rollout ended; infrastructure failures carry no reward."
+    )
+    failed_phase: Phase | None = Field(None, description="The phase that failed or was cut short, if any.")
+    timings: PhaseTimings = Field(default_factory=PhaseTimings, description="Seconds spent in each phase.")
+    reward_source: RewardSource = Field(
+        "none", description="Where the reward came from: reward.json, reward.txt or the verify pass rate."
+    )
+    usage: TokenUsage = Field(default_factory=TokenUsage, description="Token counts over the captured LLM calls.")
+    backend: str = Field("", description="The sandbox backend that ran the rollout.")
+    opencode_version: str = Field("", description="The OpenCode version that ran the agent.")
+    upstream: UpstreamInfo = Field(default_factory=UpstreamInfo, description="The model endpoint used (never its key).")
     tool_calls: list[ToolCallSummary] = Field(
         default_factory=list,
         description="Agent-reported: read from OpenCode's event stream, which the agent can write.",
@@ -285,6 +313,10 @@ class RolloutResult(BaseModel):
     )
     enforcement: dict[str, str] = Field(
         default_factory=dict, description="The isolation and limits that were active (which mechanism enforced what)."
+    )
+    oracle: bool = Field(False, description="True when the request's solution commands ran in place of the agent.")
+    solution_results: list[CommandResult] = Field(
+        default_factory=list, description="The solution commands of an oracle run, in order."
     )
 
     def turn_messages(self, index: int) -> list[Any]:

@@ -50,6 +50,7 @@ INSTALL_TIMEOUT_S = 600.0
 INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
 CLOSE_TIMEOUT_S = 30.0
+NO_UPSTREAM = Upstream("", "", "", "", disable_thinking=False)
 
 
 class PhaseFailure(Exception):
@@ -101,9 +102,10 @@ async def run_rollout(
 
         backend = LocalBackend(opencode.cached_tools)
     started = time.monotonic()
-    result = RolloutResult(task_id=request.task_id, mode=request.mode, backend=backend.name)
+    oracle = request.solution is not None
+    result = RolloutResult(task_id=request.task_id, mode=request.mode, backend=backend.name, oracle=oracle)
     try:
-        upstream = resolve_upstream(request)
+        upstream = NO_UPSTREAM if oracle else resolve_upstream(request)
         result.upstream = upstream.info()
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
@@ -182,6 +184,9 @@ async def _close(sandbox: Sandbox, result: RolloutResult) -> None:
 
 
 async def _in_sandbox(rollout: _Rollout) -> None:
+    if rollout.request.solution is not None:
+        await _oracle(rollout, rollout.request.solution)
+        return
     opencode_path = await rollout.timed("install", _install(rollout))
     await rollout.timed("prepare", _prepare(rollout))
     await rollout.timed("setup", _setup(rollout))
@@ -209,6 +214,23 @@ async def _in_sandbox(rollout: _Rollout) -> None:
         raise outcome
 
 
+async def _oracle(rollout: _Rollout, solution: list[str]) -> None:
+    """The task's own solution in place of the agent (no model, no proxy, no OpenCode): is the task solvable?"""
+    await rollout.timed("prepare", _prepare(rollout))
+    await rollout.timed("setup", _setup(rollout))
+    timeout_s = rollout.request.agent_timeout_s
+    results = await rollout.timed("agent", _run_commands(rollout, "agent", solution, timeout_s, stop_on_failure=True))
+    rollout.result.solution_results = results
+    rollout.result.agent_exit_code = results[-1].exit_code if results else 0
+    await rollout.timed("verify", _verify(rollout))
+    await rollout.timed("collect", _collect(rollout))
+    if results and results[-1].exit_code != 0:
+        failed = results[-1]
+        status: RolloutStatus = "agent_timeout" if failed.timed_out else "agent_error"
+        why = "timed out" if failed.timed_out else f"exited {failed.exit_code}"
+        raise PhaseFailure(status, "agent", f"solution command {len(results)} {why}: {failed.cmd[:200]}")
+
+
 def _cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
@@ -222,7 +244,7 @@ async def _install(rollout: _Rollout) -> str:
         await _run_install_step(rollout, command)
     if tools.opencode:
         return tools.opencode
-    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60), privileged=True)
+    version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60))
     if version.exit_code != 0:
         raise PhaseFailure("install_error", "install", f"OpenCode does not run after install: {version.stderr[-500:]}")
     rollout.result.opencode_version = version.stdout.strip().splitlines()[-1] if version.stdout.strip() else ""
@@ -231,9 +253,7 @@ async def _install(rollout: _Rollout) -> str:
 
 async def _run_install_step(rollout: _Rollout, command: str) -> None:
     for attempt in range(1, INSTALL_ATTEMPTS + 1):
-        result = await rollout.sandbox.run(
-            command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S), privileged=True
-        )
+        result = await rollout.sandbox.run(command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S))
         if result.exit_code == 0:
             return
         if attempt == INSTALL_ATTEMPTS:

@@ -1,16 +1,21 @@
-"""The server: OpenEnv's app (`/health`, `/ws`, `/reset`, `/step`, `/schema`, `POST /mcp`, ...) and a standard
-MCP streamable-HTTP endpoint at `/mcp/stream` for generic MCP clients (MCP Inspector, Claude, Cursor, the SDKs).
+"""The server: OpenEnv's app (`/health`, `/ws`, `/reset`, `/step`, `/schema`, `/metadata`, ...) with `/mcp` serving
+both the standard MCP streamable-HTTP transport (MCP Inspector, Claude, Cursor, the SDKs) and OpenEnv's JSON-RPC
+clients (see `server.mcp_route`); `/mcp/stream` is an alias of the standard transport.
 
-OpenEnv's own `POST /mcp` is a JSON-RPC shim for OpenEnv clients; it does not speak the MCP `initialize`
-handshake, which is why the standard transport is mounted beside it.
+The app always starts and answers `/health`; who may use the rest is decided per request (`server.auth`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import AsyncIterator
+from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -18,58 +23,142 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
 from opencode_env.client import TOKEN_VAR
-from server.auth import ALLOW_UNAUTHENTICATED_VAR, BearerAuth, refuse_unprotected_local
+from opencode_env.version import VERSION
+from opencode_env.viewer.web import web_router
+from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
 from server.disconnect import CancelOnDisconnect
-from server.environment import SHUTDOWN_GRACE_S, OpenCodeEnvironment, default_max_sessions, runtime
+from server.environment import (
+    SHUTDOWN_GRACE_S,
+    TOOL_DESCRIPTION,
+    OpenCodeEnvironment,
+    Runtime,
+    max_sessions,
+    runtime,
+)
+from server.gate import AccessGate
+from server.mcp_route import McpRouter
+from server.metadata import ServerMetadata, access_mode, backend_problem
 
-MCP_STREAM_PATH = "/mcp/stream"
+log = logging.getLogger("opencode_env.server")
+MCP_PATH = "/mcp"
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def access_policy(backend: str, token: str | None = None) -> AccessPolicy:
+    return AccessPolicy(
+        token=os.environ.get(TOKEN_VAR, "") if token is None else token,
+        allow_unauthenticated=os.environ.get(ALLOW_UNAUTHENTICATED_VAR, "") == "1",
+        backend=backend,
+    )
 
 
 def build_app(token: str | None = None) -> FastAPI:
     """The app; with a token (default: OPENCODE_ENV_TOKEN) every route but /health requires it."""
     shared = runtime()
+    policy = access_policy(shared.backend_name, token)
     app: FastAPI = create_app(
         OpenCodeEnvironment,
         CallToolAction,
         CallToolObservation,
         env_name="opencode_env",
-        max_concurrent_envs=default_max_sessions(),
+        max_concurrent_envs=max_sessions(shared.rollouts.limit),
     )
-    stream = shared.mcp.http_app(path="/stream", stateless_http=True)
-    app.mount("/mcp", stream)
+    _replace_metadata_route(app, shared, policy)
+    standard = shared.mcp.http_app(path=MCP_PATH, stateless_http=False)
+    one_shot = shared.mcp.http_app(path=MCP_PATH, stateless_http=True)
+    app.include_router(web_router(shared.rollouts.run))
     openenv_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(application: FastAPI) -> AsyncIterator[None]:
-        async with openenv_lifespan(application), stream.lifespan(stream):
-            yield
-            await shared.cancel_in_flight()
+        async with openenv_lifespan(application), standard.lifespan(standard), one_shot.lifespan(one_shot):
+            restore = _answer_before_exit(shared)
+            try:
+                yield
+            finally:
+                restore()
+                await shared.cancel_in_flight()
 
     app.router.lifespan_context = lifespan
-    token = os.environ.get(TOKEN_VAR, "") if token is None else token
+    app.add_middleware(McpRouter, standard=standard, stateless=one_shot)
     app.add_middleware(CancelOnDisconnect)
-    if token:
-        app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(AccessGate, policy=policy)
     return app
+
+
+def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy) -> None:
+    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/metadata"]
+
+    @app.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
+    def metadata() -> ServerMetadata:
+        problem = backend_problem(shared.backend, shared.backend_name)
+        return ServerMetadata(
+            name="opencode_env",
+            description=TOOL_DESCRIPTION,
+            version=VERSION,
+            backend=shared.backend_name,
+            backend_usable=False if problem else (True if hasattr(shared.backend, "preflight_problem") else None),
+            preflight=problem,
+            access=access_mode(policy),
+            max_concurrent_rollouts=shared.rollouts.limit,
+        )
+
+
+def _answer_before_exit(shared: Runtime) -> Any:
+    """On SIGTERM/SIGINT, cancel the rollouts and let each caller get its partial result before uvicorn starts
+    closing connections (it closes WebSockets at once). Returns the function that puts the handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in SHUTDOWN_SIGNALS}
+
+    draining: list[asyncio.Task[None]] = []
+
+    def pass_on(sig: int, frame: FrameType | None) -> None:
+        handler = previous[signal.Signals(sig)]
+        if callable(handler):
+            handler(sig, frame)
+
+    async def drain_then_exit(sig: int, frame: FrameType | None) -> None:
+        await shared.rollouts.shut_down(SHUTDOWN_GRACE_S)
+        # A moment for the answers just produced to reach their sockets before uvicorn closes connections.
+        await asyncio.sleep(0.2)
+        pass_on(sig, frame)
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        if shared.rollouts.shutting_down:
+            pass_on(sig, frame)  # a second signal: stop now
+            return
+        log.info(
+            "signal %d: cancelling %d rollout(s), answering their callers, then exiting", sig, shared.rollouts.in_flight
+        )
+        loop.call_soon_threadsafe(lambda: draining.append(asyncio.ensure_future(drain_then_exit(sig, frame))))
+
+    for sig in SHUTDOWN_SIGNALS:
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def main(host: str | None = None, port: int | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     host = host or os.environ.get("HOST", "0.0.0.0")
-    refusal = refuse_unprotected_local(
-        host,
-        runtime().backend_name,
-        os.environ.get(TOKEN_VAR, ""),
-        os.environ.get(ALLOW_UNAUTHENTICATED_VAR, "") == "1",
+    shared = runtime()
+    policy = access_policy(shared.backend_name)
+    log.info(
+        "opencode-env %s: %s backend; at most %d rollouts at once; MCP at %s; access: %s",
+        VERSION,
+        shared.backend_name,
+        shared.rollouts.limit,
+        MCP_PATH,
+        access_mode(policy),
     )
-    if refusal:
-        raise SystemExit(refusal)
-    logging.getLogger("opencode_env.server").info(
-        "sandbox backend: %s; at most %d concurrent sessions; standard MCP endpoint at %s",
-        runtime().backend_name,
-        default_max_sessions(),
-        MCP_STREAM_PATH,
-    )
+    if access_mode(policy) == "loopback_only":
+        log.warning("no %s set: only connections from this machine are served", TOKEN_VAR)
     uvicorn.run(
         app,
         host=host,

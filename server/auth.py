@@ -1,66 +1,78 @@
-"""Optional bearer-token auth for every route but `/health` (HTTP, the MCP endpoints and the WebSocket)."""
+"""Who may use this server, decided per request for every route but `/health` (HTTP, MCP and WebSocket).
+
+With a token (OPENCODE_ENV_TOKEN), every request must carry it as a bearer token. Without one, only connections
+from this machine are served (every backend runs commands or spends the owner's money for whoever reaches it),
+unless OPENCODE_ENV_ALLOW_UNAUTHENTICATED=1 says the network is trusted. The rule lives in the app itself, so
+`uvicorn server.app:app --host 0.0.0.0` obeys it too, and the server always starts and explains itself.
+"""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
-
-from starlette.types import ASGIApp, Receive, Scope, Send
+from dataclasses import dataclass
 
 from opencode_env.client import TOKEN_VAR
+from opencode_env.viewer.web import WEB_OPEN_PATHS
 
 ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health"}) | WEB_OPEN_PATHS
+# A request relayed by a proxy may come from anywhere, whatever the address of the hop that relayed it.
+FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip"})
+WHAT_IT_RISKS = {
+    "local": "runs commands on this machine",
+    "e2b": "starts sandboxes billed to the server owner's E2B account",
+}
 
 
-class BearerAuth:
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    reason: str
 
-    def _authorized(self, scope: Scope) -> bool:
-        presented = dict(scope.get("headers") or []).get(b"authorization", b"")
-        return hmac.compare_digest(presented, self._expected)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
-            await self.app(scope, receive, send)
-            return
-        if scope["type"] == "websocket":
-            await receive()
-            await send({"type": "websocket.close", "code": 1008, "reason": "a valid bearer token is required"})
-            return
-        body = json.dumps({"error": f"missing or wrong bearer token (the server's {TOKEN_VAR})"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b"Bearer"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+@dataclass(frozen=True)
+class AccessPolicy:
+    token: str
+    allow_unauthenticated: bool
+    backend: str
+
+    def check(self, headers: list[tuple[bytes, bytes]], client_host: str | None) -> Refusal | None:
+        """Why this request may not proceed, or None."""
+        if self.token:
+            return self._check_token(headers)
+        if self.allow_unauthenticated or (is_loopback(client_host) and not _forwarded(headers)):
+            return None
+        risk = WHAT_IT_RISKS.get(self.backend, "runs rollouts")
+        return Refusal(
+            403,
+            f"this server {risk} for anyone who reaches it, and it has no access token: set {TOKEN_VAR} on the "
+            f"server and send it as `Authorization: Bearer <token>`, or set {ALLOW_UNAUTHENTICATED_VAR}=1 if the "
+            "network is trusted (connections from the server's own machine are served without a token)",
         )
-        await send({"type": "http.response.body", "body": body})
+
+    def _check_token(self, headers: list[tuple[bytes, bytes]]) -> Refusal | None:
+        presented = next((value for name, value in headers if name.lower() == b"authorization"), None)
+        if presented is None:
+            return Refusal(401, f"this server needs its access token: send `Authorization: Bearer <{TOKEN_VAR}>`")
+        scheme, _, credentials = presented.strip().partition(b" ")
+        if scheme.lower() != b"bearer":
+            return Refusal(401, f"the Authorization header must use the Bearer scheme with the server's {TOKEN_VAR}")
+        if not hmac.compare_digest(credentials.strip(), self.token.encode()):
+            return Refusal(401, f"the bearer token does not match the server's {TOKEN_VAR}")
+        return None
 
 
-def is_loopback(host: str) -> bool:
+def _forwarded(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() in FORWARDING_HEADERS for name, _ in headers)
+
+
+def is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def refuse_unprotected_local(host: str, backend: str, token: str, allow: bool) -> str | None:
-    """Why this server must not start, or None: the local backend runs commands on this machine."""
-    if backend != "local" or token or allow or is_loopback(host):
-        return None
-    return (
-        f"refusing to serve the local backend on {host} without {TOKEN_VAR}: anyone who can reach this port "
-        f"could run commands on this machine. Set {TOKEN_VAR}, listen on 127.0.0.1, use the e2b backend, "
-        f"or set {ALLOW_UNAUTHENTICATED_VAR}=1 if the network is trusted."
-    )

@@ -7,12 +7,11 @@ FastMCP publishes as the output schema.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 from uuid import uuid4
 
@@ -24,9 +23,10 @@ from pydantic import Field, ValidationError
 
 from opencode_env.deadline import total_budget_s
 from opencode_env.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
-from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import BackendName, make_backend, resolve_backend_name
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.version import VERSION
+from server.rollouts import Rollouts
 
 log = logging.getLogger("opencode_env.server")
 # openenv-core reads FastMCP's renamed Tool.inputSchema on every tools/list; the schema it gets is right.
@@ -43,21 +43,16 @@ TOOL_DESCRIPTION = (
 
 @dataclass
 class Runtime:
-    """What every session of this server shares: the sandbox backend and the MCP server."""
+    """What every session of this server shares: the sandbox backend, the rollouts under one cap, the MCP server."""
 
     backend: SandboxBackend
     backend_name: str
     mcp: FastMCP
-    in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+    rollouts: Rollouts
 
     async def cancel_in_flight(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
         """Cancel every rollout still running (server shutdown) and wait for their sandboxes to close."""
-        tasks = list(self.in_flight)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            log.info("shutting down: cancelling %d rollout(s) in flight", len(tasks))
-            await asyncio.wait(tasks, timeout=timeout_s)
+        await self.rollouts.shut_down(timeout_s)
         closed = await self.backend.close_all()
         if closed:
             log.info("shutting down: closed %d sandbox(es) whose rollouts had been torn down", closed)
@@ -96,8 +91,8 @@ def _tool_signature() -> tuple[inspect.Signature, dict[str, Any]]:
     return inspect.Signature(parameters, return_annotation=RolloutResult), annotations
 
 
-def build_mcp(backend: SandboxBackend, in_flight: set[asyncio.Task[Any]]) -> FastMCP:
-    mcp = FastMCP("opencode_env", instructions=TOOL_DESCRIPTION)
+def build_mcp(rollouts: Rollouts) -> FastMCP:
+    mcp = FastMCP("opencode_env", instructions=TOOL_DESCRIPTION, version=VERSION)
 
     async def run_rollout_tool(**arguments: Any) -> RolloutResult:
         ctx: Context | None = arguments.pop("ctx", None)
@@ -107,13 +102,7 @@ def build_mcp(backend: SandboxBackend, in_flight: set[asyncio.Task[Any]]) -> Fas
             if ctx is not None:
                 await ctx.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        task = asyncio.current_task()
-        if task is not None:
-            in_flight.add(task)
-        try:
-            result = await run_rollout(request, backend, progress=progress)
-        finally:
-            in_flight.discard(task)
+        result = await rollouts.run(request, progress)
         log.info(
             "rollout %s %s: %s reward=%s in %.1fs",
             result.task_id or "-",
@@ -128,18 +117,24 @@ def build_mcp(backend: SandboxBackend, in_flight: set[asyncio.Task[Any]]) -> Fas
     run_rollout_tool.__signature__ = signature  # type: ignore[attr-defined]
     run_rollout_tool.__annotations__ = annotations
     run_rollout_tool.__name__ = TOOL_NAME
-    mcp.tool(run_rollout_tool, name=TOOL_NAME, description=TOOL_DESCRIPTION)
+    # Given explicitly because FastMCP strips titles from the schema it derives; ours keeps RolloutResult's name.
+    output_schema = RolloutResult.model_json_schema(mode="serialization")
+    mcp.tool(run_rollout_tool, name=TOOL_NAME, description=TOOL_DESCRIPTION, output_schema=output_schema)
     return mcp
 
 
-def configure(backend: SandboxBackend | None = None, backend_name: BackendName | None = None) -> Runtime:
-    """Set the backend every session uses (by default from OPENCODE_ENV_BACKEND, `auto`)."""
+def configure(
+    backend: SandboxBackend | None = None, backend_name: BackendName | None = None, max_rollouts: int | None = None
+) -> Runtime:
+    """Set the backend every session uses (by default from OPENCODE_ENV_BACKEND, `auto`) and the rollout cap."""
     if backend is None:
         requested: BackendName = backend_name or os.environ.get("OPENCODE_ENV_BACKEND", "auto")  # type: ignore[assignment]
         backend = make_backend(requested)
-    in_flight: set[asyncio.Task[Any]] = set()
-    _Current.runtime = Runtime(backend, backend.name, build_mcp(backend, in_flight), in_flight)
-    log.info("opencode-env serving rollouts on the %s backend", backend.name)
+    rollouts = Rollouts(backend, max_rollouts or max_concurrent_rollouts())
+    _Current.runtime = Runtime(backend, backend.name, build_mcp(rollouts), rollouts)
+    log.info(
+        "opencode-env %s serving rollouts on the %s backend, at most %d at once", VERSION, backend.name, rollouts.limit
+    )
     return _Current.runtime
 
 
@@ -147,12 +142,18 @@ def runtime() -> Runtime:
     return _Current.runtime if _Current.runtime is not None else configure()
 
 
-def default_max_sessions() -> int:
+def max_concurrent_rollouts() -> int:
+    """The one cap on rollouts running at once, over every transport (MAX_CONCURRENT_ENVS)."""
     configured = os.environ.get("MAX_CONCURRENT_ENVS")
     if configured:
         return int(configured)
     backend = resolve_backend_name(os.environ.get("OPENCODE_ENV_BACKEND", "auto"))  # type: ignore[arg-type]
     return 16 if backend == "e2b" else max(2, (os.cpu_count() or 2) * 2)
+
+
+def max_sessions(rollout_cap: int) -> int:
+    """OpenEnv's WebSocket session limit: above the rollout cap, so that callers beyond it wait for a slot."""
+    return max(16, rollout_cap * 4)
 
 
 class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
@@ -193,6 +194,6 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(
             name="opencode_env",
-            version="0.1.0",
+            version=VERSION,
             description=f"OpenCode rollouts with exact token capture; sandbox backend: {self._backend_name}",
         )

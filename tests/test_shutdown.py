@@ -14,8 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mcp.client.client import Client as SdkClient
 
 from opencode_env.client import OpenCodeEnv
+from opencode_env.models import RolloutResult
 from opencode_env.sandbox.local import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
@@ -71,7 +73,9 @@ def free_port() -> int:
         return port
 
 
-async def test_sigterm_cancels_rollouts_in_flight_and_closes_their_sandboxes(tmp_path: Path) -> None:
+async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_closes_their_sandboxes(
+    tmp_path: Path,
+) -> None:
     sandboxes = tmp_path / "sandboxes"
     sandboxes.mkdir()
     port = free_port()
@@ -89,23 +93,33 @@ async def test_sigterm_cancels_rollouts_in_flight_and_closes_their_sandboxes(tmp
         url = f"http://127.0.0.1:{port}"
         assert await wait_for(lambda: _healthy(url), 60), (tmp_path / "server.log").read_text()
         with ScriptedModelServer(Script(steps=[stall(120)])) as model:
+            request = demo_request(model.base_url, agent_timeout_s=100)
 
-            async def client() -> None:
+            async def through_websocket() -> RolloutResult:
                 async with OpenCodeEnv(url) as session:
-                    await session.run_rollout(demo_request(model.base_url, agent_timeout_s=100))
+                    result: RolloutResult = await session.run_rollout(request)
+                    return result
 
-            requests = [asyncio.ensure_future(client()) for _ in range(2)]
+            async def through_standard_mcp() -> RolloutResult:
+                async with SdkClient(f"{url}/mcp", mode="legacy") as client:
+                    answer = await client.call_tool("run_rollout", request.model_dump(mode="json"))
+                    return RolloutResult.model_validate(answer.structured_content)
+
+            calls = [asyncio.ensure_future(through_websocket()), asyncio.ensure_future(through_standard_mcp())]
             assert await wait_for(lambda: len(model.exchanges) >= 2, 90)
             assert len([p for p in sandboxes.iterdir() if p.name.startswith("opencode-env-")]) == 2
             server.send_signal(signal.SIGTERM)
+            results = await asyncio.wait_for(asyncio.gather(*calls), 60)
             exit_code = await asyncio.to_thread(server.wait, 60)
-            for request in requests:
-                request.cancel()
-            await asyncio.gather(*requests, return_exceptions=True)
     finally:
         if server.poll() is None:
             server.kill()
         log.close()
+    for result in results:
+        assert result.status == "cancelled"
+        assert result.error is not None
+        assert "shutting down" in result.error
+        assert result.failed_phase == "agent"
     # uvicorn finishes its shutdown, then re-raises the signal so the exit status tells how it ended.
     assert exit_code in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in (tmp_path / "server.log").read_text()

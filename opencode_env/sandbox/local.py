@@ -434,23 +434,34 @@ class LocalSandbox:
         await self._closer()
 
     async def _close(self) -> None:
+        """Each step runs whatever the one before it did: a sandbox is never left half-released."""
         try:
             for process in list(self._processes):
                 await process.kill()
             self._processes.clear()
             if self._egress is not None:
                 await self._egress.close()
-            if self._holder is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._holder.pid, signal.SIGKILL)
-                await self._holder.wait()
-            if self._cgroup is not None:
-                await asyncio.to_thread(self._cgroup.destroy)
-            await asyncio.to_thread(_remove_rollout, self.layout)
         finally:
-            self._lease.release()
-            if self.on_close is not None:
-                self.on_close(self)
+            try:
+                await self._stop_holder()
+            finally:
+                try:
+                    if self._cgroup is not None:
+                        await asyncio.to_thread(self._cgroup.destroy)
+                finally:
+                    try:
+                        await asyncio.to_thread(_remove_rollout, self.layout)
+                    finally:
+                        self._lease.release()
+                        if self.on_close is not None:
+                            self.on_close(self)
+
+    async def _stop_holder(self) -> None:
+        if self._holder is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._holder.pid, signal.SIGKILL)
+        await self._holder.wait()
 
 
 def _quote(path: str) -> str:

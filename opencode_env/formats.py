@@ -1,0 +1,184 @@
+"""The shapes trainers consume, built from rollouts: TRL GRPOTrainer rows and OpenEnv's HarnessRolloutResult.
+
+Pure: results in, rows out. Checked against trl 1.16.0 (PyPI), `trl/trainer/grpo_trainer.py`:
+- `rollout_func(prompts, trainer) -> dict` is called from `GRPOTrainer._generate` whenever it is set, with or
+  without vLLM (with vLLM the trainer only syncs weights first). Its `prompts` are the per-row prompts: the
+  RepeatSampler already repeats each prompt `num_generations` times in a row, and the dict must hold one row per
+  prompt it was given, in that order.
+- Required keys: `prompt_ids`, `completion_ids`, `logprobs` (lists per row, one logprob per completion id).
+  `env_mask` is read as the tool mask (1 model token, 0 environment token) when the trainer has no `tools` of
+  its own. Every other key is forwarded per row to the reward functions as a keyword argument.
+- Truncation is read from `completion_ids[-1]` not being EOS/pad, so a completion is never empty and the engine's
+  stop token stays last. A reward function that returns None for a row makes it unscorable: left out of the group
+  baseline, advantage 0.
+
+A failed rollout (an infrastructure status, no sequence, or no engine ids) is never dropped, since TRL needs
+`num_generations` rows per prompt: its row keeps whatever ids it has (or one filler token), its `env_mask` is all
+zeros so no token of it is trained on, `usable` is False and `reward` None, and `rollout_reward` returns None for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from opencode_env.models import RolloutResult, RolloutStatus, is_infrastructure_failure
+from opencode_env.training import TrainingSequence, TrainingSequences, training_sequences
+
+if TYPE_CHECKING:
+    from openenv.core.harness import HarnessRolloutResult
+
+
+class TrainingRow(BaseModel):
+    """One row of a trainer's batch (the JSONL line of `opencode-env export`)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]
+    reward: float | None
+    status: RolloutStatus
+    task_id: str
+    usable: bool
+    problem: str | None = Field(None, description="Why the row is unusable, or None.")
+    rollout_index: int = Field(description="Index of the rollout in the group it came from.")
+    sequence_index: int = Field(0, description="Index of the sequence within its rollout.")
+    turns: list[int] = Field(default_factory=list)
+    dropped_turns: list[int] = Field(
+        default_factory=list, description="Completed agent turns of the rollout that are not in this row."
+    )
+    forks: int = 0
+
+
+TRL_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")
+TRL_EXTRA_KEYS = ("reward", "status", "task_id", "usable", "problem", "dropped_turns", "forks", "rollout_index")
+
+
+def _row(
+    result: RolloutResult,
+    found: TrainingSequences,
+    sequence: TrainingSequence | None,
+    *,
+    rollout_index: int,
+    filler_token_id: int,
+) -> TrainingRow:
+    agent_turns = [t.turn for t in result.proxy_turns if t.kind == "agent" and t.outcome == "complete"]
+    common = {
+        "status": result.status,
+        "task_id": result.task_id,
+        "rollout_index": rollout_index,
+        "forks": len(found.forks),
+    }
+    if sequence is None:
+        first_prompt = next((t.prompt_token_ids for t in result.proxy_turns if t.prompt_token_ids), [])
+        return TrainingRow(
+            prompt_ids=list(first_prompt) or [filler_token_id],
+            completion_ids=[filler_token_id],
+            logprobs=[0.0],
+            env_mask=[0],
+            reward=None,
+            usable=False,
+            problem=found.no_sequences_reason or result.error or f"no sequence ({result.status})",
+            dropped_turns=agent_turns,
+            **common,
+        )
+    usable, covered = sequence.usable, set(sequence.turns)
+    return TrainingRow(
+        prompt_ids=sequence.prompt_ids,
+        completion_ids=sequence.completion_ids,
+        logprobs=sequence.logprobs,
+        env_mask=sequence.env_mask if usable else [0] * len(sequence.env_mask),
+        reward=sequence.reward if usable else None,
+        usable=usable,
+        problem=sequence.unusable_reason,
+        sequence_index=found.sequences.index(sequence),
+        turns=sequence.turns,
+        dropped_turns=[t for t in agent_turns if t not in covered],
+        **common,
+    )
+
+
+def training_rows(
+    results: Sequence[RolloutResult], *, every_sequence: bool = False, filler_token_id: int = 0
+) -> list[TrainingRow]:
+    """One row per rollout (its final sequence), or one per sequence when `every_sequence` (for offline use)."""
+    rows: list[TrainingRow] = []
+    for index, result in enumerate(results):
+        found = training_sequences(result)
+        if every_sequence and found.sequences:
+            rows += [
+                _row(result, found, s, rollout_index=index, filler_token_id=filler_token_id) for s in found.sequences
+            ]
+        else:
+            rows.append(_row(result, found, found.final(), rollout_index=index, filler_token_id=filler_token_id))
+    return rows
+
+
+def trl_batch(results: Sequence[RolloutResult], *, filler_token_id: int = 0) -> dict[str, list[Any]]:
+    """GRPOTrainer's rollout_func return value: one row per result, in order (see the module docstring)."""
+    rows = training_rows(results, filler_token_id=filler_token_id)
+    return {key: [getattr(row, key) for row in rows] for key in (*TRL_KEYS, *TRL_EXTRA_KEYS)}
+
+
+def rollout_reward(
+    completions: Sequence[Any], reward: Sequence[float | None], usable: Sequence[bool], **_: Any
+) -> list[float | None]:
+    """A TRL reward function: the environment's reward for a usable row, None (unscorable) otherwise."""
+    return [r if ok else None for r, ok in zip(reward, usable, strict=True)]
+
+
+def harness_result(result: RolloutResult) -> HarnessRolloutResult:
+    """The rollout as openenv-core's `openenv.core.harness.HarnessRolloutResult` (0.3.0).
+
+    Ids and logprobs are the final sequence's; its env_mask, the reward and the row's status go in `metrics`
+    (the dataclass has no mask field). `done` is True when the episode ran to an end (not an infrastructure failure).
+    """
+    from openenv.core.harness import HarnessRolloutResult, RolloutEvent, ToolResult, ToolTraceEntry
+
+    found = training_sequences(result)
+    row = _row(result, found, found.final(), rollout_index=0, filler_token_id=0)
+    has_sequence = found.final() is not None
+    messages: list[dict[str, Any]] = []
+    last_agent = next((i for i in reversed(range(len(result.proxy_turns))) if _is_agent(result, i)), None)
+    if last_agent is not None:
+        messages = [*result.turn_messages(last_agent), {"role": "assistant", **result.proxy_turns[last_agent].response}]
+    tool_trace = [
+        ToolTraceEntry(
+            tool_name=call.tool,
+            arguments={},
+            result=ToolResult(
+                data=call.title,
+                metadata={"status": call.status, "exit_code": call.exit_code},
+                error=None if call.status == "completed" else call.status,
+            ),
+        )
+        for call in result.tool_calls
+    ]
+    events = [RolloutEvent(type="fork", payload=fork.model_dump()) for fork in found.forks]
+    return HarnessRolloutResult(
+        messages=messages,
+        tool_trace=tool_trace,
+        events=events,
+        done=not is_infrastructure_failure(result.status),
+        metrics={
+            "env_reward": result.reward,
+            "reward_source": result.reward_source,
+            "status": result.status,
+            "task_id": result.task_id,
+            "usable": row.usable,
+            "problem": row.problem,
+            "env_mask": row.env_mask if has_sequence else [],
+            "forks": len(found.forks),
+            "dropped_turns": row.dropped_turns,
+        },
+        prompt_ids=row.prompt_ids if has_sequence else [],
+        completion_ids=row.completion_ids if has_sequence else [],
+        logprobs=row.logprobs if has_sequence else [],
+    )
+
+
+def _is_agent(result: RolloutResult, index: int) -> bool:
+    turn = result.proxy_turns[index]
+    return turn.kind == "agent" and turn.outcome == "complete"

@@ -1,0 +1,279 @@
+"""A rollout as training sequences: the engine's own token ids, an environment mask, and every fork recorded.
+
+Pure: reads a RolloutResult, runs nothing. The rule (the accepted multi-turn merge): a sequence starts with an
+agent turn's engine `prompt_token_ids`; each turn appends its completion (mask 1, its logprobs); when the next
+turn's prompt ids start with the sequence so far, the extra suffix (tool output, template tokens) is appended with
+mask 0 and logprob 0.0. When no open sequence is a prefix of the next prompt (template drift, compaction, a
+rewritten history), a new sequence starts and the fork is recorded. Text is never re-tokenized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from opencode_env.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, is_infrastructure_failure
+
+SequenceStart = Literal["first", "drift", "after_unusable_turn"]
+"""Why a sequence started: the rollout's first usable agent turn; a prompt that extends no open sequence (a fork
+is recorded); or the turn after an agent turn whose ids could not be used (its tokens would be masked as
+environment tokens otherwise, so the sequence is cut there rather than mislabelled)."""
+
+ForkCause = Literal["template_drift", "history_rewritten"]
+"""template_drift: the message history was append-only but the engine's prompt ids were not (a chat template that
+drops earlier reasoning, a re-rendering that changes tokens). history_rewritten: the messages themselves changed
+(OpenCode compacting the conversation, a sub-agent's own conversation, a truncated history)."""
+
+
+class TrainingSequence(BaseModel):
+    """One trainable sequence: `prompt_ids` then `completion_ids`, with a logprob and a mask per completion id.
+
+    `env_mask[i]` is 1 for a token the model generated (its logprob is the engine's) and 0 for a token the
+    environment inserted between turns (logprob 0.0). The last completion id is the last turn's last token as the
+    engine sent it (its stop token when it stopped), so a trainer reads truncation from it.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    env_mask: list[int] = Field(default_factory=list)
+    turns: list[int] = Field(default_factory=list, description="RolloutTurn.turn of each turn it covers, in order.")
+    started: SequenceStart = "first"
+    reward: float | None = None
+    status: RolloutStatus = "completed"
+    task_id: str = ""
+    usable: bool = True
+    unusable_reason: str | None = None
+
+
+class Fork(BaseModel):
+    """Where a turn's prompt left the sequence it shares the most with."""
+
+    turn: int = Field(description="RolloutTurn.turn of the turn whose prompt did not extend the sequence.")
+    sequence: int = Field(description="Index of the sequence it forked from.")
+    position: int = Field(description="First position (in prompt_ids + completion_ids) where they differ.")
+    sequence_id: int | None = Field(description="The sequence's id there (None: the prompt is longer).")
+    prompt_id: int | None = Field(description="The turn's prompt id there (None: the prompt is shorter).")
+    cause: ForkCause
+
+
+class SkippedTurn(BaseModel):
+    turn: int
+    reason: str
+
+
+class TrainingSequences(BaseModel):
+    sequences: list[TrainingSequence] = Field(default_factory=list)
+    forks: list[Fork] = Field(default_factory=list)
+    skipped: list[SkippedTurn] = Field(
+        default_factory=list, description="Agent turns in no sequence, with why (not auxiliary or sub-agent turns)."
+    )
+    no_sequences_reason: str | None = None
+
+    def final(self) -> TrainingSequence | None:
+        """The sequence that holds the rollout's last usable agent turn."""
+        if not self.sequences:
+            return None
+        return max(self.sequences, key=lambda sequence: sequence.turns[-1])
+
+
+class KindUsage(BaseModel):
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class TrainingSummary(BaseModel):
+    """What a user checks at a glance before training on a rollout."""
+
+    sequences: int
+    usable: bool
+    forks: list[Fork]
+    skipped: list[SkippedTurn]
+    no_sequences_reason: str | None
+    all_aligned: bool = Field(description="Every completed turn has len(ids) == len(logprobs) == completion tokens.")
+    misaligned_turns: list[int]
+    usage_by_kind: dict[TurnKind, KindUsage]
+
+    def text(self) -> str:
+        usage = "; ".join(
+            f"{kind} {u.calls} calls, {u.prompt_tokens} prompt + {u.completion_tokens} completion tokens"
+            for kind, u in self.usage_by_kind.items()
+        )
+        forks = ", ".join(f"turn {f.turn} at {f.position} ({f.cause})" for f in self.forks) or "none"
+        aligned = "yes" if self.all_aligned else f"no (turns {self.misaligned_turns})"
+        lines = [
+            f"sequences:  {self.sequences}" + ("" if self.usable else " (unusable)"),
+            f"forks:      {forks}",
+            f"aligned:    {aligned}",
+            f"usage:      {usage or 'no calls'}",
+        ]
+        if self.skipped:
+            lines.append("skipped:    " + ", ".join(f"turn {s.turn} ({s.reason})" for s in self.skipped))
+        if self.no_sequences_reason:
+            lines.append(f"no sequences: {self.no_sequences_reason}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Open:
+    index: int
+    ids: list[int]
+    prompt_length: int
+    last_position: int = 0
+
+
+def _unusable_ids(turn: RolloutTurn) -> str | None:
+    if not turn.prompt_token_ids:
+        return "no engine prompt ids"
+    if not turn.completion_token_ids:
+        return "no engine completion ids"
+    if len(turn.completion_token_ids) != len(turn.per_token_logps):
+        return f"{len(turn.completion_token_ids)} ids but {len(turn.per_token_logps)} logprobs"
+    if not turn.aligned:
+        return "ids, logprobs and the engine's completion token count disagree"
+    return None
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    low, high = 0, limit - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _cause(result: RolloutResult, earlier: int, later: int) -> ForkCause:
+    before, after = result.turn_messages(earlier), result.turn_messages(later)
+    return "template_drift" if after[: len(before)] == before else "history_rewritten"
+
+
+def _no_ids_reason(turns: list[RolloutTurn]) -> str:
+    sources = sorted({turn.token_id_source for turn in turns})
+    return (
+        f"none of the {len(turns)} completed agent turns carries engine token ids (token_id_source: "
+        f"{', '.join(sources)}); OpenAI and the Hugging Face router return none: train against a vllm endpoint"
+    )
+
+
+def training_sequences(result: RolloutResult) -> TrainingSequences:
+    """The rollout's agent turns as training sequences, with forks and skipped turns recorded."""
+    out = TrainingSequences()
+    positions = {turn.turn: index for index, turn in enumerate(result.proxy_turns)}
+    agent = [turn for turn in result.proxy_turns if turn.kind == "agent" and turn.outcome == "complete"]
+    if not agent:
+        out.no_sequences_reason = (
+            "no turns were captured (black_box mode)"
+            if not result.proxy_turns
+            else "no agent turn completed (only auxiliary, sub-agent or failed calls)"
+        )
+        return _mark(out, result)
+    if all(_unusable_ids(turn) for turn in agent):
+        out.no_sequences_reason = _no_ids_reason(agent)
+        out.skipped = [SkippedTurn(turn=turn.turn, reason=str(_unusable_ids(turn))) for turn in agent]
+        return _mark(out, result)
+    open_sequences: list[_Open] = []
+    after_gap = False
+    for turn in agent:
+        problem = _unusable_ids(turn)
+        if problem:
+            out.skipped.append(SkippedTurn(turn=turn.turn, reason=problem))
+            open_sequences, after_gap = [], True
+            continue
+        target = _extended(open_sequences, turn.prompt_token_ids)
+        if target is None:
+            start: SequenceStart = "after_unusable_turn" if after_gap else "first" if not out.sequences else "drift"
+            if start == "drift":
+                out.forks.append(_fork(result, out, open_sequences, turn, positions))
+            target = _Open(len(out.sequences), list(turn.prompt_token_ids), len(turn.prompt_token_ids))
+            out.sequences.append(TrainingSequence(prompt_ids=list(turn.prompt_token_ids), started=start))
+            open_sequences.append(target)
+        else:
+            suffix = turn.prompt_token_ids[len(target.ids) :]
+            sequence = out.sequences[target.index]
+            sequence.completion_ids.extend(suffix)
+            sequence.logprobs.extend([0.0] * len(suffix))
+            sequence.env_mask.extend([0] * len(suffix))
+            target.ids.extend(suffix)
+        after_gap = False
+        sequence = out.sequences[target.index]
+        sequence.completion_ids.extend(turn.completion_token_ids)
+        sequence.logprobs.extend(turn.per_token_logps)
+        sequence.env_mask.extend([1] * len(turn.completion_token_ids))
+        sequence.turns.append(turn.turn)
+        target.ids.extend(turn.completion_token_ids)
+        target.last_position = positions[turn.turn]
+        open_sequences.remove(target)
+        open_sequences.append(target)
+    return _mark(out, result)
+
+
+def _extended(open_sequences: list[_Open], prompt: list[int]) -> _Open | None:
+    """The most recently extended open sequence that the prompt starts with."""
+    for candidate in reversed(open_sequences):
+        if len(prompt) >= len(candidate.ids) and prompt[: len(candidate.ids)] == candidate.ids:
+            return candidate
+    return None
+
+
+def _fork(
+    result: RolloutResult,
+    out: TrainingSequences,
+    open_sequences: list[_Open],
+    turn: RolloutTurn,
+    positions: dict[int, int],
+) -> Fork:
+    prompt = turn.prompt_token_ids
+    nearest = max(reversed(open_sequences), key=lambda s: _first_difference(s.ids, prompt))
+    position = _first_difference(nearest.ids, prompt)
+    return Fork(
+        turn=turn.turn,
+        sequence=nearest.index,
+        position=position,
+        sequence_id=nearest.ids[position] if position < len(nearest.ids) else None,
+        prompt_id=prompt[position] if position < len(prompt) else None,
+        cause=_cause(result, nearest.last_position, positions[turn.turn]),
+    )
+
+
+def _mark(out: TrainingSequences, result: RolloutResult) -> TrainingSequences:
+    failed = is_infrastructure_failure(result.status)
+    for sequence in out.sequences:
+        sequence.reward, sequence.status, sequence.task_id = result.reward, result.status, result.task_id
+        if failed:
+            sequence.usable = False
+            sequence.unusable_reason = f"the rollout failed on our side ({result.status}: {result.error or ''})"[:500]
+    return out
+
+
+def training_summary(result: RolloutResult, sequences: TrainingSequences | None = None) -> TrainingSummary:
+    found = sequences if sequences is not None else training_sequences(result)
+    usage: dict[TurnKind, KindUsage] = {}
+    misaligned = []
+    for turn in result.proxy_turns:
+        if turn.outcome != "complete":
+            continue
+        if not turn.aligned:
+            misaligned.append(turn.turn)
+        kind = usage.setdefault(turn.kind, KindUsage())
+        kind.calls += 1
+        kind.prompt_tokens += turn.usage.get("prompt_tokens", 0)
+        kind.completion_tokens += turn.usage.get("completion_tokens", 0)
+    return TrainingSummary(
+        sequences=len(found.sequences),
+        usable=bool(found.sequences) and all(s.usable for s in found.sequences),
+        forks=found.forks,
+        skipped=found.skipped,
+        no_sequences_reason=found.no_sequences_reason,
+        all_aligned=not misaligned,
+        misaligned_turns=misaligned,
+        usage_by_kind=usage,
+    )

@@ -1,0 +1,86 @@
+"""The server's web page at /web: run one rollout from a form, follow its phases, open each result in the viewer.
+
+The page itself holds no data and is served without the token (a browser sends no bearer header on navigation);
+it asks for the token once, keeps it in sessionStorage, and sends it with every call to /web/api/*, which the
+server's bearer middleware guards like every other route.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import APIRouter, HTTPException, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from opencode_env.models import RolloutRequest, RolloutResult
+from opencode_env.viewer.page import asset, content_security_policy, html_document
+from opencode_env.viewer.runs import Runner, Runs, RunsFull, RunView
+
+WEB_PATH = "/web"
+WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
+"""The page and the redirect to it carry no data; the bearer middleware lets a browser reach them."""
+DEFAULT_KEEP = 20
+KEEP_VAR = "OPENCODE_ENV_WEB_RESULTS"
+
+
+def keep_from_env() -> int:
+    """How many runs the page keeps in memory: OPENCODE_ENV_WEB_RESULTS, default 20, at least 1."""
+    raw = os.environ.get(KEEP_VAR, "")
+    if not raw:
+        return DEFAULT_KEEP
+    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        raise ValueError(f"{KEEP_VAR} must be a whole number from 1 to 10000, got {raw[:40]!r}")
+    return int(raw)
+
+
+def web_page() -> str:
+    scripts, styles = [asset("viewer.js"), asset("web.js")], [asset("viewer.css"), asset("web.css")]
+    return html_document("opencode-env", asset("web.html"), scripts, styles, connect="'self'")
+
+
+def web_router(runner: Runner, *, keep: int | None = None) -> APIRouter:
+    """Routes under /web; `runner` runs one rollout (the server's, behind its concurrency cap)."""
+    return runs_router(Runs(runner, keep=keep_from_env() if keep is None else keep))
+
+
+def runs_router(store: Runs) -> APIRouter:
+    router = APIRouter()
+    page = web_page()
+    csp = content_security_policy(
+        [asset("viewer.js"), asset("web.js")], [asset("viewer.css"), asset("web.css")], "'self'"
+    )
+
+    @router.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(WEB_PATH)
+
+    @router.get(WEB_PATH, response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page, headers={"content-security-policy": csp, "cache-control": "no-store"})
+
+    @router.get(WEB_PATH + "/api/runs")
+    async def list_runs() -> list[RunView]:
+        return store.views()
+
+    @router.post(WEB_PATH + "/api/runs", status_code=202)
+    async def start_run(request: RolloutRequest) -> RunView:
+        try:
+            return store.start(request)
+        except RunsFull as full:
+            raise HTTPException(status_code=429, detail=str(full)) from full
+
+    @router.get(WEB_PATH + "/api/runs/{run_id}")
+    async def get_run(run_id: str) -> RunView:
+        view = store.view(run_id)
+        if view is None:
+            raise HTTPException(status_code=404, detail=f"no run {run_id[:40]!r} (only the last {store.keep} are kept)")
+        return view
+
+    @router.get(WEB_PATH + "/api/runs/{run_id}/result")
+    async def get_result(run_id: str) -> Response:
+        result: RolloutResult | None = store.result(run_id)
+        if result is None:
+            raise HTTPException(status_code=404, detail=f"run {run_id[:40]!r} has no result (unknown or not finished)")
+        return Response(result.model_dump_json(), media_type="application/json")
+
+    return router

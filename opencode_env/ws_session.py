@@ -1,0 +1,152 @@
+"""A session on an OpenEnv server's `/ws` WebSocket: reset, step, state, list_tools, call_tool.
+
+The same protocol as openenv-core's `MCPToolClient`, spoken with `websockets` alone: importing openenv-core's client
+loads its server side too (FastAPI, FastMCP, Gradio, pandas: seconds), which a client has no use for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error (a tool's failure, a bad action, a full server)."""
+
+
+def websocket_url(base_url: str) -> str:
+    parts = urlsplit(base_url.rstrip("/"))
+    scheme = {"https": "wss", "http": "ws"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, f"{parts.path}/ws", "", ""))
+
+
+class OpenEnvSession:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str = "",
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = 60.0,
+        max_message_size_mb: float = 100.0,
+    ) -> None:
+        self.base_url = base_url
+        self._ws_url = websocket_url(base_url)
+        self._token = token
+        self._connect_timeout = connect_timeout_s
+        self._message_timeout = message_timeout_s
+        self._max_message_size = int(max_message_size_mb * 1024 * 1024)
+        self._ws: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+
+    async def connect(self) -> OpenEnvSession:
+        """Open the WebSocket, sending the bearer token when there is one."""
+        if self._ws is not None:
+            return self
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            self._ws = await ws_connect(
+                self._ws_url,
+                open_timeout=self._connect_timeout,
+                max_size=self._max_message_size,
+                additional_headers=headers,
+                # A proxy from the environment is never used to reach this machine.
+                proxy=None if urlsplit(self._ws_url).hostname in LOCAL_HOSTS else True,
+            )
+        except InvalidStatus as refused:
+            raise ConnectionError(f"{self._ws_url} refused the connection: {refusal_reason(refused)}") from refused
+        except (OSError, InvalidHandshake, TimeoutError) as error:
+            raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
+        return self
+
+    async def close(self) -> None:
+        if self._ws is None:
+            return
+        ws, self._ws = self._ws, None
+        # Saying "close" lets the server free the session at once; a server already gone needs no goodbye.
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps({"type": "close"}))
+        await ws.close()
+
+    disconnect = close
+
+    async def __aenter__(self) -> OpenEnvSession:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _exchange(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self.connect()
+        assert self._ws is not None
+        async with self._lock:
+            await self._ws.send(json.dumps(message))
+            try:
+                raw = await asyncio.wait_for(self._ws.recv(), timeout=self._message_timeout)
+            except ConnectionClosed as closed:
+                raise ConnectionError(f"the server closed the session: {closed}") from closed
+        response: dict[str, Any] = json.loads(raw)
+        if response.get("type") == "error":
+            error = response.get("data") or {}
+            raise ServerError(f"Server error: {error.get('message', 'unknown')} (code: {error.get('code', '-')})")
+        data: dict[str, Any] = response.get("data") or {}
+        return data
+
+    async def reset(self, **kwargs: Any) -> dict[str, Any]:
+        return await self._exchange({"type": "reset", "data": kwargs})
+
+    async def step(self, action: dict[str, Any]) -> dict[str, Any]:
+        return await self._exchange({"type": "step", "data": action})
+
+    async def state(self) -> dict[str, Any]:
+        return await self._exchange({"type": "state"})
+
+    async def list_tools(self) -> list[Tool]:
+        observation = (await self.step({"type": "list_tools"})).get("observation") or {}
+        return [
+            Tool(
+                name=tool.get("name", ""),
+                description=tool.get("description") or "",
+                input_schema=tool.get("input_schema") or tool.get("inputSchema") or {},
+            )
+            for tool in observation.get("tools", [])
+        ]
+
+    async def call_tool(self, name: str, **arguments: Any) -> Any:
+        """The tool's data (what its return value serialized to); a tool's failure raises ServerError."""
+        payload = await self.step({"type": "call_tool", "tool_name": name, "arguments": arguments})
+        observation = payload.get("observation") or {}
+        error = observation.get("error")
+        if error:
+            raise ServerError(f"Tool '{name}' failed: {error.get('message', error)}")
+        result = observation.get("result")
+        if isinstance(result, dict) and "data" in result:
+            return result["data"]
+        return result
+
+
+def refusal_reason(refused: InvalidStatus) -> str:
+    """The server's own explanation, from the body of its refusal, else the HTTP status."""
+    response = refused.response
+    try:
+        reason = json.loads(response.body or b"{}").get("error")
+    except (ValueError, AttributeError):
+        reason = None
+    return str(reason) if reason else f"HTTP {response.status_code}"

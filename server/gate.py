@@ -1,0 +1,70 @@
+"""The ASGI middleware that applies the access policy and tells a refused client why, in the form its client shows.
+
+MCP clients show a JSON-RPC error's message (not an HTTP status), WebSocket clients can read the body of a denial
+response; everyone else gets `{"error": reason}`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.auth import OPEN_PATHS, AccessPolicy, Refusal
+
+MCP_PATHS = frozenset({"/mcp", "/mcp/", "/mcp/stream", "/mcp/stream/"})
+DENIAL_EXTENSION = "websocket.http.response"
+UNAUTHORIZED_JSONRPC_CODE = -32001
+
+
+class AccessGate:
+    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        refusal = self.policy.check(list(scope.get("headers") or []), client[0] if client else None)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await _refuse_websocket(scope, receive, send, refusal)
+        else:
+            await _refuse_http(scope, send, refusal)
+
+
+def refusal_body(path: str, refusal: Refusal) -> bytes:
+    if path in MCP_PATHS:
+        error = {"code": UNAUTHORIZED_JSONRPC_CODE, "message": refusal.reason}
+        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    return json.dumps({"error": refusal.reason}).encode()
+
+
+def _headers(refusal: Refusal, body: bytes) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if refusal.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    return headers
+
+
+async def _refuse_http(scope: Scope, send: Send, refusal: Refusal) -> None:
+    body = refusal_body(scope["path"], refusal)
+    await send({"type": "http.response.start", "status": refusal.status, "headers": _headers(refusal, body)})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
+    await receive()
+    if DENIAL_EXTENSION in (scope.get("extensions") or {}):
+        body = json.dumps({"error": refusal.reason}).encode()
+        start = {"type": "websocket.http.response.start", "status": refusal.status, "headers": _headers(refusal, body)}
+        await send(start)
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    # WebSocket close reasons are limited to 123 bytes.
+    await send(
+        {"type": "websocket.close", "code": 1008, "reason": refusal.reason.encode()[:123].decode(errors="ignore")}
+    )

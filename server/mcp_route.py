@@ -1,0 +1,95 @@
+"""`/mcp` for every client: the standard streamable-HTTP MCP transport, and OpenEnv's JSON-RPC shim beside it.
+
+Standard clients (MCP Inspector, Claude, Cursor, the SDKs) accept SSE on every POST (the transport requires it) and
+send their session id or protocol version once negotiated. OpenEnv's clients POST plain JSON-RPC (`tools/list`,
+`tools/call`, `openenv/session/*`) with none of that. So only such a plain POST goes to OpenEnv's shim; everything
+else (initialize, server/discover, session traffic, GET streams, DELETE, batches) goes to the standard transport,
+with sessions (so that a cancel reaches the caller's own call), except a sessionless one-shot call of the
+pre-2026 protocol (curl, scripts), which a stateless instance of the same transport serves.
+The WebSocket at `/mcp` stays OpenEnv's. `/mcp/stream` is an alias of the standard transport.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+STANDARD_PATH = "/mcp"
+STANDARD_ALIASES = ("/mcp/stream",)
+MODERN_META_KEY = "io.modelcontextprotocol/protocolVersion"
+SHIM_METHODS = frozenset({"tools/list", "tools/call"})
+
+
+Route = Literal["openenv", "stateless", "standard"]
+
+
+def route_post(headers: list[tuple[bytes, bytes]], body: bytes) -> Route:
+    """Where a POST to /mcp goes: OpenEnv's shim, a one-shot stateless call, or the standard transport's sessions."""
+    names = {name.lower(): value for name, value in headers}
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return "standard"
+    method = message.get("method") if isinstance(message, dict) else None
+    if not isinstance(method, str) or method == "initialize" or b"mcp-session-id" in names:
+        return "standard"
+    streamable = b"mcp-protocol-version" in names or b"text/event-stream" in names.get(b"accept", b"").lower()
+    if not streamable:
+        return "openenv" if method in SHIM_METHODS or method.startswith("openenv/") else "standard"
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    # A request of the sessionless protocol era names its version in _meta; the session manager serves those.
+    if isinstance(meta, dict) and MODERN_META_KEY in meta:
+        return "standard"
+    # A one-shot call without a session (curl, scripts): served statelessly, as before sessions existed.
+    return "stateless"
+
+
+class McpRouter:
+    def __init__(self, app: ASGIApp, standard: ASGIApp, stateless: ASGIApp) -> None:
+        self.app = app
+        self.standard = standard
+        self.stateless = stateless
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path.rstrip("/") not in (STANDARD_PATH, *STANDARD_ALIASES):
+            await self.app(scope, receive, send)
+            return
+        standard_scope = {**scope, "path": STANDARD_PATH, "raw_path": STANDARD_PATH.encode()}
+        if scope["method"] != "POST":
+            await self.standard(standard_scope, receive, send)
+            return
+        body, replay = await _buffered(receive)
+        route = route_post(list(scope.get("headers") or []), body)
+        if route == "openenv" and path.rstrip("/") == STANDARD_PATH:
+            await self.app(standard_scope, replay, send)
+        elif route == "stateless":
+            await self.stateless(standard_scope, replay, send)
+        else:
+            await self.standard(standard_scope, replay, send)
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The whole request body, and a `receive` that hands it out again before passing on what follows."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"", _replaying([message], receive)
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    return body, _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+
+def _replaying(pending: list[Message], receive: Receive) -> Receive:
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay

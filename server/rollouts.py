@@ -1,0 +1,143 @@
+"""The rollouts this server runs: one concurrency cap over every transport, cancellation, and shutdown.
+
+Every transport (`/mcp`, `/mcp/stream`, `/ws`, `/step`, stdio) reaches the pipeline through `Rollouts.run`, so the
+cap (MAX_CONCURRENT_ENVS) holds whichever way a call arrives; a call beyond the cap waits for a slot, and the wait
+counts against its own deadline. Each rollout runs in a task of its own, so that:
+- a caller's cancellation (`notifications/cancelled`, a closed connection) cancels it and returns only once its
+  sandbox is closed;
+- at shutdown the server cancels it and still answers the caller, with the partial result (status `cancelled`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from opencode_env.deadline import total_budget_s
+from opencode_env.models import Phase, RolloutRequest, RolloutResult
+from opencode_env.rollout import run_rollout
+from opencode_env.sandbox.base import SandboxBackend
+
+log = logging.getLogger("opencode_env.server")
+Progress = Callable[[Phase, str], Awaitable[None]]
+CANCEL_GRACE_S = 30.0
+SHUTDOWN_MESSAGE = "the server is shutting down: the rollout was cancelled"
+
+
+class Rollouts:
+    def __init__(self, backend: SandboxBackend, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"MAX_CONCURRENT_ENVS must be at least 1, got {limit}")
+        self.backend = backend
+        self.limit = limit
+        self._slots = asyncio.Semaphore(limit)
+        self._running: set[asyncio.Task[RolloutResult]] = set()
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._stopping = asyncio.Event()
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    async def run(self, request: RolloutRequest, progress: Progress | None = None) -> RolloutResult:
+        """Run one rollout within the cap; cancelling the caller cancels it and waits for its sandbox to close."""
+        tracker = _PhaseTracker(progress)
+        started = time.monotonic()
+        if self._stopping.is_set():
+            return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
+        rollout = asyncio.ensure_future(self._within_cap(request, tracker))
+        self._running.add(rollout)
+        rollout.add_done_callback(self._running.discard)
+        call = asyncio.current_task()
+        if call is not None:
+            self._calls.add(call)
+        try:
+            return await asyncio.shield(rollout)
+        except asyncio.CancelledError:
+            if call is not None and call.cancelling():
+                await self._stop(rollout, request)
+                raise
+            if not (rollout.cancelled() and self._stopping.is_set()):
+                raise
+            log.info("rollout %s cancelled at shutdown in phase %s", request.task_id or "-", tracker.phase or "-")
+            return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
+        finally:
+            if call is not None:
+                self._calls.discard(call)
+
+    async def _within_cap(self, request: RolloutRequest, tracker: _PhaseTracker) -> RolloutResult:
+        started = time.monotonic()
+        budget = total_budget_s(request)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), timeout=budget)
+        except TimeoutError:
+            message = f"no rollout slot freed within the deadline ({self.limit} rollouts run at once on this server)"
+            return _failed(request, self.backend.name, started, "timeout", message)
+        try:
+            waited = time.monotonic() - started
+            if waited >= 0.5:
+                log.info("rollout %s waited %.1fs for a slot", request.task_id or "-", waited)
+                request = request.model_copy(update={"total_timeout_s": max(1.0, budget - waited)})
+            return await run_rollout(request, self.backend, progress=tracker)
+        finally:
+            self._slots.release()
+
+    async def _stop(self, rollout: asyncio.Task[RolloutResult], request: RolloutRequest) -> None:
+        """Cancel the rollout and wait (as long as the caller's own cancellation lets us) for its sandbox to close."""
+        label = request.task_id or "-"
+        log.info("rollout %s cancelled by its caller; closing its sandbox", label)
+        rollout.add_done_callback(
+            lambda _: log.info("rollout %s cancelled by its caller: its sandbox is closed", label)
+        )
+        rollout.cancel()
+        await asyncio.wait({rollout}, timeout=CANCEL_GRACE_S)
+
+    async def shut_down(self, timeout_s: float = CANCEL_GRACE_S) -> None:
+        """Cancel every rollout and wait until each caller has its partial result (or the timeout passes)."""
+        self._stopping.set()
+        rollouts, calls = list(self._running), list(self._calls)
+        if rollouts:
+            log.info("shutting down: cancelling %d rollout(s) in flight", len(rollouts))
+        for rollout in rollouts:
+            rollout.cancel()
+        if calls:
+            await asyncio.wait(calls, timeout=timeout_s)
+
+
+class _PhaseTracker:
+    """Passes progress on, and remembers the phase reached, for the result of a rollout cut short."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self._progress = progress
+        self.phase: Phase | None = None
+
+    async def __call__(self, phase: Phase, message: str) -> None:
+        self.phase = phase
+        if self._progress is not None:
+            await self._progress(phase, message)
+
+
+def _failed(request: RolloutRequest, backend: str, started: float, status: Any, message: str) -> RolloutResult:
+    return RolloutResult(
+        task_id=request.task_id,
+        mode=request.mode,
+        backend=backend,
+        status=status,
+        error=message,
+        wall_s=round(time.monotonic() - started, 4),
+    )
+
+
+def _cancelled(
+    request: RolloutRequest, backend: str, phase: Phase | None, started: float, message: str
+) -> RolloutResult:
+    result = _failed(request, backend, started, "cancelled", message)
+    result.failed_phase = phase
+    return result

@@ -1,0 +1,70 @@
+"""A real server on loopback whose sandboxes only sleep (the stub backend), counting how many are open at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.testing.stub_backend import StubBackend, StubSandbox
+from opencode_env.testing.threaded_server import ThreadedServer
+from server.app import build_app
+from server.environment import configure
+
+
+class CountingBackend(StubBackend):
+    """The stub backend, remembering the most sandboxes it ever had open at once."""
+
+    def __init__(self, *, command_s: float) -> None:
+        super().__init__(command_s=command_s)
+        self.peak = 0
+        self.created = 0
+
+    async def create(self, spec: SandboxSpec) -> StubSandbox:
+        sandbox = await super().create(spec)
+        self.created += 1
+        self.peak = max(self.peak, len(self.alive))
+        return sandbox
+
+
+@dataclass
+class StubServer:
+    url: str
+    backend: CountingBackend
+
+
+@contextmanager
+def stub_server(*, command_s: float, max_rollouts: int = 4, token: str | None = "") -> Iterator[StubServer]:
+    backend = CountingBackend(command_s=command_s)
+    configure(backend, max_rollouts=max_rollouts)
+    server = ThreadedServer(build_app(token=token))
+    server.start()
+    try:
+        yield StubServer(server.url, backend)
+    finally:
+        server.stop()
+
+
+def stub_arguments(task_id: str = "") -> dict[str, Any]:
+    """A request the stub runs: one setup command (which sleeps), then an agent that exits without a model."""
+    return {
+        "instruction": "x",
+        "base_url": "http://127.0.0.1:9/v1",
+        "model": "m",
+        "mode": "black_box",
+        "setup": ["sleep"],
+        "task_id": task_id,
+    }
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()

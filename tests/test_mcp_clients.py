@@ -1,0 +1,125 @@
+"""`/mcp` serves every client nobody here wrote: the official MCP SDK (both handshakes), fastmcp, OpenEnv's
+MCPToolClient (WebSocket and its HTTP JSON-RPC), curl-style plain JSON-RPC, and MCP Inspector's CLI (from npm)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastmcp import Client as FastMCPClient
+from mcp.client.client import Client as SdkClient
+from openenv.core.mcp_client import MCPToolClient
+
+from opencode_env.models import RolloutResult
+from opencode_env.version import VERSION
+from tests.stub_server import StubServer, stub_arguments, stub_server
+
+INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@0.15.0"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[StubServer]:
+    with stub_server(command_s=0.05) as running:
+        yield running
+
+
+def assert_stub_result(data: Any) -> None:
+    result = RolloutResult.model_validate(data)
+    # The stub's agent exits without calling a model, which the pipeline rightly reports as agent_error.
+    assert (result.backend, result.status) == ("stub", "agent_error")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("path", ["/mcp", "/mcp/stream"])
+async def test_the_official_sdk_initializes_lists_and_calls(server: StubServer, mode: str, path: str) -> None:
+    async with SdkClient(f"{server.url}{path}", mode=mode) as client:
+        assert client.server_info is not None
+        assert (client.server_info.name, client.server_info.version) == ("opencode_env", VERSION)
+        tools = (await client.list_tools()).tools
+        assert [tool.name for tool in tools] == ["run_rollout"]
+        answer = await client.call_tool("run_rollout", stub_arguments())
+    assert_stub_result(answer.structured_content)
+
+
+async def test_fastmcp_over_http_at_mcp(server: StubServer) -> None:
+    async with FastMCPClient(f"{server.url}/mcp") as client:
+        assert client.server_info is not None
+        assert client.server_info.version == VERSION
+        answer = await client.call_tool("run_rollout", stub_arguments())
+    assert_stub_result(answer.structured_content)
+
+
+async def test_the_output_schema_is_titled_and_every_field_described(server: StubServer) -> None:
+    async with FastMCPClient(f"{server.url}/mcp") as client:
+        (tool,) = await client.list_tools()
+    schema = tool.output_schema
+    assert schema is not None
+    assert schema["title"] == "RolloutResult"
+    undescribed = [name for name, field in schema["properties"].items() if not field.get("description")]
+    assert undescribed == []
+
+
+async def test_openenv_clients_keep_working_at_mcp(server: StubServer) -> None:
+    async with MCPToolClient(base_url=server.url) as env:
+        assert [tool.name for tool in await env.list_tools()] == ["run_rollout"]
+    production = MCPToolClient(base_url=server.url)
+    production.use_production_mode = True
+    async with production:
+        assert [tool.name for tool in await production.list_tools()] == ["run_rollout"]
+    plain = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    plain["params"] = {"name": "run_rollout", "arguments": stub_arguments()}
+    async with httpx.AsyncClient(timeout=60) as http:
+        answer = (await http.post(f"{server.url}/mcp", json=plain)).json()
+    assert_stub_result(answer["result"]["structured_content"])
+
+
+async def test_a_one_shot_call_without_a_session_is_served_by_the_standard_transport(server: StubServer) -> None:
+    """curl and scripts: one tools/call with the streamable-HTTP headers, no initialize, no session."""
+    message = {"jsonrpc": "2.0", "id": 5, "method": "tools/call"}
+    message["params"] = {"name": "run_rollout", "arguments": stub_arguments("curl")}
+    headers = {"accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for path in ("/mcp", "/mcp/stream"):
+            response = await http.post(f"{server.url}{path}", json=message, headers=headers)
+            assert response.headers["content-type"].startswith("text/event-stream")
+            data = next(line[5:] for line in response.text.split("\n") if line.startswith("data:"))
+            answer = json.loads(data)
+            assert answer["id"] == 5
+            assert_stub_result(answer["result"]["structuredContent"])
+
+
+def test_metadata_names_the_version_backend_and_access(server: StubServer) -> None:
+    metadata = httpx.get(f"{server.url}/metadata").json()
+    assert metadata["version"] == VERSION
+    assert (metadata["backend"], metadata["access"], metadata["max_concurrent_rollouts"]) == (
+        "stub",
+        "loopback_only",
+        4,
+    )
+
+
+@pytest.mark.skipif(shutil.which("npx") is None, reason="needs Node's npx")
+@pytest.mark.timeout(600)
+def test_mcp_inspector_cli_lists_and_calls_the_tool(server: StubServer) -> None:
+    def inspector(*arguments: str) -> Any:
+        completed = subprocess.run(
+            ["npx", "-y", INSPECTOR_PACKAGE, "--cli", f"{server.url}/mcp", "--transport", "http", *arguments],
+            capture_output=True,
+            text=True,
+            timeout=540,
+            check=False,
+        )
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        return json.loads(completed.stdout)
+
+    listed = inspector("--method", "tools/list")
+    assert [tool["name"] for tool in listed["tools"]] == ["run_rollout"]
+    fields = stub_arguments("inspector")
+    tool_arguments = [f"--tool-arg={name}={value}" for name, value in fields.items() if name != "setup"]
+    called = inspector("--method", "tools/call", "--tool-name", "run_rollout", *tool_arguments)
+    assert_stub_result(called["structuredContent"])
