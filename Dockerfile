@@ -1,27 +1,49 @@
-# The Hugging Face Space image: serves the MCP tool on port 8000 as a non-root user.
-FROM python:3.11-slim
+# The Hugging Face Space image (the server on port 8000), and the image of Hugging Face sandboxes
+# (hf.co/spaces/<owner>/<space>): OpenCode's single binary and the capture proxy's packages, root-owned.
+# Node and npm are not needed: OpenCode is a self-contained binary, fetched from the npm registry at build time by
+# the same script the hf backend runs in a sandbox whose image lacks it (opencode_env/sandbox/hf_shell.py).
+ARG BASE=python:3.11-slim-trixie
 
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1
+FROM ${BASE} AS build
+ARG UV_VERSION=0.13.9
+ENV UV_LINK_MODE=copy UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=/opt/app/.venv
+# A build behind a TLS-intercepting proxy passes its CA bundle as the build secret `ca` (./dev image does); it is
+# used by the downloads below and never stored in a layer.
+ENV TRUST='if [ -f /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca; fi'
+RUN --mount=type=secret,id=ca eval "$TRUST" \
+    && python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir --quiet "uv==${UV_VERSION}"
+WORKDIR /opt/app
+COPY pyproject.toml uv.lock README.md ./
+RUN --mount=type=secret,id=ca eval "$TRUST" && /opt/uv/bin/uv sync --frozen --no-dev --no-install-project
+COPY opencode_env opencode_env
+COPY server server
+COPY openenv.yaml ./
+# Bytecode only for the modules the server and the proxy import (compiling every package would add ~150 MB).
+RUN --mount=type=secret,id=ca eval "$TRUST" \
+    && /opt/uv/bin/uv sync --frozen --no-dev --no-editable \
+    && /opt/app/.venv/bin/python -m opencode_env.sandbox.hf_shell install-opencode /opt/opencode-env | sh -e \
+    && version=$(/opt/app/.venv/bin/python -c "from opencode_env.opencode import OPENCODE_VERSION; print(OPENCODE_VERSION)") \
+    && cache=/opt/opencode-env/cache/opencode-$version \
+    && mkdir -p $cache/node_modules/.bin \
+    && ln -s /opt/opencode-env/opencode-$version/package/bin/opencode $cache/node_modules/.bin/opencode \
+    && echo $version > $cache/.complete \
+    && (cd / && /opt/app/.venv/bin/python -c "import server.app, opencode_env.proxy.app") \
+    && chmod -R go-w,a+rX /opt/app /opt/opencode-env
+
+FROM ${BASE}
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap nodejs npm ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
-    && pip install --no-cache-dir uv \
-    && useradd --create-home --uid 1000 user
-
-USER user
-ENV HOME=/home/user \
-    PATH=/home/user/app/.venv/bin:$PATH \
-    OPENCODE_ENV_CACHE=/home/user/.cache/opencode-env \
-    HOST=0.0.0.0 PORT=8000
-WORKDIR /home/user/app
-
-COPY --chown=user pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --no-dev --no-install-project
-COPY --chown=user opencode_env opencode_env
-COPY --chown=user server server
-COPY --chown=user openenv.yaml ./
-# The pinned OpenCode is installed at build time, so no rollout waits for it.
-RUN uv sync --frozen --no-dev && opencode-env install
+    && apt-get install -y --no-install-recommends bubblewrap git ripgrep ca-certificates \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /usr/share/doc/* /usr/share/man/* \
+    && (id -u user >/dev/null 2>&1 || useradd --create-home --uid 1000 --shell /bin/bash user)
+COPY --from=build /opt/app /opt/app
+COPY --from=build /opt/opencode-env /opt/opencode-env
+# No USER: a Space runs the container as uid 1000 (`user`) anyway, and as the image of Hugging Face sandboxes its
+# sandbox server must start as root (opencode-env then runs task commands as `user` and its proxy as root).
+ENV PATH=/opt/app/.venv/bin:/opt/opencode-env/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    OPENCODE_ENV_CACHE=/opt/opencode-env/cache \
+    HOME=/home/user HOST=0.0.0.0 PORT=8000
+WORKDIR /home/user
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \

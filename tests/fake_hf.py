@@ -53,6 +53,8 @@ class FakeHfCloud:
     base_dir: Path | None = None
     token: str = "hf_fake_token"
     images: dict[str, bool] = field(default_factory=lambda: {"opencode-env": True, "python:3.12": False})
+    user_images: set[str] = field(default_factory=set)
+    """Images that set USER: their sandbox server, and every command it runs, is not root."""
     max_jobs: int = 20
     unreachable: bool = False
     payment_required: bool = False
@@ -135,9 +137,10 @@ class FakeSandbox:
     cloud: ClassVar[FakeHfCloud]
     _ids = itertools.count(1)
 
-    def __init__(self, sandbox_id: str, local: LocalSandbox) -> None:
+    def __init__(self, sandbox_id: str, local: LocalSandbox, image_env: dict[str, str]) -> None:
         self.id = sandbox_id
         self._local = local
+        self._image_env = image_env
         self._killed = False
         self._background: dict[str, LocalProcess] = {}
         self._commands: dict[str, str | list[str]] = {}
@@ -180,7 +183,7 @@ class FakeSandbox:
         if cloud.create_delay_s:
             time.sleep(cloud.create_delay_s)
         local = cloud.remote(cloud.local_sandbox(with_opencode=cloud.images[image]))
-        box = cls(job_id, local)
+        box = cls(job_id, local, {"FAKE_HF_RUN_AS": "user"} if image in cloud.user_images else {})
         cloud.alive[job_id] = box
         cloud.jobs[job_id] = JobInfo(
             id=job_id,
@@ -225,7 +228,7 @@ class FakeSandbox:
     ) -> Any:
         self._require_alive()
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
-        environment = {key: str(value) for key, value in (env or {}).items()}
+        environment = {**self._image_env, **{key: str(value) for key, value in (env or {}).items()}}
         if background:
             process = self.cloud.remote(self._local.spawn(command, env=environment, cwd=cwd or "/"))
             process_id = uuid.uuid4().hex

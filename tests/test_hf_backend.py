@@ -17,7 +17,7 @@ from huggingface_hub._sandbox import SandboxFiles, SandboxProcess
 
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import resolve_backend_name
-from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.hf import HFBackend, HFSandbox, default_image, reap
 from opencode_env.sandbox.hf_shell import parse_listing, parse_probe
 from opencode_env.testing.demo import demo_request
@@ -153,6 +153,22 @@ async def test_each_creation_failure_is_one_clear_fast_error(
     print(f"{expected!r}: failed in {elapsed * 1000:.0f} ms")
 
 
+async def test_an_image_whose_server_is_not_root_is_refused_with_the_reason(
+    sandbox_base: Path, hf_no_leaks: None
+) -> None:
+    cloud = FakeHfCloud(base_dir=sandbox_base, images={"with-user": True}, user_images={"with-user"})
+    backend = HFBackend(sandbox_class=cloud.sandbox_class(), token=cloud.token, image="with-user")
+    with pytest.raises(SandboxError, match="not root: use an image without USER"):
+        await backend.create(SandboxSpec())
+    assert cloud.alive == {}
+
+
+def test_a_bad_cap_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENCODE_ENV_HF_MAX_SANDBOXES", "0")
+    with pytest.raises(ValueError, match="OPENCODE_ENV_HF_MAX_SANDBOXES must be a positive integer"):
+        HFBackend(token="t")
+
+
 async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Path, hf_no_leaks: None) -> None:
     cloud = FakeHfCloud(base_dir=sandbox_base, create_delay_s=1.0)
     backend = HFBackend(
@@ -185,7 +201,7 @@ async def test_sandboxes_over_the_cap_wait_their_turn(hf_cloud: FakeHfCloud, hf_
     assert not second.done()
     assert len(hf_cloud.alive) == 1
     await first.close()
-    await (await asyncio.wait_for(second, timeout=30)).close()
+    await (await asyncio.wait_for(second, timeout=120)).close()
 
 
 async def test_reap_kills_tagged_sandboxes_left_behind(

@@ -23,14 +23,10 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-import httpx2
-from huggingface_hub import HfApi, Sandbox, get_token
-from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.errors import SandboxError as HfSandboxError
+from huggingface_hub import Sandbox, get_token
 
 from opencode_env.models import CommandResult
 from opencode_env.sandbox import hf_shell
@@ -48,25 +44,29 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.e2b_proxy import RootProxy, start_root_proxy
+from opencode_env.sandbox.hf_sdk import (
+    CALL_TIMEOUT_S,
+    MAX_SANDBOXES_VAR,
+    NAMESPACE_VAR,
+    TAG,
+    Calls,
+    reap,
+    sdk_error,
+)
 from opencode_env.sandbox.output import BoundedOutput
 
 log = logging.getLogger("opencode_env.hf")
-T = TypeVar("T")
 IMAGE_VAR = "OPENCODE_ENV_HF_IMAGE"
 FLAVOR_VAR = "OPENCODE_ENV_HF_FLAVOR"
-NAMESPACE_VAR = "OPENCODE_ENV_HF_NAMESPACE"
-MAX_SANDBOXES_VAR = "OPENCODE_ENV_HF_MAX_SANDBOXES"
 FALLBACK_IMAGE = "python:3.12"
 DEFAULT_MAX_SANDBOXES = 20
 CREATE_STAGGER_S = 0.25
 START_TIMEOUT_S = 180.0
 LIFETIME_MARGIN_S = 300
-CALL_TIMEOUT_S = 60.0
 CALL_GRACE_S = 30.0
 KILL_TIMEOUT_S = 30.0
 PREPARE_TIMEOUT_S = 120.0
 INSTALL_TIMEOUT_S = 600.0
-TAG = "opencode-env"
 TRANSIENT_POLL_FAILURES = 3
 ENFORCEMENT = {
     "isolation": "Hugging Face Job (a dedicated VM); task commands as user (setpriv, no capabilities, "
@@ -74,6 +74,7 @@ ENFORCEMENT = {
     "network": "the Job's own: the internet, unfiltered",
     "limits": "the Job's hardware flavor, not the per-rollout limits",
 }
+__all__ = ["HFBackend", "HFProcess", "HFSandbox", "default_image", "reap"]
 
 
 def default_image() -> str:
@@ -88,62 +89,6 @@ def default_image() -> str:
 
 def label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63] or "-"
-
-
-def sdk_error(error: BaseException, action: str, image: str = "") -> SandboxError:
-    """One clear message for every way an SDK call fails."""
-    status = getattr(error, "status_code", None)
-    if status is None and isinstance(error, HfHubHTTPError) and error.response is not None:
-        status = error.response.status_code
-    if isinstance(error, HfSandboxError) and "token is required" in str(error):
-        return SandboxError("HF_TOKEN is not set: the hf backend creates sandboxes with a Hugging Face token")
-    if status == 401:
-        return SandboxError(f"Hugging Face rejected the token while trying to {action}: check HF_TOKEN")
-    if status == 402:
-        return SandboxError(
-            f"Hugging Face Jobs refused to {action} (HTTP 402): the account or namespace needs credits or a "
-            "payment method for Jobs"
-        )
-    if status == 403:
-        return SandboxError(
-            f"Hugging Face refused to {action} (HTTP 403): the token needs permission to run Jobs in "
-            f"its namespace (set {NAMESPACE_VAR} for an organization)"
-        )
-    if status == 429:
-        return SandboxError(f"Hugging Face rate limit while trying to {action}; lower {MAX_SANDBOXES_VAR} or retry")
-    if isinstance(error, HfSandboxError) and ("did not become ready" in str(error) or "during startup" in str(error)):
-        return SandboxError(
-            f"the HF sandbox (image {image!r}) did not start: {error}. The image needs /bin/sh and sha256sum "
-            "(curl or wget make the start faster)"
-        )
-    if isinstance(error, (httpx2.TransportError, OSError)) and not isinstance(error, HfHubHTTPError):
-        return SandboxError(f"Hugging Face is unreachable while trying to {action}: {type(error).__name__}: {error}")
-    if status is not None:
-        return SandboxError(f"Hugging Face could not {action} (HTTP {status}): {error}")
-    return SandboxError(f"could not {action} on Hugging Face: {type(error).__name__}: {error}")
-
-
-class Calls:
-    """Runs synchronous SDK calls in this backend's threads, each under our own deadline."""
-
-    def __init__(self, threads: int) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="opencode-env-hf")
-
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        return self.executor.submit(fn)
-
-    async def __call__(self, fn: Callable[[], T], *, timeout_s: float, action: str) -> T:
-        running = asyncio.wrap_future(self.submit(fn))
-        try:
-            return await asyncio.wait_for(running, timeout=timeout_s)
-        except TimeoutError as late:
-            raise SandboxError(
-                f"Hugging Face did not answer within {timeout_s:.0f} s while trying to {action}"
-            ) from late
-        except SandboxError:
-            raise
-        except Exception as error:
-            raise sdk_error(error, action) from error
 
 
 class HFProcess:
@@ -423,7 +368,9 @@ class HFBackend:
             try:
                 tools = await self._prepare(sdk, spec)
             except BaseException:
-                self._calls.submit(sdk.kill)
+                killing = asyncio.wrap_future(self._calls.submit(sdk.kill))
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(killing), timeout=KILL_TIMEOUT_S)
                 raise
         except BaseException:
             self._admission.release()
@@ -479,9 +426,10 @@ class HFBackend:
 
     @staticmethod
     async def _probe(probe: HFSandbox) -> tuple[str | None, bool]:
-        """What the image has, as root sees it (-E -s: the proxy runs as root with those flags)."""
-        found = await probe.run(hf_shell.PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", privileged=True)
-        return hf_shell.parse_probe(found.stdout)
+        """What the image has: OpenCode as `user` runs it, the proxy's packages as root imports them."""
+        opencode = await probe.run(hf_shell.OPENCODE_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/")
+        proxy = await probe.run(hf_shell.PROXY_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", privileged=True)
+        return hf_shell.parse_probe(opencode.stdout + proxy.stdout)
 
     async def _prepare(self, sdk: Any, spec: SandboxSpec) -> ProvidedTools:
         """Make `user` and its home, find what the image has, install OpenCode when it lacks it, start the watchdog."""
@@ -510,28 +458,3 @@ class HFBackend:
             python="python3",
             proxy_ready=proxy_ready,
         )
-
-
-async def reap(
-    *, older_than_s: float, api: Any = None, token: str | None = None, namespace: str | None = None
-) -> list[str]:
-    """Kill the HF sandboxes tagged by this tool that have lived longer than `older_than_s`; returns their ids."""
-    api = api or HfApi(token=token or get_token())
-    namespace = namespace or os.environ.get(NAMESPACE_VAR) or None
-
-    def sweep() -> list[str]:
-        now = time.time()
-        killed = []
-        for job in api.list_jobs(status=["RUNNING", "SCHEDULING"], labels={TAG: "1"}, namespace=namespace):
-            born = job.created_at.timestamp() if job.created_at else now
-            if now - born >= older_than_s:
-                api.cancel_job(job_id=job.id, namespace=job.owner.name)
-                killed.append(job.id)
-        return killed
-
-    try:
-        return await asyncio.wait_for(asyncio.to_thread(sweep), timeout=CALL_TIMEOUT_S * 5)
-    except TimeoutError as late:
-        raise SandboxError("Hugging Face did not answer while reaping sandboxes") from late
-    except Exception as error:
-        raise sdk_error(error, "list or cancel sandbox jobs") from error

@@ -30,7 +30,7 @@ unset OPENCODE_ENV_TOOLS_BIN
 exec setpriv --reuid={USER} --regid={USER} --init-groups --no-new-privs --inh-caps=-all -- /bin/bash -c "$1"
 """
 _AS_ROOT = f"""{_DROP_SERVER_VARS}
-export PATH="$OPENCODE_ENV_TOOLS_BIN:$PATH"
+export HOME=/root PATH="$OPENCODE_ENV_TOOLS_BIN:$PATH"
 unset OPENCODE_ENV_TOOLS_BIN
 exec /bin/bash -c "$1"
 """
@@ -47,6 +47,10 @@ def as_root(cmd: str) -> list[str]:
 def prepare_image() -> str:
     """Run once as root at creation: `user` exists (created when the image lacks it) and owns /home/user."""
     return f"""set -e
+if [ "$(id -u)" != 0 ]; then
+  echo "the sandbox server runs as uid $(id -u), not root: use an image without USER (opencode-env drops to {USER})" >&2
+  exit {MISSING_EXIT}
+fi
 if ! command -v setpriv >/dev/null; then
   echo "the image has no setpriv (util-linux), which runs task commands as {USER}" >&2
   exit {MISSING_EXIT}
@@ -60,10 +64,9 @@ chown -R {USER}:{USER} {HOME}
 """
 
 
-PROBE = (
-    "opencode --version 2>/dev/null | tail -n 1; "
-    "python3 -E -s -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
-)
+# OpenCode as `user` runs it (it writes under its HOME); the proxy's packages as root imports them (-E -s).
+OPENCODE_PROBE = "opencode --version 2>/dev/null | tail -n 1; true"
+PROXY_PROBE = "python3 -E -s -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 
 
 def install_proxy_packages() -> str:
@@ -81,14 +84,16 @@ _FETCH = (
 )
 
 
-def install_opencode(tools_dir: str, version: str = OPENCODE_VERSION) -> str:
+def install_opencode(tools_dir: str, version: str = OPENCODE_VERSION, *, portable: bool = False) -> str:
     """Run as root when the image lacks OpenCode: its single binary for this CPU, straight from the npm registry
-    (no node or npm needed), into a root-owned directory."""
+    (no node or npm needed), into a root-owned directory. `portable` takes the x86-64 build that needs no AVX2
+    (for an image, which does not know the CPU it will run on)."""
     target = f"{tools_dir}/opencode-{version}"
+    avx2 = "false" if portable else "grep -qw avx2 /proc/cpuinfo"
     return f"""set -e
 FETCH='{_FETCH}'
 case "$(uname -m)" in
-  x86_64) pkg=opencode-linux-x64; grep -qw avx2 /proc/cpuinfo || pkg=opencode-linux-x64-baseline ;;
+  x86_64) pkg=opencode-linux-x64; {avx2} || pkg=opencode-linux-x64-baseline ;;
   aarch64|arm64) pkg=opencode-linux-arm64 ;;
   *) echo "OpenCode has no Linux build for $(uname -m)" >&2; exit {MISSING_EXIT} ;;
 esac
@@ -100,8 +105,21 @@ else python3 -c "$FETCH" "$url" {target}/pkg.tgz
 fi
 tar -xzf {target}/pkg.tgz -C {target} && rm {target}/pkg.tgz
 ln -sf {target}/package/bin/opencode {tools_dir}/bin/opencode
-{tools_dir}/bin/opencode --version >/dev/null
+test -x {tools_dir}/bin/opencode
 """
+
+
+def main() -> None:
+    """`python -m opencode_env.sandbox.hf_shell install-opencode DIR`: the install script, for the image build."""
+    import sys
+
+    if sys.argv[1:2] != ["install-opencode"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python -m opencode_env.sandbox.hf_shell install-opencode DIR")
+    print(install_opencode(sys.argv[2], portable=True))
+
+
+if __name__ == "__main__":
+    main()
 
 
 def watchdog(lifetime_s: float) -> str:
