@@ -45,7 +45,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.e2b_proxy import RootProxy, start_root_proxy
+from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
 
 log = logging.getLogger("opencode_env.e2b")

@@ -43,7 +43,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.e2b_proxy import RootProxy, start_root_proxy
+from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.hf_sdk import (
     CALL_TIMEOUT_S,
     MAX_SANDBOXES_VAR,
