@@ -101,14 +101,21 @@ async def cached_tools() -> ProvidedTools:
 PROXY_PYTHON_PACKAGES = ("fastapi", "uvicorn", "uvloop", "httptools")
 
 
-def install_commands(tools: ProvidedTools, *, proxy: bool) -> list[str]:
-    """What a sandbox lacking our template needs before a rollout can run; each command is idempotent."""
-    commands = []
+@dataclass(frozen=True)
+class InstallStep:
+    command: str
+    privileged: bool
+
+
+def install_commands(tools: ProvidedTools, *, proxy: bool) -> list[InstallStep]:
+    """What a sandbox lacking our template needs before a rollout can run; each command is idempotent. The proxy's
+    packages go where root's `python3 -E -s` (the proxy) finds them, so they are installed as root."""
+    steps = []
     if not tools.opencode:
-        commands.append(f"npm install -g --no-fund --no-audit {OPENCODE_PACKAGE}@{OPENCODE_VERSION}")
+        steps.append(InstallStep(f"npm install -g --no-fund --no-audit {OPENCODE_PACKAGE}@{OPENCODE_VERSION}", False))
     if proxy and not tools.proxy_ready:
-        commands.append("python3 -m pip install --quiet --user " + " ".join(PROXY_PYTHON_PACKAGES))
-    return commands
+        steps.append(InstallStep("python3 -m pip install --quiet " + " ".join(PROXY_PYTHON_PACKAGES), True))
+    return steps
 
 
 def render_config(

@@ -239,9 +239,9 @@ def _cancelling() -> bool:
 async def _install(rollout: _Rollout) -> str:
     """Install what the sandbox lacks (OpenCode, the proxy's packages); install steps alone are retried."""
     tools = rollout.sandbox.tools
-    for command in opencode.install_commands(tools, proxy=rollout.request.mode == "transparent_proxy"):
-        await rollout.report("install", command)
-        await _run_install_step(rollout, command)
+    for step in opencode.install_commands(tools, proxy=rollout.request.mode == "transparent_proxy"):
+        await rollout.report("install", step.command)
+        await _run_install_step(rollout, step)
     if tools.opencode:
         return tools.opencode
     version = await rollout.sandbox.run("opencode --version", timeout_s=rollout.budget("install", 60))
@@ -251,9 +251,12 @@ async def _install(rollout: _Rollout) -> str:
     return "opencode"
 
 
-async def _run_install_step(rollout: _Rollout, command: str) -> None:
+async def _run_install_step(rollout: _Rollout, step: opencode.InstallStep) -> None:
+    command = step.command
     for attempt in range(1, INSTALL_ATTEMPTS + 1):
-        result = await rollout.sandbox.run(command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S))
+        result = await rollout.sandbox.run(
+            command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S), privileged=step.privileged
+        )
         if result.exit_code == 0:
             return
         if attempt == INSTALL_ATTEMPTS:

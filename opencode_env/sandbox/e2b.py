@@ -45,8 +45,8 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
+from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 
 log = logging.getLogger("opencode_env.e2b")
 DEFAULT_TEMPLATE = "opencode-env"

@@ -43,7 +43,6 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.hf_sdk import (
     CALL_TIMEOUT_S,
     MAX_SANDBOXES_VAR,
@@ -54,6 +53,7 @@ from opencode_env.sandbox.hf_sdk import (
     sdk_error,
 )
 from opencode_env.sandbox.output import BoundedOutput
+from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 
 log = logging.getLogger("opencode_env.hf")
 IMAGE_VAR = "OPENCODE_ENV_HF_IMAGE"

@@ -1,5 +1,5 @@
-"""The capture proxy on a cloud sandbox (E2B, Hugging Face): run as root from a directory only root can open, while every
-task command runs as `user` without sudo; admin calls and file reads go through root commands too."""
+"""The capture proxy on a cloud sandbox (E2B, Hugging Face): run as root from a directory only root can open,
+while every task command runs as `user` without sudo; admin calls and file reads go through root commands too."""
 
 from __future__ import annotations
 
