@@ -31,6 +31,25 @@ def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake:
     return backend if request.param == "local" else e2b_fake
 
 
+def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
+    """Capture proxies of this test's rollouts: their command line or their cgroup names a sandbox under the base."""
+    rollouts = {path.name for path in sandbox_base.iterdir()}
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cgroups = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if "opencode_env.proxy" not in cmdline or "bwrap" in cmdline:
+            continue
+        if str(sandbox_base) in cmdline or any(f"/{name}\n" in cgroups for name in rollouts):
+            found.append(proc.name)
+    return found
+
+
 async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leaks: None) -> None:
     request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15)
     result = await run_rollout(request, any_backend)
@@ -87,11 +106,7 @@ async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_b
             if len(model.exchanges) >= 2:
                 break
             await asyncio.sleep(0.05)
-        proxies = [
-            line.split()[0]
-            for line in processes_mentioning("opencode_env.proxy")
-            if str(sandbox_base) in line and "bwrap" in line
-        ]
+        proxies = rollout_proxy_pids(sandbox_base)
         assert proxies
         for pid in proxies:
             os.kill(int(pid), signal.SIGKILL)

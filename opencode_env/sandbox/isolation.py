@@ -186,6 +186,9 @@ def command_argv(
     host_uid = ids.root if privileged else ids.user
     inner = ["--map-root-user"] if privileged else [f"--map-user={SANDBOX_UID}", f"--map-group={SANDBOX_UID}"]
     pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []
+    # Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
+    # within (the agent's own tools), reaps orphans and passes the command's exit status on.
+    init = ["/bin/sh", "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
     return [
         "nsenter",
         f"--target={holder_pid}",
@@ -208,6 +211,7 @@ def command_argv(
         *inner,
         *pid_namespace,
         "--",
+        *init,
         "/bin/bash",
         "-c",
         cmd,
