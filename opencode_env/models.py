@@ -390,7 +390,7 @@ class RolloutResult(BaseModel):
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     """How many leading items a and b share (slice comparisons run in C; a binary search finds a divergence)."""
     limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
+    if (a if limit == len(a) else a[:limit]) == (b if limit == len(b) else b[:limit]):
         return limit
     low, high = 0, limit - 1
     while low < high:
@@ -419,6 +419,8 @@ def compact_prompts(turns: list[RolloutTurn]) -> list[RolloutTurn]:
         prompt = turn.prompt_token_ids
         best, shared = None, 0
         for candidate in reversed(recent):
+            if len(candidate.prompt_token_ids) + len(candidate.completion_token_ids) <= shared:
+                continue
             count = _shared_with(candidate, prompt)
             if count > shared:
                 best, shared = candidate, count

@@ -14,7 +14,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from opencode_env.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, is_infrastructure_failure
+from opencode_env.models import (
+    RolloutResult,
+    RolloutStatus,
+    RolloutTurn,
+    TurnKind,
+    common_prefix_length,
+    is_infrastructure_failure,
+)
 
 SequenceStart = Literal["first", "drift", "after_unusable_turn"]
 """Why a sequence started: the rollout's first usable agent turn; a prompt that extends no open sequence (a fork
@@ -137,20 +144,6 @@ def _unusable_ids(turn: RolloutTurn) -> str | None:
     return None
 
 
-def _first_difference(a: list[int], b: list[int]) -> int:
-    limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
-        return limit
-    low, high = 0, limit - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def _cause(result: RolloutResult, earlier: int, later: int) -> ForkCause:
     before, after = result.turn_messages(earlier), result.turn_messages(later)
     return "template_drift" if after[: len(before)] == before else "history_rewritten"
@@ -232,8 +225,8 @@ def _fork(
     positions: dict[int, int],
 ) -> Fork:
     prompt = turn.prompt_token_ids
-    nearest = max(reversed(open_sequences), key=lambda s: _first_difference(s.ids, prompt))
-    position = _first_difference(nearest.ids, prompt)
+    nearest = max(reversed(open_sequences), key=lambda s: common_prefix_length(s.ids, prompt))
+    position = common_prefix_length(nearest.ids, prompt)
     return Fork(
         turn=turn.turn,
         sequence=nearest.index,
