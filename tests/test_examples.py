@@ -1,0 +1,62 @@
+"""examples/ run as users run them: a real server on loopback, the example as a subprocess with the scripted model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.threaded_server import ThreadedServer
+from server.app import build_app
+from server.environment import configure
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="module")
+def server_url(backend: LocalBackend) -> Iterator[str]:
+    configure(backend)
+    server = ThreadedServer(build_app())
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def run_example(name: str, server_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), "--server", server_url, "--scripted", *args],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_quickstart(server_url: str, no_leaks: None) -> None:
+    done = run_example("quickstart.py", server_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "completed 1.0 3"
+    assert lines[1].startswith("first turn: ")
+    assert "sequences:  1\n" in done.stdout
+    assert "aligned:    yes" in done.stdout
+
+
+@pytest.mark.timeout(600)
+def test_grpo_group(server_url: str, no_leaks: None) -> None:
+    done = run_example("grpo_group.py", server_url, "--size", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rollouts = [line for line in done.stdout.splitlines() if line.startswith("rollout ")]
+    assert len(rollouts) == 4
+    for line in rollouts:
+        assert "completed" in line
+        assert "reward 1.0" in line
+        assert "sequences 2" in line
+        assert "(template_drift)" in line
+    assert "TRL batch: 4 rows" in done.stdout
+    assert "rewards seen by TRL: [1.0, 1.0, 1.0, 1.0]" in done.stdout
