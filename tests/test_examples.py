@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -60,3 +61,19 @@ def test_grpo_group(server_url: str, no_leaks: None) -> None:
         assert "(template_drift)" in line
     assert "TRL batch: 4 rows" in done.stdout
     assert "rewards seen by TRL: [1.0, 1.0, 1.0, 1.0]" in done.stdout
+
+
+@pytest.mark.timeout(900)
+def test_trl_grpo_step_when_trl_is_installed(opencode_binary: Path) -> None:
+    pytest.importorskip("trl", reason="the optional group: uv sync --group trl")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "trl_grpo.py")],
+        capture_output=True,
+        text=True,
+        timeout=850,
+        check=False,
+        env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "one GRPO step on 2 rollouts: weights moved by" in done.stdout
+    assert "'rewards/rollout_reward/mean': 0.5" in done.stdout
