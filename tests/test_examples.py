@@ -9,8 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastmcp import Client
 
+from opencode_env.client import parse_result
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from server.app import build_app
 from server.environment import configure
@@ -77,3 +82,19 @@ def test_trl_grpo_step_when_trl_is_installed(opencode_binary: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "one GRPO step on 2 rollouts: weights moved by" in done.stdout
     assert "'rewards/rollout_reward/mean': 0.5" in done.stdout
+
+
+async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_prompt(
+    server_url: str, no_leaks: None
+) -> None:
+    with ScriptedModelServer(demo_script()) as model:
+        async with Client(f"{server_url}/mcp/stream") as client:
+            answer = await client.call_tool("run_rollout", demo_request(model.base_url).model_dump(mode="json"))
+        exchanges = list(model.exchanges)
+    wire = answer.structured_content
+    assert wire is not None
+    assert wire["schema_version"] == 2
+    assert [turn["prompt_base"] is not None for turn in wire["proxy_turns"]] == [False, True, True]
+    assert all(turn["prompt_token_ids"] == [] for turn in wire["proxy_turns"][1:])
+    result = parse_result(wire)
+    assert [turn.prompt_token_ids for turn in result.proxy_turns] == [e.prompt_token_ids for e in exchanges]
