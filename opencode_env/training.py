@@ -128,7 +128,6 @@ class TrainingSummary(BaseModel):
 class _Open:
     index: int
     ids: list[int]
-    prompt_length: int
     last_position: int = 0
 
 
@@ -185,8 +184,8 @@ def training_sequences(result: RolloutResult) -> TrainingSequences:
         if target is None:
             start: SequenceStart = "after_unusable_turn" if after_gap else "first" if not out.sequences else "drift"
             if start == "drift":
-                out.forks.append(_fork(result, out, open_sequences, turn, positions))
-            target = _Open(len(out.sequences), list(turn.prompt_token_ids), len(turn.prompt_token_ids))
+                out.forks.append(_fork(result, open_sequences, turn, positions))
+            target = _Open(len(out.sequences), list(turn.prompt_token_ids))
             out.sequences.append(TrainingSequence(prompt_ids=list(turn.prompt_token_ids), started=start))
             open_sequences.append(target)
         else:
@@ -217,13 +216,7 @@ def _extended(open_sequences: list[_Open], prompt: list[int]) -> _Open | None:
     return None
 
 
-def _fork(
-    result: RolloutResult,
-    out: TrainingSequences,
-    open_sequences: list[_Open],
-    turn: RolloutTurn,
-    positions: dict[int, int],
-) -> Fork:
+def _fork(result: RolloutResult, open_sequences: list[_Open], turn: RolloutTurn, positions: dict[int, int]) -> Fork:
     prompt = turn.prompt_token_ids
     nearest = max(reversed(open_sequences), key=lambda s: common_prefix_length(s.ids, prompt))
     position = common_prefix_length(nearest.ids, prompt)
