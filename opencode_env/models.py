@@ -1,14 +1,36 @@
 """Wire types: the one source of truth for a rollout's request, result, turns and command results.
 
 Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResult` that existing clients read are
-kept as they are; everything added is optional with a safe default.
+kept as they are; everything added is optional with a safe default. Results are parsed leniently (unknown fields
+are ignored), so an older client reads a newer server's result.
+
+The wire shape of a result (schema_version 2; a result without `schema_version` is version 1):
+- In Python, `RolloutTurn.prompt_token_ids` always holds the turn's whole prompt.
+- On the wire, a turn whose prompt starts with an earlier turn's ids carries `prompt_base: {turn, count}` and
+  `prompt_suffix_ids`, and an empty `prompt_token_ids`: its prompt is the first `count` ids of
+  (prompt ids + completion ids) of the turn numbered `turn` (always earlier in `proxy_turns`), then the suffix. A turn
+  without `prompt_base` carries its whole prompt in `prompt_token_ids`, as in version 1. Each prompt id is then
+  written about once per rollout, and the size grows with the tokens generated, not with turns x context.
+- `request.messages` holds the messages after the first `messages_base.count` messages of turn `messages_base.turn`
+  (a typed field of the turn; version 1 kept it inside `request`), and `tools_sha256` names the tool schemas in
+  `RolloutResult.request_tools`. `RolloutResult.turn_messages(i)` rebuilds one turn's messages.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
 Mode = Literal["transparent_proxy", "black_box"]
@@ -46,6 +68,8 @@ TurnKind = Literal["agent", "auxiliary", "sub_agent"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
 
 TOOL_NAME = "run_rollout"
+SCHEMA_VERSION = 2
+COMPACTION_WINDOW = 4
 MAX_INSTRUCTION_CHARS = 200_000
 MAX_COMMANDS = 64
 MAX_COMMAND_CHARS = 16_000
@@ -188,6 +212,20 @@ TopLogprob = tuple[str, float, int | None]
 """One alternative at a position: (token, logprob, token id when the upstream gave one)."""
 
 
+class PromptBase(BaseModel):
+    """The first `count` ids of (prompt ids + completion ids) of the turn numbered `turn`."""
+
+    turn: int = Field(ge=0)
+    count: int = Field(ge=1)
+
+
+class MessagesBase(BaseModel):
+    """The first `count` messages of the turn numbered `turn`."""
+
+    turn: int = Field(ge=0)
+    count: int = Field(ge=0)
+
+
 class RolloutTurn(BaseModel):
     """One LLM call made by the agent, as recorded by the capture proxy."""
 
@@ -204,9 +242,16 @@ class RolloutTurn(BaseModel):
     top_logprobs: list[list[TopLogprob]] = Field(default_factory=list)
     request: dict[str, Any] = Field(
         default_factory=dict,
-        description="The request as sent upstream, compacted: `messages` holds only what follows the first "
-        "`messages_base.count` messages of turn `messages_base.turn`; tool schemas are in "
-        "RolloutResult.request_tools under `tools_sha256`. RolloutResult.turn_messages(i) expands them.",
+        description="The request as sent upstream, compacted: `messages` holds only what follows `messages_base`; "
+        "`tools` is left out (see tools_sha256). RolloutResult.turn_messages(i) rebuilds the messages.",
+    )
+    messages_base: MessagesBase | None = Field(None, description="Where request.messages continue from.")
+    tools_sha256: str | None = Field(None, description="Key of this turn's tool schemas in request_tools.")
+    prompt_base: PromptBase | None = Field(
+        None, description="Wire only: the prompt starts with these ids of an earlier turn (see the module doc)."
+    )
+    prompt_suffix_ids: list[int] = Field(
+        default_factory=list, description="Wire only: the prompt ids after prompt_base."
     )
     response: dict[str, Any] = Field(default_factory=dict)
     usage: dict[str, int] = Field(default_factory=dict)
@@ -217,6 +262,22 @@ class RolloutTurn(BaseModel):
     aligned: bool = False
     stream: bool = True
     outcome: str = "complete"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_request_references(cls, data: Any) -> Any:
+        """Version 1 kept `messages_base` and `tools_sha256` inside `request`: lift them into their fields."""
+        if not isinstance(data, dict) or not isinstance(data.get("request"), dict):
+            return data
+        request = data["request"]
+        if "messages_base" not in request and "tools_sha256" not in request:
+            return data
+        lifted = dict(data)
+        lifted["request"] = {k: v for k, v in request.items() if k not in ("messages_base", "tools_sha256")}
+        for key in ("messages_base", "tools_sha256"):
+            if lifted.get(key) is None:
+                lifted[key] = request.get(key)
+        return lifted
 
 
 class ToolCallSummary(BaseModel):
@@ -318,13 +379,129 @@ class RolloutResult(BaseModel):
     solution_results: list[CommandResult] = Field(
         default_factory=list, description="The solution commands of an oracle run, in order."
     )
+    schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
+
+    @model_validator(mode="after")
+    def _expand_prompts(self) -> RolloutResult:
+        earlier: dict[int, RolloutTurn] = {}
+        for index, turn in enumerate(self.proxy_turns):
+            if turn.prompt_base is not None or turn.prompt_suffix_ids:
+                if turn.prompt_token_ids:
+                    raise ValueError(
+                        f"proxy_turns[{index}]: prompt_token_ids and prompt_base/prompt_suffix_ids exclude each other"
+                    )
+                turn.prompt_token_ids = _expanded_prompt(turn, earlier, index)
+                turn.prompt_base, turn.prompt_suffix_ids = None, []
+            earlier[turn.turn] = turn
+        return self
+
+    @field_serializer("proxy_turns")
+    def _compact_prompts(self, turns: list[RolloutTurn]) -> list[RolloutTurn]:
+        return compact_prompts(turns)
+
+    def prompt_ids(self, index: int) -> list[int]:
+        """`proxy_turns[index]`'s whole prompt (in Python the field always holds it; the wire may not)."""
+        return self.proxy_turns[index].prompt_token_ids
 
     def turn_messages(self, index: int) -> list[Any]:
         """The full message list of `proxy_turns[index]`'s request, rebuilt from the compact records."""
-        turn = self.proxy_turns[index]
-        own = list(turn.request.get("messages", []))
-        base = turn.request.get("messages_base")
-        if not base:
-            return own
-        position = next(i for i, earlier in enumerate(self.proxy_turns) if earlier.turn == base["turn"])
-        return [*self.turn_messages(position)[: base["count"]], *own]
+        return self._messages([index])[index] or []
+
+    def all_turn_messages(self) -> list[list[Any]]:
+        """Every turn's full message list, in one pass over the references (linear in the messages)."""
+        return [messages or [] for messages in self._messages(range(len(self.proxy_turns)))]
+
+    def _messages(self, wanted: Iterable[int]) -> list[list[Any] | None]:
+        """Iterative (a long rollout's chain of references is deeper than Python's recursion limit)."""
+        turns = self.proxy_turns
+        positions = {turn.turn: position for position, turn in enumerate(turns)}
+        built: list[list[Any] | None] = [None] * len(turns)
+        for start in wanted:
+            stack, on_stack = [start], {start}
+            while stack:
+                position = stack[-1]
+                turn, base = turns[position], turns[position].messages_base
+                source = None if base is None else positions.get(base.turn)
+                if base is not None and source is None:
+                    raise ValueError(f"proxy_turns[{position}].messages_base.turn: no turn numbered {base.turn}")
+                if built[position] is None and base is not None and source is not None:
+                    earlier = built[source]
+                    if earlier is None:
+                        if source in on_stack:
+                            raise ValueError(f"proxy_turns[{position}].messages_base: the references form a cycle")
+                        stack.append(source)
+                        on_stack.add(source)
+                        continue
+                    built[position] = [*earlier[: base.count], *turn.request.get("messages", [])]
+                elif built[position] is None:
+                    built[position] = list(turn.request.get("messages", []))
+                on_stack.discard(stack.pop())
+        return built
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading items a and b share (slice comparisons run in C; a binary search finds a divergence)."""
+    limit = min(len(a), len(b))
+    if (a if limit == len(a) else a[:limit]) == (b if limit == len(b) else b[:limit]):
+        return limit
+    low, high = 0, limit - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _shared_with(base: RolloutTurn, prompt: list[int]) -> int:
+    head, tail = base.prompt_token_ids, base.completion_token_ids
+    shared = common_prefix_length(head, prompt)
+    if shared < len(head):
+        return shared
+    return shared + common_prefix_length(tail, prompt[shared:])
+
+
+def compact_prompts(turns: list[RolloutTurn]) -> list[RolloutTurn]:
+    """The turns with each prompt written as a reference to a recent turn's ids plus its new suffix."""
+    numbers = Counter(turn.turn for turn in turns)
+    recent: list[RolloutTurn] = []
+    out = []
+    for turn in turns:
+        prompt = turn.prompt_token_ids
+        best, shared = None, 0
+        for candidate in reversed(recent):
+            if len(candidate.prompt_token_ids) + len(candidate.completion_token_ids) <= shared:
+                continue
+            count = _shared_with(candidate, prompt)
+            if count > shared:
+                best, shared = candidate, count
+        if best is None:
+            out.append(turn)
+        else:
+            base = PromptBase(turn=best.turn, count=shared)
+            out.append(
+                turn.model_copy(
+                    update={"prompt_token_ids": [], "prompt_base": base, "prompt_suffix_ids": prompt[shared:]}
+                )
+            )
+        if numbers[turn.turn] == 1 and prompt:
+            recent = [*recent[-(COMPACTION_WINDOW - 1) :], turn]
+    return out
+
+
+def _expanded_prompt(turn: RolloutTurn, earlier: dict[int, RolloutTurn], index: int) -> list[int]:
+    base = turn.prompt_base
+    if base is None:
+        return list(turn.prompt_suffix_ids)
+    source = earlier.get(base.turn)
+    if source is None:
+        raise ValueError(f"proxy_turns[{index}].prompt_base.turn: {base.turn} is not an earlier turn")
+    head, tail = source.prompt_token_ids, source.completion_token_ids
+    if base.count > len(head) + len(tail):
+        raise ValueError(
+            f"proxy_turns[{index}].prompt_base.count: {base.count} is over the {len(head) + len(tail)} ids of "
+            f"turn {base.turn}"
+        )
+    prefix = head[: base.count] if base.count <= len(head) else head + tail[: base.count - len(head)]
+    return prefix + turn.prompt_suffix_ids

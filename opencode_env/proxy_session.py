@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from opencode_env.endpoints import Upstream
 from opencode_env.models import RolloutRequest, RolloutTurn
 from opencode_env.opencode import UPSTREAM_KEY_VAR
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, Sandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
+from opencode_env.trace_records import ToolsRecord, TurnRecord
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
@@ -85,6 +85,11 @@ async def stop_proxy(proxy: ProxyHandle) -> None:
     await proxy.kill()
 
 
+_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord] = TypeAdapter(
+    Annotated[ToolsRecord | TurnRecord, Field(discriminator="type")]
+)
+
+
 @dataclass
 class Trace:
     turns: list[RolloutTurn] = field(default_factory=list)
@@ -93,25 +98,32 @@ class Trace:
 
 
 def parse_trace(text: str) -> Trace:
-    """Turns and tool schemas from the proxy's JSONL trace, with compacted prompt ids expanded."""
+    """Turns and tool schemas from the proxy's JSONL trace, with compacted prompt ids expanded.
+
+    Strict: a line with an unknown key, type or outcome is left out and named in `problems`.
+    """
     trace = Trace()
     sequences: dict[int, list[int]] = {}
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            kind = record.pop("type")
-            if kind == "tools":
-                trace.tools[str(record["sha256"])] = list(record["tools"])
-            elif kind == "turn":
-                base = record.pop("prompt_base", None)
-                if base:
-                    record["prompt_token_ids"] = sequences[base["turn"]][: base["count"]] + record["prompt_token_ids"]
-                turn = RolloutTurn.model_validate(record)
-                sequences[turn.turn] = turn.prompt_token_ids + turn.completion_token_ids
-                trace.turns.append(turn)
-        except (ValueError, KeyError, TypeError, ValidationError) as error:
+            record = _TRACE_LINE.validate_json(line)
+            if isinstance(record, ToolsRecord):
+                trace.tools[record.sha256] = record.tools
+                continue
+            prompt = record.prompt_token_ids
+            if record.prompt_base is not None:
+                base = record.prompt_base
+                if base.count > len(sequences[base.turn]):
+                    raise ValueError(f"prompt_base.count {base.count} is over turn {base.turn}'s ids")
+                prompt = sequences[base.turn][: base.count] + prompt
+            turn = RolloutTurn.model_validate(record.turn_fields(prompt))
+            sequences[turn.turn] = turn.prompt_token_ids + turn.completion_token_ids
+            trace.turns.append(turn)
+        except KeyError as error:
+            trace.problems.append(f"trace line {number}: prompt_base.turn {error} is not an earlier turn")
+        except (ValueError, ValidationError) as error:
             trace.problems.append(f"trace line {number}: {error}")
     trace.turns.sort(key=lambda turn: turn.turn)
     return trace

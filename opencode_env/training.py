@@ -14,7 +14,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from opencode_env.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, is_infrastructure_failure
+from opencode_env.models import (
+    RolloutResult,
+    RolloutStatus,
+    RolloutTurn,
+    TurnKind,
+    common_prefix_length,
+    is_infrastructure_failure,
+)
 
 SequenceStart = Literal["first", "drift", "after_unusable_turn"]
 """Why a sequence started: the rollout's first usable agent turn; a prompt that extends no open sequence (a fork
@@ -121,7 +128,6 @@ class TrainingSummary(BaseModel):
 class _Open:
     index: int
     ids: list[int]
-    prompt_length: int
     last_position: int = 0
 
 
@@ -135,20 +141,6 @@ def _unusable_ids(turn: RolloutTurn) -> str | None:
     if not turn.aligned:
         return "ids, logprobs and the engine's completion token count disagree"
     return None
-
-
-def _first_difference(a: list[int], b: list[int]) -> int:
-    limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
-        return limit
-    low, high = 0, limit - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _cause(result: RolloutResult, earlier: int, later: int) -> ForkCause:
@@ -192,8 +184,8 @@ def training_sequences(result: RolloutResult) -> TrainingSequences:
         if target is None:
             start: SequenceStart = "after_unusable_turn" if after_gap else "first" if not out.sequences else "drift"
             if start == "drift":
-                out.forks.append(_fork(result, out, open_sequences, turn, positions))
-            target = _Open(len(out.sequences), list(turn.prompt_token_ids), len(turn.prompt_token_ids))
+                out.forks.append(_fork(result, open_sequences, turn, positions))
+            target = _Open(len(out.sequences), list(turn.prompt_token_ids))
             out.sequences.append(TrainingSequence(prompt_ids=list(turn.prompt_token_ids), started=start))
             open_sequences.append(target)
         else:
@@ -224,16 +216,10 @@ def _extended(open_sequences: list[_Open], prompt: list[int]) -> _Open | None:
     return None
 
 
-def _fork(
-    result: RolloutResult,
-    out: TrainingSequences,
-    open_sequences: list[_Open],
-    turn: RolloutTurn,
-    positions: dict[int, int],
-) -> Fork:
+def _fork(result: RolloutResult, open_sequences: list[_Open], turn: RolloutTurn, positions: dict[int, int]) -> Fork:
     prompt = turn.prompt_token_ids
-    nearest = max(reversed(open_sequences), key=lambda s: _first_difference(s.ids, prompt))
-    position = _first_difference(nearest.ids, prompt)
+    nearest = max(reversed(open_sequences), key=lambda s: common_prefix_length(s.ids, prompt))
+    position = common_prefix_length(nearest.ids, prompt)
     return Fork(
         turn=turn.turn,
         sequence=nearest.index,

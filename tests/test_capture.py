@@ -274,7 +274,7 @@ def test_compact_records_rebuild_to_the_full_messages_and_prompt_ids() -> None:
     assert [turn.prompt_token_ids for turn in trace.turns] == [prompt for prompt, _ in ids]
     result = RolloutResult(proxy_turns=trace.turns, request_tools=trace.tools)
     assert [result.turn_messages(i) for i in range(3)] == [b["messages"] for b in bodies]
-    assert result.request_tools[trace.turns[2].request["tools_sha256"]] == tools
+    assert result.request_tools[trace.turns[2].tools_sha256 or ""] == tools
 
 
 def test_shared_prefix() -> None:

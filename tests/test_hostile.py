@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.endpoints import resolve_upstream
+from opencode_env.endpoints import EndpointError, resolve_upstream
 from opencode_env.models import RolloutRequest
 from opencode_env.sandbox.base import REWARD_TXT, ResourceLimits, SandboxSpec
 from opencode_env.sandbox.local import LocalBackend, LocalSandbox
@@ -218,7 +218,10 @@ async def test_setup_services_live_on_but_agent_processes_die_with_their_command
 def test_server_keys_go_only_to_their_own_url() -> None:
     environ = {"OPENAI_API_KEY": CANARY_KEY, "VLLM_URL": "http://vllm:8000/v1", "VLLM_API_KEY": CANARY_KEY}
     elsewhere = RolloutRequest(endpoint="openai", base_url="http://attacker.example/v1", model="m", instruction="x")
-    assert resolve_upstream(elsewhere, environ).api_key == ""
+    with pytest.raises(EndpointError, match="api_key missing"):
+        resolve_upstream(elsewhere, environ)
+    keyless = RolloutRequest(endpoint="vllm", base_url="http://attacker.example/v1", model="m", instruction="x")
+    assert resolve_upstream(keyless, environ).api_key == ""
     same = RolloutRequest(endpoint="vllm", model="m", instruction="x")
     assert resolve_upstream(same, environ).api_key == CANARY_KEY
     black_box = RolloutRequest(endpoint="vllm", model="m", instruction="x", mode="black_box")
@@ -226,7 +229,7 @@ def test_server_keys_go_only_to_their_own_url() -> None:
 
 
 KEY_HUNT = (
-    "grep -rsl " + CANARY_KEY + " / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head; "
+    "timeout 20 grep -rsl " + CANARY_KEY + " /home /tmp /run /var/tmp /etc 2>/dev/null | head; "
     "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c " + CANARY_KEY + "; "
     "ls /proc | head -50 | tr '\\n' ' '"
 )

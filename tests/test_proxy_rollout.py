@@ -32,7 +32,7 @@ async def test_every_token_is_captured_exactly(backend: LocalBackend, no_leaks: 
             "agent",
         )
         assert result.turn_messages(index) == exchange.request["messages"]
-        assert result.request_tools[turn.request["tools_sha256"]] == exchange.request["tools"]
+        assert result.request_tools[turn.tools_sha256 or ""] == exchange.request["tools"]
         assert turn.request["max_tokens"] == exchange.request["max_tokens"] == 4096
         assert turn.headers["x-session-id"] == exchange.headers["x-session-id"]
         assert exchange.headers["authorization"] == "Bearer sk-demo-not-a-secret"

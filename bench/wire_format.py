@@ -1,0 +1,109 @@
+"""Bytes on the wire per rollout and per completion token, old shape (every turn carries its whole prompt) vs the
+compact shape (schema_version 2), for synthetic append-only rollouts; and the time to parse a 1,000-turn result
+and expand every prompt.
+
+    uv run --frozen python -m bench.wire_format [--turns 10 100 1000] [--start 10000] [--growth 60]
+
+Each turn: `completion` tokens generated (top-5 logprobs each), then `growth - completion` tool-output tokens, so
+the context grows from `start` by `growth` ids per turn. Printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from opencode_env.models import MessagesBase, RolloutResult, RolloutTurn
+
+EOS = 151645
+
+
+def synthetic(turns: int, *, start: int, growth: int, completion: int, top_k: int = 5) -> RolloutResult:
+    prompt = [1000 + (k * 7919) % 150_000 for k in range(start)]
+    records = []
+    for number in range(turns):
+        generated = [2000 + (number * 131 + k * 17) % 150_000 for k in range(completion - 1)] + [EOS]
+        records.append(
+            RolloutTurn(
+                turn=number,
+                finish_reason="tool_calls",
+                completion_tokens=[f"tok{token}" for token in generated],
+                completion_token_ids=generated,
+                per_token_logps=[-0.123456789012] * completion,
+                top_logprobs=[[(f"alt{j}", -1.5 - j, 3000 + j) for j in range(top_k)] for _ in generated],
+                prompt_token_ids=list(prompt),
+                usage={"prompt_tokens": len(prompt), "completion_tokens": completion},
+                aligned=True,
+                token_id_source="return_token_ids",
+                request={"messages": [{"role": "tool", "content": "output " * (growth - completion)}]},
+                messages_base=MessagesBase(turn=number - 1, count=number) if number else None,
+                response={"content": "", "tool_calls": [{"function": {"name": "bash", "arguments": "{}"}}]},
+            )
+        )
+        tool_output = [5000 + (number * 31 + k) % 150_000 for k in range(growth - completion)]
+        prompt = prompt + generated + tool_output
+    return RolloutResult(task_id="synthetic", proxy_turns=records)
+
+
+def old_shape_bytes(result: RolloutResult) -> int:
+    """The version 1 JSON size: every turn serialised on its own with its whole prompt."""
+    rest = len(result.model_dump_json(exclude={"proxy_turns"}))
+    return rest + sum(len(turn.model_dump_json()) + 1 for turn in result.proxy_turns)
+
+
+def measure(turns: int, start: int, growth: int, completion: int) -> tuple[int, int, int]:
+    result = synthetic(turns, start=start, growth=growth, completion=completion)
+    generated = turns * completion
+    return old_shape_bytes(result), len(result.model_dump_json()), generated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--start", type=int, default=10_000, help="prompt ids of the first turn")
+    parser.add_argument("--growth", type=int, default=60, help="context growth per turn (completion + tool output)")
+    parser.add_argument("--completion", type=int, default=40, help="tokens generated per turn")
+    args = parser.parse_args()
+    print(f"context: {args.start} ids, +{args.growth} per turn ({args.completion} generated, top-5 logprobs each)")
+    print(f"{'turns':>6} {'old MB':>9} {'new MB':>9} {'old/new':>8} {'old B/tok':>10} {'new B/tok':>10}")
+    for turns in args.turns:
+        _row(turns, *measure(turns, args.start, args.growth, args.completion))
+    print("\nthe issue's example: 100 turns, context 10k -> 40k (+300 per turn, 100 generated)")
+    _row(100, *measure(100, 10_000, 300, 100))
+
+    turns = max(args.turns)
+    built = synthetic(turns, start=args.start, growth=args.growth, completion=args.completion)
+    started = time.perf_counter()
+    wire = built.model_dump_json()
+    dump_s = time.perf_counter() - started
+    del built
+    loads_s = _json_loads_s(wire)
+    started = time.perf_counter()
+    parsed = RolloutResult.model_validate_json(wire)
+    parse_s = time.perf_counter() - started
+    started = time.perf_counter()
+    prompt_ids = sum(len(parsed.prompt_ids(index)) for index in range(len(parsed.proxy_turns)))
+    messages = parsed.all_turn_messages()
+    access_s = time.perf_counter() - started
+    print(
+        f"\n{turns} turns, {len(wire) / 1e6:.1f} MB: serialise (compacting) {dump_s:.2f} s, "
+        f"parse + expand every prompt {parse_s:.2f} s "
+        f"({prompt_ids / 1e6:.1f} M prompt ids), every turn's messages {access_s:.2f} s "
+        f"({sum(map(len, messages))} messages); json.loads alone {loads_s:.2f} s"
+    )
+
+
+def _row(turns: int, old: int, new: int, generated: int) -> None:
+    per_old, per_new = old / generated, new / generated
+    print(f"{turns:>6} {old / 1e6:>9.2f} {new / 1e6:>9.2f} {old / new:>8.1f} {per_old:>10.0f} {per_new:>10.0f}")
+
+
+def _json_loads_s(wire: str) -> float:
+    started = time.perf_counter()
+    json.loads(wire)
+    return time.perf_counter() - started
+
+
+if __name__ == "__main__":
+    main()

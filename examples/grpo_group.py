@@ -1,0 +1,101 @@
+"""One GRPO group: 8 rollouts of one task on a running server, then rewards, training sequences and forks.
+
+    opencode-env serve &
+    python examples/grpo_group.py --base-url http://GPU-HOST:8000/v1 --model Qwen/Qwen3-8B
+    python examples/grpo_group.py --scripted       # the built-in scripted model; its first reply "thinks", and
+                                                   # its chat template drops earlier reasoning, like Qwen3's
+
+Prints one line per rollout and the shape of the TRL batch the group makes (see opencode_env/formats.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+
+from opencode_env import OpenCodeEnv, RolloutRequest, RolloutResult
+from opencode_env.formats import rollout_reward, trl_batch
+from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
+from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.training import training_sequences, training_summary
+
+SOLUTION = "def add(a, b):\n    return a + b\n"
+
+
+def thinking_script() -> Script:
+    write = ToolCallStep(name="write", arguments={"filePath": "/home/user/workdir/add.py", "content": SOLUTION})
+    return Script(
+        steps=[
+            Step(reasoning="The task wants add(a, b); write it, then check it.", tool_calls=[write]),
+            bash("cd /home/user/workdir && python3 -c 'from add import add; print(add(2, 3))'", "Check add"),
+            say("add.py is written and add(2, 3) is 5."),
+        ]
+    )
+
+
+@contextlib.contextmanager
+def model_endpoint(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    if not args.scripted:
+        yield args.base_url, args.model
+        return
+    with ScriptedModelServer(thinking_script()) as scripted:
+        yield scripted.base_url, "scripted-policy"
+
+
+def describe(index: int, result: RolloutResult) -> str:
+    found = training_sequences(result)
+    forks = ", ".join(f"turn {f.turn} at {f.position} ({f.cause})" for f in found.forks) or "none"
+    final = found.final()
+    tokens = f"{sum(final.env_mask)} model + {final.env_mask.count(0)} env tokens" if final else "no sequence"
+    return (
+        f"rollout {index}: {result.status:<14} reward {result.reward}  sequences {len(found.sequences)}  "
+        f"final: {tokens}  forks: {forks}" + (f"  ({found.no_sequences_reason})" if found.no_sequences_reason else "")
+    )
+
+
+async def run_group(server: str, request: RolloutRequest, size: int) -> list[RolloutResult]:
+    results: list[RolloutResult] = await OpenCodeEnv(base_url=server).run_rollouts(
+        [request] * size, max_concurrency=4, progress=False
+    )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default="http://localhost:8000")
+    parser.add_argument("--base-url", default="")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--api-key-env", default="", metavar="VAR")
+    parser.add_argument("--scripted", action="store_true")
+    parser.add_argument("--size", type=int, default=8, help="rollouts in the group")
+    args = parser.parse_args(argv)
+    api_key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+
+    with model_endpoint(args) as (base_url, model):
+        request = RolloutRequest(
+            endpoint="vllm",
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            instruction=DEMO_INSTRUCTION,
+            verify=DEMO_VERIFY,
+            task_id="grpo_add",
+        )
+        results = asyncio.run(run_group(args.server, request, args.size))
+
+    for index, result in enumerate(results):
+        print(describe(index, result))
+    print(training_summary(results[0]).text())
+    batch = trl_batch(results)
+    rewards = rollout_reward(batch["completion_ids"], batch["reward"], batch["usable"])
+    print(f"TRL batch: {len(batch['prompt_ids'])} rows, keys {sorted(batch)}")
+    print(f"rewards seen by TRL: {rewards}")
+    return 0 if all(result.status == "completed" for result in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""One real TRL GRPOTrainer step on CPU, fed by OpenCode rollouts (scripted model, local sandboxes).
+
+    uv sync --group trl && uv run python examples/trl_grpo.py
+
+The policy is a tiny causal LM built here with random weights and a vocabulary that covers the scripted model's
+token ids, so nothing is downloaded. TRL (1.16.0) calls `rollout_func` on its own path whether or not vLLM is used:
+no trainer subclass is needed. Each row's prompt and completion ids are the engine's (the scripted model's), with
+the env mask marking tool output between turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from trl import GRPOConfig, GRPOTrainer
+
+from opencode_env.formats import rollout_reward
+from opencode_env.models import RolloutRequest
+from opencode_env.opencode import cached_tools
+from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.chat_template import EOS, SPECIAL_IDS
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.trl_rollout import InProcess, make_rollout_func
+
+VOCAB_SIZE = max(SPECIAL_IDS.values()) + 1
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {f"t{index}": index for index in range(VOCAB_SIZE)}
+    for text, index in SPECIAL_IDS.items():
+        vocab[text] = index
+        del vocab[f"t{index}"]
+    tokenizer = Tokenizer(WordLevel(vocab=vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token="t0", unk_token="t0")
+
+
+def tiny_policy() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=16_384,
+        tie_word_embeddings=True,
+        eos_token_id=SPECIAL_IDS[EOS],
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config)
+
+
+class Requests:
+    """prompt -> RolloutRequest. Every other rollout is checked by a verify command that fails, so a group's
+    rewards differ (1.0 and 0.0) and the step has a gradient although the scripted policy always does the same."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.made = 0
+
+    def __call__(self, prompt: str) -> RolloutRequest:
+        self.made += 1
+        verify = None if self.made % 2 else ["test -f /home/user/workdir/missing.py"]
+        fields = {"verify": verify} if verify else {}
+        return demo_request(self.base_url, instruction=prompt, task_id="trl_add", **fields)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generations", type=int, default=2, help="rollouts per prompt (the GRPO group)")
+    parser.add_argument("--output-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    work = args.output_dir or Path(tempfile.mkdtemp(prefix="trl-grpo-"))
+    sandboxes = work / "sandboxes"
+    sandboxes.mkdir(parents=True, exist_ok=True)
+
+    policy = tiny_policy()
+    before = policy.model.embed_tokens.weight.detach().clone()
+    with ScriptedModelServer(demo_script()) as model:
+        rollout_func = make_rollout_func(
+            InProcess(LocalBackend(cached_tools, base_dir=sandboxes)), Requests(model.base_url)
+        )
+        config = GRPOConfig(
+            output_dir=str(work / "out"),
+            use_cpu=True,
+            bf16=False,
+            num_generations=args.generations,
+            per_device_train_batch_size=args.generations,
+            gradient_accumulation_steps=1,
+            max_steps=1,
+            max_completion_length=1024,
+            learning_rate=1e-2,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+        )
+        trainer = GRPOTrainer(
+            model=policy,
+            reward_funcs=[rollout_reward],
+            args=config,
+            train_dataset=Dataset.from_dict({"prompt": [demo_request("http://x").instruction] * 4}),
+            processing_class=tiny_tokenizer(),
+            rollout_func=rollout_func,
+        )
+        trainer.train()
+    moved = (policy.model.embed_tokens.weight.detach() - before).abs().sum().item()
+    history = trainer.state.log_history
+    print(f"one GRPO step on {args.generations} rollouts: weights moved by {moved:.4f}")
+    print(
+        "logged:", {key: value for key, value in history[0].items() if "reward" in key or key in ("loss", "grad_norm")}
+    )
+    return 0 if moved > 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
