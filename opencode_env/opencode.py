@@ -147,9 +147,10 @@ def render_config(
 def run_command(
     *, opencode: str, workdir: str, instruction_path: str, events_path: str, stderr_path: str, title: str
 ) -> str:
-    """`opencode run` with the instruction on stdin from a file (verbatim) and its exit code kept (no pipe)."""
+    """`opencode run` with the instruction on stdin from a file (verbatim) and its exit code kept (no pipe); the
+    title is attached to its flag, so a task id starting with '-' is never read as a flag of its own."""
     return (
-        f"cd {shlex.quote(workdir)} && exec {shlex.quote(opencode)} run --format json --title {shlex.quote(title)}"
+        f"cd {shlex.quote(workdir)} && exec {shlex.quote(opencode)} run --format json --title={shlex.quote(title)}"
         f" < {shlex.quote(instruction_path)} > {shlex.quote(events_path)} 2> {shlex.quote(stderr_path)}"
     )
 

@@ -19,7 +19,15 @@ from opencode_env.collect import collect_files, read_tail
 from opencode_env.deadline import Deadline, DeadlineExceeded, total_budget_s
 from opencode_env.endpoints import EndpointError, Upstream, resolve_upstream
 from opencode_env.limits import LimitError, sandbox_limits
-from opencode_env.models import CommandResult, Phase, RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
+from opencode_env.models import (
+    CommandResult,
+    Phase,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    TokenUsage,
+    is_infrastructure_failure,
+)
 from opencode_env.proxy_session import (
     ProxyStartError,
     proxy_log_tail,
@@ -50,6 +58,7 @@ INSTALL_TIMEOUT_S = 600.0
 INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
 CLOSE_TIMEOUT_S = 30.0
+VERIFY_COLLECT_RESERVE_S = 10.0
 NO_UPSTREAM = Upstream("", "", "", "", disable_thinking=False)
 
 
@@ -126,6 +135,8 @@ async def run_rollout(
         _fail(result, "internal_error", None, f"{type(error).__name__}: {error}")
     finally:
         result.wall_s = round(time.monotonic() - started, 4)
+        if is_infrastructure_failure(result.status):
+            result.reward, result.reward_source = None, "none"
     return result
 
 
@@ -343,7 +354,7 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
     )
     env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.UPSTREAM_KEY_VAR: agent_key}
     await rollout.report("agent", "running OpenCode")
-    timeout_s = rollout.budget("agent", request.agent_timeout_s)
+    timeout_s = rollout.budget("agent", min(request.agent_timeout_s, _after_verify_reserve(rollout)))
     agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env))
     if proxy is not None:
         await _proxy_healthy_or_stop(rollout, proxy, agent)
@@ -353,6 +364,15 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
         raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
     if outcome.exit_code != 0:
         raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+
+
+def _after_verify_reserve(rollout: _Rollout) -> float:
+    """What the agent may use of the rollout's remaining time once verify and collect have their share set aside
+    (at most half of what remains: an agent squeezed to nothing helps no one either)."""
+    request = rollout.request
+    remaining = rollout.deadline.remaining()
+    reserve = min(request.verify_timeout_s * len(request.verify) + VERIFY_COLLECT_RESERVE_S, remaining / 2)
+    return max(remaining - reserve, 0.001)
 
 
 async def _proxy_healthy_or_stop(rollout: _Rollout, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:

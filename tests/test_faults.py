@@ -51,12 +51,13 @@ def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
 
 
 async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leaks: None) -> None:
-    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15)
+    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15, verify=["true", "true"])
     result = await run_rollout(request, any_backend)
     assert (result.status, result.failed_phase) == ("upstream_error", "agent")
     assert result.proxy_turns
     assert {turn.outcome for turn in result.proxy_turns} == {"unreachable"}
-    assert len(result.verify_results) == 2
+    assert [r.exit_code for r in result.verify_results] == [0, 0]
+    assert (result.reward, result.reward_source) == (None, "none")
 
 
 async def test_upstream_500_forever(any_backend: SandboxBackend, no_leaks: None) -> None:
