@@ -527,10 +527,14 @@ class LocalBackend:
         if not self._reaped:
             self._reaped = True
             await asyncio.to_thread(reap_orphans, self._base_dir)
-        layout = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb)
-        owner_lock = OwnerLock(layout)
-        lease = await asyncio.to_thread(UidLease)
-        await asyncio.to_thread(own_tree, layout, lease.ids.user, lease.ids.root)
+        layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb)
+        try:
+            lease = await asyncio.to_thread(UidLease)
+            await asyncio.to_thread(own_tree, layout, lease.ids.user, lease.ids.root)
+        except BaseException:
+            await asyncio.to_thread(remove_rollout, layout)
+            owner_lock.release()
+            raise
         sandbox = LocalSandbox(
             layout,
             lease=lease,

@@ -25,24 +25,29 @@ class OwnerLock:
     """Held by the server for a rollout's life: a tree whose lock nobody holds belongs to a server that is gone."""
 
     def __init__(self, layout: Layout) -> None:
-        self._handle = (layout.root / OWNER_LOCK).open("a")
+        """Locked under a private name, then renamed into place: a reaper never sees it unlocked."""
+        staging = layout.root / f".{OWNER_LOCK}"
+        self._handle = staging.open("a")
         fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        staging.rename(layout.root / OWNER_LOCK)
 
     def release(self) -> None:
         self._handle.close()
 
 
-def make_layout(base_dir: Path | None, disk_mb: int) -> Layout:
+def make_layout(base_dir: Path | None, disk_mb: int) -> tuple[Layout, OwnerLock]:
+    """The rollout's tree, owned (locked) from its first moment, so a reaper never takes it for an orphan."""
     root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base_dir))
     root.chmod(0o711)
     layout = Layout(root)
+    lock = OwnerLock(layout)
     layout.fs.mkdir()
     _mount_disk(layout, disk_mb)
     for directory in (layout.control, layout.private):
         directory.mkdir()
     (layout.control / "passwd").write_text(PASSWD)
     (layout.control / "group").write_text(GROUP)
-    return layout
+    return layout, lock
 
 
 def _mount_disk(layout: Layout, disk_mb: int) -> None:
