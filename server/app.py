@@ -15,31 +15,23 @@ import signal
 import threading
 from collections.abc import AsyncIterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from fastapi import FastAPI
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
 from opencode_env.client import TOKEN_VAR
 from opencode_env.version import VERSION
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
-from server.disconnect import CancelOnDisconnect
-from server.environment import (
-    SHUTDOWN_GRACE_S,
-    TOOL_DESCRIPTION,
-    OpenCodeEnvironment,
-    Runtime,
-    max_sessions,
-    runtime,
-)
-from server.gate import AccessGate
-from server.mcp_route import McpRouter
-from server.metadata import ServerMetadata, access_mode, backend_problem
+from server.staged import StagedApp
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from server.environment import Runtime
 
 log = logging.getLogger("opencode_env.server")
 MCP_PATH = "/mcp"
+SHUTDOWN_GRACE_S = 30.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -53,7 +45,17 @@ def access_policy(backend: str, token: str | None = None) -> AccessPolicy:
 
 def build_app(token: str | None = None) -> FastAPI:
     """The app; with a token (default: OPENCODE_ENV_TOKEN) every route but /health requires it."""
+    # Imported here, not at the top: these take seconds, and the staged app answers /health meanwhile.
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    from server.disconnect import CancelOnDisconnect
+    from server.environment import OpenCodeEnvironment, max_sessions, runtime
+    from server.gate import AccessGate
+    from server.mcp_route import McpRouter
+
     shared = runtime()
+    _log_start(shared, access_policy(shared.backend_name, token))
     policy = access_policy(shared.backend_name, token)
     app: FastAPI = create_app(
         OpenCodeEnvironment,
@@ -85,6 +87,9 @@ def build_app(token: str | None = None) -> FastAPI:
 
 
 def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy) -> None:
+    from server.environment import TOOL_DESCRIPTION
+    from server.metadata import ServerMetadata, access_mode, backend_problem
+
     app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/metadata"]
 
     @app.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
@@ -142,11 +147,9 @@ def _answer_before_exit(shared: Runtime) -> Any:
     return restore
 
 
-def main(host: str | None = None, port: int | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    host = host or os.environ.get("HOST", "0.0.0.0")
-    shared = runtime()
-    policy = access_policy(shared.backend_name)
+def _log_start(shared: Runtime, policy: AccessPolicy) -> None:
+    from server.metadata import access_mode
+
     log.info(
         "opencode-env %s: %s backend; at most %d rollouts at once; MCP at %s; access: %s",
         VERSION,
@@ -157,15 +160,20 @@ def main(host: str | None = None, port: int | None = None) -> None:
     )
     if access_mode(policy) == "loopback_only":
         log.warning("no %s set: only connections from this machine are served", TOKEN_VAR)
+
+
+def main(host: str | None = None, port: int | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     uvicorn.run(
         app,
-        host=host,
+        host=host or os.environ.get("HOST", "0.0.0.0"),
         port=port or int(os.environ.get("PORT", "8000")),
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
 
 
-app = build_app()
+# What `uvicorn server.app:app` and `main()` serve: /health at once, everything else once built.
+app = StagedApp(build_app)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
 
 
 def _healthy(url: str) -> bool:
+    """Ready, not only alive: /health answers while the app is still being built, /metadata once it is."""
     try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        return httpx.get(f"{url}/metadata", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
