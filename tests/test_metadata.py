@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from opencode_env.models import RolloutResult
 from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.version import VERSION
 from server.app import build_app
@@ -44,3 +45,16 @@ async def test_a_backends_own_preflight_verdict_is_shown(problem: str | None, us
     configure(PreflightedBackend(problem))
     answer = await metadata()
     assert (answer["backend"], answer["backend_usable"], answer["preflight"]) == ("stub", usable, problem)
+
+
+async def test_a_backend_that_failed_its_preflight_answers_every_rollout_with_the_reason() -> None:
+    backend = PreflightedBackend(NAMESPACES_PROBLEM)
+    configure(backend)
+    transport = httpx.ASGITransport(app=build_app(token=""), client=("127.0.0.1", 40000))
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    call["params"] = {"name": "run_rollout", "arguments": {"instruction": "x", "task_id": "doomed"}}
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        answer = (await client.post("/mcp", json=call)).json()
+    result = RolloutResult.model_validate(answer["result"]["structured_content"])
+    assert (result.status, result.failed_phase, result.error) == ("sandbox_error", "sandbox", NAMESPACES_PROBLEM)
+    assert (result.reward, backend.created) == (None, 0)
