@@ -2,7 +2,8 @@
 both the standard MCP streamable-HTTP transport (MCP Inspector, Claude, Cursor, the SDKs) and OpenEnv's JSON-RPC
 clients (see `server.mcp_route`); `/mcp/stream` is an alias of the standard transport.
 
-The app always starts and answers `/health`; who may use the rest is decided per request (`server.auth`).
+What is served (`app`) answers `/health` from its first moment while this app is built (`server.staged`); who may
+use the rest is decided per request (`server.auth`, `server.gate`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -55,8 +56,8 @@ def build_app(token: str | None = None) -> FastAPI:
     from server.mcp_route import McpRouter
 
     shared = runtime()
-    _log_start(shared, access_policy(shared.backend_name, token))
     policy = access_policy(shared.backend_name, token)
+    _log_start(shared, policy)
     app: FastAPI = create_app(
         OpenCodeEnvironment,
         CallToolAction,
@@ -89,6 +90,7 @@ def build_app(token: str | None = None) -> FastAPI:
 def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy) -> None:
     from server.environment import TOOL_DESCRIPTION
     from server.metadata import ServerMetadata, access_mode, backend_problem
+    from server.preflight import Preflighted
 
     app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/metadata"]
 
@@ -100,14 +102,14 @@ def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy)
             description=TOOL_DESCRIPTION,
             version=VERSION,
             backend=shared.backend_name,
-            backend_usable=False if problem else (True if hasattr(shared.backend, "preflight_problem") else None),
+            backend_usable=False if problem else (True if isinstance(shared.backend, Preflighted) else None),
             preflight=problem,
             access=access_mode(policy),
             max_concurrent_rollouts=shared.rollouts.limit,
         )
 
 
-def _answer_before_exit(shared: Runtime) -> Any:
+def _answer_before_exit(shared: Runtime) -> Callable[[], None]:
     """On SIGTERM/SIGINT, cancel the rollouts and let each caller get its partial result before uvicorn starts
     closing connections (it closes WebSockets at once). Returns the function that puts the handlers back."""
     if threading.current_thread() is not threading.main_thread():
