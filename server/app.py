@@ -28,11 +28,13 @@ from server.staged import StagedApp
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from server.disconnect import PendingReplies
     from server.environment import Runtime
 
 log = logging.getLogger("opencode_env.server")
 MCP_PATH = "/mcp"
 SHUTDOWN_GRACE_S = 30.0
+REPLY_GRACE_S = 10.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -50,7 +52,7 @@ def build_app(token: str | None = None) -> FastAPI:
     from openenv.core.env_server.http_server import create_app
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
-    from server.disconnect import CancelOnDisconnect
+    from server.disconnect import CancelOnDisconnect, PendingReplies
     from server.environment import OpenCodeEnvironment, max_sessions, runtime
     from server.gate import AccessGate
     from server.mcp_route import McpRouter
@@ -66,6 +68,8 @@ def build_app(token: str | None = None) -> FastAPI:
         max_concurrent_envs=max_sessions(shared.rollouts.limit),
     )
     _replace_metadata_route(app, shared, policy)
+    streams_closing = asyncio.Event()
+    replies = PendingReplies()
     standard = shared.mcp.http_app(path=MCP_PATH, stateless_http=False)
     one_shot = shared.mcp.http_app(path=MCP_PATH, stateless_http=True)
     openenv_lifespan = app.router.lifespan_context
@@ -73,16 +77,17 @@ def build_app(token: str | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(application: FastAPI) -> AsyncIterator[None]:
         async with openenv_lifespan(application), standard.lifespan(standard), one_shot.lifespan(one_shot):
-            restore = _answer_before_exit(shared)
+            restore = _answer_before_exit(shared, replies, streams_closing)
             try:
                 yield
             finally:
                 restore()
+                streams_closing.set()
                 await shared.cancel_in_flight()
 
     app.router.lifespan_context = lifespan
-    app.add_middleware(McpRouter, standard=standard, stateless=one_shot)
-    app.add_middleware(CancelOnDisconnect)
+    app.add_middleware(McpRouter, standard=standard, stateless=one_shot, closing=streams_closing)
+    app.add_middleware(CancelOnDisconnect, replies=replies)
     app.add_middleware(AccessGate, policy=policy)
     return app
 
@@ -109,9 +114,10 @@ def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy)
         )
 
 
-def _answer_before_exit(shared: Runtime) -> Callable[[], None]:
+def _answer_before_exit(shared: Runtime, replies: PendingReplies, streams_closing: asyncio.Event) -> Callable[[], None]:
     """On SIGTERM/SIGINT, cancel the rollouts and let each caller get its partial result before uvicorn starts
-    closing connections (it closes WebSockets at once). Returns the function that puts the handlers back."""
+    closing connections (it closes WebSockets at once), then end the MCP sessions' event streams (uvicorn would
+    wait for them). Returns the function that puts the handlers back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
@@ -126,8 +132,9 @@ def _answer_before_exit(shared: Runtime) -> Callable[[], None]:
 
     async def drain_then_exit(sig: int, frame: FrameType | None) -> None:
         await shared.rollouts.shut_down(SHUTDOWN_GRACE_S)
-        # A moment for the answers just produced to reach their sockets before uvicorn closes connections.
-        await asyncio.sleep(0.2)
+        # The answers just produced must be sent before uvicorn closes the WebSockets (HTTP answers it waits for).
+        await replies.settled(REPLY_GRACE_S)
+        streams_closing.set()
         pass_on(sig, frame)
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
