@@ -1,10 +1,14 @@
-"""Start-up cost, side by side: the client import and the server's time to a first /health answer, each with the
-bytecode as installed and with no bytecode at all (an empty PYTHONPYCACHEPREFIX hides the installed .pyc files).
+"""Start-up cost, side by side: the client import and the server's time to a first /health answer, with the
+bytecode as installed and with none at all (an empty PYTHONPYCACHEPREFIX hides every .pyc file), for this tree
+and, with --baseline, another checkout of the project run on the same virtualenv.
 
-    uv run python -m bench.startup [--runs 3]
+    uv run python -m bench.startup [--runs 3] [--baseline DIR]
 
-Every measurement is a fresh interpreter, so the figures include interpreter start; runs alternate between the two
-cases so that machine noise falls on both alike.
+    # a baseline tree without touching the repository:
+    mkdir /tmp/base && git archive a51fee7 | tar -x -C /tmp/base && python -m compileall -q /tmp/base
+
+Every measurement is a fresh interpreter (its start included); the cases alternate within each run so that machine
+noise falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
+ROOT = Path(__file__).resolve().parents[1]
 CLIENT_IMPORT = """
 import json, sys, time
 started = time.perf_counter()
@@ -32,26 +39,37 @@ print(json.dumps({"s": elapsed, "modules": len(sys.modules), "heavy": [m for m i
 """
 
 
-def _environment(no_bytecode: bool, cache_dir: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("PYTHONPYCACHEPREFIX", None)
-    if no_bytecode:
-        env["PYTHONPYCACHEPREFIX"] = cache_dir
-    return env
+@dataclass
+class Case:
+    tree: Path
+    label: str
+    no_bytecode: bool
+    imports: list[float] = field(default_factory=list)
+    modules: int = 0
+    heavy: list[str] = field(default_factory=list)
+    health: list[float] = field(default_factory=list)
+    ready: list[float] = field(default_factory=list)
+
+    def environment(self, empty_cache: str) -> dict[str, str]:
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(self.tree)}
+        env.pop("PYTHONPYCACHEPREFIX", None)
+        if self.no_bytecode:
+            env["PYTHONPYCACHEPREFIX"] = empty_cache
+        return env
 
 
-def client_import(no_bytecode: bool, cache_dir: str) -> tuple[float, float, int, list[str]]:
-    started = time.perf_counter()
+def measure_import(case: Case, empty_cache: str) -> None:
     completed = subprocess.run(
         [sys.executable, "-c", CLIENT_IMPORT],
-        env=_environment(no_bytecode, cache_dir),
+        env=case.environment(empty_cache),
+        cwd=case.tree,
         capture_output=True,
         text=True,
         check=True,
     )
-    wall = time.perf_counter() - started
     report = json.loads(completed.stdout)
-    return wall, report["s"], report["modules"], report["heavy"]
+    case.imports.append(report["s"])
+    case.modules, case.heavy = report["modules"], report["heavy"]
 
 
 def _free_port() -> int:
@@ -61,51 +79,62 @@ def _free_port() -> int:
         return port
 
 
-def health_after_start(no_bytecode: bool, cache_dir: str) -> float:
+def measure_health(case: Case, empty_cache: str) -> None:
     port = _free_port()
-    env = {**_environment(no_bytecode, cache_dir), "HOST": "127.0.0.1", "PORT": str(port)}
-    env["OPENCODE_ENV_BACKEND"] = "local"
+    env = {**case.environment(empty_cache), "HOST": "127.0.0.1", "PORT": str(port), "OPENCODE_ENV_BACKEND": "local"}
     started = time.perf_counter()
     server = subprocess.Popen(
-        [sys.executable, "-m", "server.app"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "server.app"],
+        env=env,
+        cwd=case.tree,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        while time.perf_counter() - started < 120:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - started
-            except httpx.HTTPError:
-                time.sleep(0.02)
-        raise RuntimeError("the server did not answer /health within 120 s")
+        case.health.append(_first_200(f"http://127.0.0.1:{port}/health", started))
+        # Ready: the app is built and serves the rest (the staged app answers /health before that).
+        case.ready.append(_first_200(f"http://127.0.0.1:{port}/metadata", started))
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        server.wait(timeout=60)
+
+
+def _first_200(url: str, started: float) -> float:
+    while time.perf_counter() - started < 120:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return time.perf_counter() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{url} did not answer 200 within 120 s")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another checkout of the project to measure alongside")
     args = parser.parse_args()
-    imports: dict[bool, list[tuple[float, float, int, list[str]]]] = {False: [], True: []}
-    health: dict[bool, list[float]] = {False: [], True: []}
+    trees = [(ROOT, "this tree")] + ([(args.baseline.resolve(), "baseline")] if args.baseline else [])
+    cases = [
+        Case(tree, f"{name}, {mode}", mode == "no bytecode")
+        for tree, name in trees
+        for mode in ("bytecode", "no bytecode")
+    ]
     with tempfile.TemporaryDirectory() as empty_cache:
         for _ in range(args.runs):
-            for no_bytecode in (False, True):
-                imports[no_bytecode].append(client_import(no_bytecode, empty_cache))
-                health[no_bytecode].append(health_after_start(no_bytecode, empty_cache))
-    import_s = {case: statistics.median(r[1] for r in runs) for case, runs in imports.items()}
-    health_s = {case: statistics.median(values) for case, values in health.items()}
-    for no_bytecode, label in ((False, "bytecode as installed"), (True, "no bytecode")):
-        first = imports[no_bytecode][0]
+            for case in cases:
+                measure_import(case, empty_cache)
+                measure_health(case, empty_cache)
+    base = cases[0]
+    for case in cases:
+        imported, healthy, ready = (statistics.median(v) for v in (case.imports, case.health, case.ready))
         print(
-            f"{label:>22}: `from opencode_env import OpenCodeEnv` median {import_s[no_bytecode]:.2f}s "
-            f"(process {statistics.median(r[0] for r in imports[no_bytecode]):.2f}s, {first[2]} modules, heavy: "
-            f"{', '.join(first[3]) or 'none'}); /health after start median {health_s[no_bytecode]:.2f}s"
+            f"{case.label:>26}: client import {imported:5.2f}s ({imported / statistics.median(base.imports):5.1f}x), "
+            f"{case.modules} modules, heavy: {', '.join(case.heavy) or 'none'}; "
+            f"/health {healthy:5.2f}s ({healthy / statistics.median(base.health):4.1f}x); "
+            f"ready {ready:5.2f}s ({ready / statistics.median(base.ready):4.1f}x)"
         )
-    print(
-        f"ratio no-bytecode / installed: import {import_s[True] / import_s[False]:.2f}x, "
-        f"/health {health_s[True] / health_s[False]:.2f}x"
-    )
 
 
 if __name__ == "__main__":

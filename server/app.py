@@ -2,7 +2,8 @@
 both the standard MCP streamable-HTTP transport (MCP Inspector, Claude, Cursor, the SDKs) and OpenEnv's JSON-RPC
 clients (see `server.mcp_route`); `/mcp/stream` is an alias of the standard transport.
 
-The app always starts and answers `/health`; who may use the rest is decided per request (`server.auth`).
+What is served (`app`) answers `/health` from its first moment while this app is built (`server.staged`); who may
+use the rest is decided per request (`server.auth`, `server.gate`).
 """
 
 from __future__ import annotations
@@ -13,34 +14,28 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import uvicorn
-from fastapi import FastAPI
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
 from opencode_env.client import TOKEN_VAR
 from opencode_env.version import VERSION
 from opencode_env.viewer.web import web_router
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
-from server.disconnect import CancelOnDisconnect
-from server.environment import (
-    SHUTDOWN_GRACE_S,
-    TOOL_DESCRIPTION,
-    OpenCodeEnvironment,
-    Runtime,
-    max_sessions,
-    runtime,
-)
-from server.gate import AccessGate
-from server.mcp_route import McpRouter
-from server.metadata import ServerMetadata, access_mode, backend_problem
+from server.staged import StagedApp
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from server.disconnect import PendingReplies
+    from server.environment import Runtime
 
 log = logging.getLogger("opencode_env.server")
 MCP_PATH = "/mcp"
+SHUTDOWN_GRACE_S = 30.0
+REPLY_GRACE_S = 10.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -54,8 +49,18 @@ def access_policy(backend: str, token: str | None = None) -> AccessPolicy:
 
 def build_app(token: str | None = None) -> FastAPI:
     """The app; with a token (default: OPENCODE_ENV_TOKEN) every route but /health requires it."""
+    # Imported here, not at the top: these take seconds, and the staged app answers /health meanwhile.
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    from server.disconnect import CancelOnDisconnect, PendingReplies
+    from server.environment import OpenCodeEnvironment, max_sessions, runtime
+    from server.gate import AccessGate
+    from server.mcp_route import McpRouter
+
     shared = runtime()
     policy = access_policy(shared.backend_name, token)
+    _log_start(shared, policy)
     app: FastAPI = create_app(
         OpenCodeEnvironment,
         CallToolAction,
@@ -64,6 +69,8 @@ def build_app(token: str | None = None) -> FastAPI:
         max_concurrent_envs=max_sessions(shared.rollouts.limit),
     )
     _replace_metadata_route(app, shared, policy)
+    streams_closing = asyncio.Event()
+    replies = PendingReplies()
     standard = shared.mcp.http_app(path=MCP_PATH, stateless_http=False)
     one_shot = shared.mcp.http_app(path=MCP_PATH, stateless_http=True)
     app.include_router(web_router(shared.rollouts.run))
@@ -72,21 +79,26 @@ def build_app(token: str | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(application: FastAPI) -> AsyncIterator[None]:
         async with openenv_lifespan(application), standard.lifespan(standard), one_shot.lifespan(one_shot):
-            restore = _answer_before_exit(shared)
+            restore = _answer_before_exit(shared, replies, streams_closing)
             try:
                 yield
             finally:
                 restore()
+                streams_closing.set()
                 await shared.cancel_in_flight()
 
     app.router.lifespan_context = lifespan
-    app.add_middleware(McpRouter, standard=standard, stateless=one_shot)
-    app.add_middleware(CancelOnDisconnect)
+    app.add_middleware(McpRouter, standard=standard, stateless=one_shot, closing=streams_closing)
+    app.add_middleware(CancelOnDisconnect, replies=replies)
     app.add_middleware(AccessGate, policy=policy)
     return app
 
 
 def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy) -> None:
+    from server.environment import TOOL_DESCRIPTION
+    from server.metadata import ServerMetadata, access_mode, backend_problem
+    from server.preflight import Preflighted
+
     app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/metadata"]
 
     @app.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
@@ -97,16 +109,17 @@ def _replace_metadata_route(app: FastAPI, shared: Runtime, policy: AccessPolicy)
             description=TOOL_DESCRIPTION,
             version=VERSION,
             backend=shared.backend_name,
-            backend_usable=False if problem else (True if hasattr(shared.backend, "preflight_problem") else None),
+            backend_usable=False if problem else (True if isinstance(shared.backend, Preflighted) else None),
             preflight=problem,
             access=access_mode(policy),
             max_concurrent_rollouts=shared.rollouts.limit,
         )
 
 
-def _answer_before_exit(shared: Runtime) -> Any:
+def _answer_before_exit(shared: Runtime, replies: PendingReplies, streams_closing: asyncio.Event) -> Callable[[], None]:
     """On SIGTERM/SIGINT, cancel the rollouts and let each caller get its partial result before uvicorn starts
-    closing connections (it closes WebSockets at once). Returns the function that puts the handlers back."""
+    closing connections (it closes WebSockets at once), then end the MCP sessions' event streams (uvicorn would
+    wait for them). Returns the function that puts the handlers back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
@@ -121,8 +134,9 @@ def _answer_before_exit(shared: Runtime) -> Any:
 
     async def drain_then_exit(sig: int, frame: FrameType | None) -> None:
         await shared.rollouts.shut_down(SHUTDOWN_GRACE_S)
-        # A moment for the answers just produced to reach their sockets before uvicorn closes connections.
-        await asyncio.sleep(0.2)
+        # The answers just produced must be sent before uvicorn closes the WebSockets (HTTP answers it waits for).
+        await replies.settled(REPLY_GRACE_S)
+        streams_closing.set()
         pass_on(sig, frame)
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
@@ -144,11 +158,9 @@ def _answer_before_exit(shared: Runtime) -> Any:
     return restore
 
 
-def main(host: str | None = None, port: int | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    host = host or os.environ.get("HOST", "0.0.0.0")
-    shared = runtime()
-    policy = access_policy(shared.backend_name)
+def _log_start(shared: Runtime, policy: AccessPolicy) -> None:
+    from server.metadata import access_mode
+
     log.info(
         "opencode-env %s: %s backend; at most %d rollouts at once; MCP at %s; access: %s",
         VERSION,
@@ -159,15 +171,20 @@ def main(host: str | None = None, port: int | None = None) -> None:
     )
     if access_mode(policy) == "loopback_only":
         log.warning("no %s set: only connections from this machine are served", TOKEN_VAR)
+
+
+def main(host: str | None = None, port: int | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     uvicorn.run(
         app,
-        host=host,
+        host=host or os.environ.get("HOST", "0.0.0.0"),
         port=port or int(os.environ.get("PORT", "8000")),
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
 
 
-app = build_app()
+# What `uvicorn server.app:app` and `main()` serve: /health at once, everything else once built.
+app = StagedApp(build_app)
 
 
 if __name__ == "__main__":

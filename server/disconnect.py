@@ -17,9 +17,33 @@ from starlette.websockets import WebSocketDisconnect
 DISCONNECTS = frozenset({"websocket.disconnect", "http.disconnect"})
 
 
+class PendingReplies:
+    """WebSocket requests received and not yet answered (OpenEnv answers each message once), so that a shutdown
+    can let the answers go out before uvicorn closes every WebSocket."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def received(self) -> None:
+        self._count += 1
+        self._idle.clear()
+
+    def answered(self, how_many: int = 1) -> None:
+        self._count -= how_many
+        if self._count <= 0:
+            self._idle.set()
+
+    async def settled(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+
 class CancelOnDisconnect:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, replies: PendingReplies | None = None) -> None:
         self.app = app
+        self.replies = replies or PendingReplies()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
@@ -40,9 +64,27 @@ class CancelOnDisconnect:
                         handler.cancel()
                     return
 
+        replies = self.replies
+        awaiting = 0
+
+        async def receive_request() -> Message:
+            nonlocal awaiting
+            message = await inbox.get()
+            if message["type"] == "websocket.receive":
+                awaiting += 1
+                replies.received()
+            return message
+
+        async def send_reply(message: Message) -> None:
+            nonlocal awaiting
+            await send(message)
+            if message["type"] == "websocket.send" and awaiting > 0:
+                awaiting -= 1
+                replies.answered()
+
         reader = asyncio.ensure_future(pump())
         try:
-            await self.app(scope, inbox.get, send)
+            await self.app(scope, receive_request, send_reply)
         except asyncio.CancelledError:
             if not client_gone or handler is None:
                 raise
@@ -52,6 +94,8 @@ class CancelOnDisconnect:
             if not client_gone:
                 raise
         finally:
+            if awaiting:
+                replies.answered(awaiting)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader

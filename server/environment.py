@@ -26,13 +26,13 @@ from opencode_env.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
 from opencode_env.sandbox import BackendName, make_backend, resolve_backend_name
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.version import VERSION
+from server.app import SHUTDOWN_GRACE_S
 from server.rollouts import Rollouts
 
 log = logging.getLogger("opencode_env.server")
 # openenv-core reads FastMCP's renamed Tool.inputSchema on every tools/list; the schema it gets is right.
 warnings.filterwarnings("ignore", message="Accessing `Tool.inputSchema` is deprecated")
 SERVER_MARGIN_S = 60.0
-SHUTDOWN_GRACE_S = 30.0
 PHASES: tuple[Phase, ...] = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect")
 TOOL_DESCRIPTION = (
     "Run one OpenCode coding-agent episode in a fresh sandbox: run the setup commands, the agent on the "

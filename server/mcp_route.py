@@ -11,6 +11,7 @@ The WebSocket at `/mcp` stays OpenEnv's. `/mcp/stream` is an alias of the standa
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Literal
 
@@ -48,10 +49,11 @@ def route_post(headers: list[tuple[bytes, bytes]], body: bytes) -> Route:
 
 
 class McpRouter:
-    def __init__(self, app: ASGIApp, standard: ASGIApp, stateless: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, standard: ASGIApp, stateless: ASGIApp, closing: asyncio.Event) -> None:
         self.app = app
         self.standard = standard
         self.stateless = stateless
+        self.closing = closing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
@@ -59,6 +61,11 @@ class McpRouter:
             await self.app(scope, receive, send)
             return
         standard_scope = {**scope, "path": STANDARD_PATH, "raw_path": STANDARD_PATH.encode()}
+        if scope["method"] == "GET":
+            # A session's event stream stays open as long as its client; at shutdown it must end, or the server
+            # would wait out its whole grace period for clients that are only listening.
+            await self.standard(standard_scope, _until(self.closing, receive), send)
+            return
         if scope["method"] != "POST":
             await self.standard(standard_scope, receive, send)
             return
@@ -70,6 +77,26 @@ class McpRouter:
             await self.stateless(standard_scope, replay, send)
         else:
             await self.standard(standard_scope, replay, send)
+
+
+def _until(closing: asyncio.Event, receive: Receive) -> Receive:
+    """`receive`, except that once `closing` is set the stream hears that its client disconnected."""
+
+    async def receive_or_close() -> Message:
+        if closing.is_set():
+            return {"type": "http.disconnect"}
+        message = asyncio.ensure_future(receive())
+        closed = asyncio.ensure_future(closing.wait())
+        try:
+            await asyncio.wait({message, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if message.done():
+            return message.result()
+        message.cancel()
+        return {"type": "http.disconnect"}
+
+    return receive_or_close
 
 
 async def _buffered(receive: Receive) -> tuple[bytes, Receive]:

@@ -20,6 +20,7 @@ from opencode_env.deadline import total_budget_s
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
+from server.preflight import Preflighted
 
 log = logging.getLogger("opencode_env.server")
 Progress = Callable[[Phase, str], Awaitable[None]]
@@ -52,6 +53,13 @@ class Rollouts:
         started = time.monotonic()
         if self._stopping.is_set():
             return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
+        # Only a backend's own verdict stops a rollout here; the cheap checks /metadata shows may not know every way
+        # a backend can be configured.
+        problem = self.backend.preflight_problem() if isinstance(self.backend, Preflighted) else None
+        if problem:
+            result = _failed(request, self.backend.name, started, "sandbox_error", problem)
+            result.failed_phase = "sandbox"
+            return result
         rollout = asyncio.ensure_future(self._within_cap(request, tracker))
         self._running.add(rollout)
         rollout.add_done_callback(self._running.discard)

@@ -149,7 +149,7 @@ def test_uvicorn_serving_the_importable_app_on_all_interfaces_starts_and_refuses
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/metadata", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)

@@ -20,6 +20,8 @@ from opencode_env.version import VERSION
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@0.15.0"
+INSPECTOR_2_PACKAGE = "@modelcontextprotocol/inspector@2.12.0"
+NODE_22_PACKAGE = "node@22.23.3"
 
 
 @pytest.fixture(scope="module")
@@ -103,23 +105,38 @@ def test_metadata_names_the_version_backend_and_access(server: StubServer) -> No
     )
 
 
+def run_inspector(packages: list[str], command: str) -> subprocess.CompletedProcess[str]:
+    """Run an MCP Inspector command with npx, which installs the packages from the npm registry first."""
+    installs = [arg for package in packages for arg in ("-p", package)]
+    return subprocess.run(
+        ["npx", "-y", *installs, "-c", command], capture_output=True, text=True, timeout=540, check=False
+    )
+
+
 @pytest.mark.skipif(shutil.which("npx") is None, reason="needs Node's npx")
 @pytest.mark.timeout(600)
-def test_mcp_inspector_cli_lists_and_calls_the_tool(server: StubServer) -> None:
+def test_mcp_inspector_0_15_cli_lists_and_calls_the_tool(server: StubServer) -> None:
     def inspector(*arguments: str) -> Any:
-        completed = subprocess.run(
-            ["npx", "-y", INSPECTOR_PACKAGE, "--cli", f"{server.url}/mcp", "--transport", "http", *arguments],
-            capture_output=True,
-            text=True,
-            timeout=540,
-            check=False,
-        )
+        command = " ".join(["mcp-inspector --cli", f"{server.url}/mcp", "--transport http", *arguments])
+        completed = run_inspector([INSPECTOR_PACKAGE], command)
         assert completed.returncode == 0, completed.stdout + completed.stderr
         return json.loads(completed.stdout)
 
-    listed = inspector("--method", "tools/list")
+    listed = inspector("--method tools/list")
     assert [tool["name"] for tool in listed["tools"]] == ["run_rollout"]
     fields = stub_arguments("inspector")
-    tool_arguments = [f"--tool-arg={name}={value}" for name, value in fields.items() if name != "setup"]
-    called = inspector("--method", "tools/call", "--tool-name", "run_rollout", *tool_arguments)
+    tool_arguments = [f"--tool-arg {name}={value}" for name, value in fields.items() if name != "setup"]
+    called = inspector("--method tools/call --tool-name run_rollout", *tool_arguments)
     assert_stub_result(called["structuredContent"])
+
+
+@pytest.mark.skipif(shutil.which("npx") is None, reason="needs Node's npx")
+@pytest.mark.timeout(600)
+def test_mcp_inspector_2_on_node_22_lists_the_tool(server: StubServer) -> None:
+    """Inspector 2.x needs Node >= 22.19: the npm package `node` provides one for this run only."""
+    command = f"node --version && mcp-inspector --cli {server.url}/mcp --transport http --method tools/list"
+    completed = run_inspector([NODE_22_PACKAGE, INSPECTOR_2_PACKAGE], command)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    version, _, listing = completed.stdout.partition("\n")
+    assert version.startswith("v22.")
+    assert [tool["name"] for tool in json.loads(listing)["tools"]] == ["run_rollout"]

@@ -1,0 +1,87 @@
+"""An ASGI app that answers `/health` from its first moment while the real app is built in a thread.
+
+Building the real app imports openenv-core's server side (FastAPI, FastMCP, Gradio, pandas: seconds, more on a busy
+or cold machine). A Space, a container health check or a supervisor only needs to know the process is alive, so
+`/health` answers at once; every other request gets 503 with a Retry-After until the app is ready, and the reason
+if building it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger("opencode_env.server")
+STARTING = "the server is starting (loading its dependencies): retry in a few seconds"
+TRY_AGAIN_LATER = 1013
+DENIAL_EXTENSION = "websocket.http.response"
+
+
+def _headers(body: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    length = str(len(json.dumps(body).encode())).encode()
+    return [(b"content-type", b"application/json"), (b"content-length", length), (b"retry-after", b"2")]
+
+
+class StagedApp:
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._app: ASGIApp | None = None
+        self._failure: str | None = None
+        self._stop = asyncio.Event()
+        self._running: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif self._app is not None:
+            await self._app(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._answer_while_starting(scope, send)
+        elif scope["type"] == "websocket":
+            await self._refuse_websocket(scope, receive, send)
+
+    async def _answer_while_starting(self, scope: Scope, send: Send) -> None:
+        if scope["path"] == "/health" and self._failure is None:
+            status, body = 200, {"status": "healthy"}
+        else:
+            status, body = 503, {"error": self._failure or STARTING}
+        await send({"type": "http.response.start", "status": status, "headers": _headers(body)})
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        body = {"error": self._failure or STARTING}
+        if DENIAL_EXTENSION in (scope.get("extensions") or {}):
+            await send({"type": "websocket.http.response.start", "status": 503, "headers": _headers(body)})
+            await send({"type": "websocket.http.response.body", "body": json.dumps(body).encode()})
+            return
+        await send({"type": "websocket.close", "code": TRY_AGAIN_LATER, "reason": "the server is starting"})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        message = await receive()
+        if message["type"] != "lifespan.startup":
+            return
+        self._running = asyncio.ensure_future(self._serve())
+        await send({"type": "lifespan.startup.complete"})
+        message = await receive()
+        self._stop.set()
+        await self._running
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _serve(self) -> None:
+        """Build the app, then hold its lifespan open (entered and left in this one task) until shutdown."""
+        try:
+            app = await asyncio.to_thread(self._build)
+        except Exception as error:
+            log.exception("the server could not be built")
+            self._failure = f"the server could not start: {type(error).__name__}: {error}"
+            return
+        async with app.router.lifespan_context(app):
+            self._app = app
+            log.info("the server is ready")
+            await self._stop.wait()

@@ -1,0 +1,69 @@
+"""The served app answers /health from its first moment; other requests hear that it is starting, or why it failed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from opencode_env.client import OpenCodeEnv
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.testing.threaded_server import ThreadedServer
+from server.app import build_app
+from server.environment import configure
+from server.staged import StagedApp
+
+
+def wait_for_status(url: str, status: int, timeout_s: float = 30) -> httpx.Response:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(url)
+        if response.status_code == status or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
+
+
+async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it() -> None:
+    release = threading.Event()
+
+    def slow_build() -> Any:
+        release.wait(60)
+        configure(StubBackend())
+        return build_app(token="")
+
+    server = ThreadedServer(StagedApp(slow_build))
+    server.start()
+    try:
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{server.url}/health")).status_code == 200
+            starting = await http.get(f"{server.url}/metadata")
+        assert starting.status_code == 503
+        assert "starting" in starting.json()["error"]
+        assert starting.headers["retry-after"] == "2"
+        with pytest.raises(ConnectionError, match="starting"):
+            async with OpenCodeEnv(server.url) as env:
+                await env.list_tools()
+        release.set()
+        assert wait_for_status(f"{server.url}/metadata", 200).json()["backend"] == "stub"
+        async with OpenCodeEnv(server.url) as env:
+            assert [tool.name for tool in await env.list_tools()] == ["run_rollout"]
+    finally:
+        release.set()
+        server.stop()
+
+
+def test_a_build_that_fails_is_explained_on_every_route() -> None:
+    def broken_build() -> Any:
+        raise RuntimeError("E2B_API_KEY is malformed")
+
+    server = ThreadedServer(StagedApp(broken_build))
+    server.start()
+    try:
+        failed = wait_for_status(f"{server.url}/health", 503)
+        assert "E2B_API_KEY is malformed" in failed.json()["error"]
+        assert "E2B_API_KEY is malformed" in httpx.get(f"{server.url}/mcp").json()["error"]
+    finally:
+        server.stop()
