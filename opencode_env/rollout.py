@@ -104,17 +104,22 @@ async def run_rollout(
     backend: SandboxBackend | None = None,
     *,
     progress: ProgressCallback | None = None,
+    result: RolloutResult | None = None,
 ) -> RolloutResult:
-    """Run one OpenCode episode and return everything it produced; never raises except on cancellation."""
+    """Run one OpenCode episode and return everything it produced; never raises except on cancellation. A caller
+    that may cancel the rollout passes `result` and keeps it: the pipeline fills it as it goes, so after a
+    cancellation it still holds everything captured so far, with status `cancelled`."""
     if backend is None:
         from opencode_env.sandbox.local import LocalBackend
 
         backend = LocalBackend(opencode.cached_tools)
     started = time.monotonic()
-    oracle = request.solution is not None
-    result = RolloutResult(task_id=request.task_id, mode=request.mode, backend=backend.name, oracle=oracle)
+    if result is None:
+        result = RolloutResult()
+    result.task_id, result.mode, result.backend = request.task_id, request.mode, backend.name
+    result.oracle = request.solution is not None
     try:
-        upstream = NO_UPSTREAM if oracle else resolve_upstream(request)
+        upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request)
         result.upstream = upstream.info()
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()

@@ -24,6 +24,7 @@ from opencode_env.client import TOKEN_VAR
 from opencode_env.version import VERSION
 from opencode_env.viewer.web import web_router
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
+from server.preflight import RunsPreflight
 from server.staged import StagedApp
 
 if TYPE_CHECKING:
@@ -80,6 +81,10 @@ def build_app(token: str | None = None) -> FastAPI:
     async def lifespan(application: FastAPI) -> AsyncIterator[None]:
         async with openenv_lifespan(application), standard.lifespan(standard), one_shot.lifespan(one_shot):
             restore = _answer_before_exit(shared, replies, streams_closing)
+            if isinstance(shared.backend, RunsPreflight):
+                problem = await shared.backend.preflight()
+                if problem:
+                    log.error("the %s backend cannot run rollouts here: %s", shared.backend_name, problem)
             try:
                 yield
             finally:

@@ -15,6 +15,13 @@ class Preflighted(Protocol):
     def preflight_problem(self) -> str | None: ...
 
 
+@runtime_checkable
+class RunsPreflight(Protocol):
+    """A backend that can check itself once at start (the local one runs its exact isolation once)."""
+
+    async def preflight(self) -> str | None: ...
+
+
 def backend_problem(backend: object, name: str) -> str | None:
     """What stops this backend from running rollouts, from its own preflight if it has one, else cheap checks."""
     if isinstance(backend, Preflighted):

@@ -75,7 +75,7 @@ class Rollouts:
             if not (rollout.cancelled() and self._stopping.is_set()):
                 raise
             log.info("rollout %s cancelled at shutdown in phase %s", request.task_id or "-", tracker.phase or "-")
-            return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
+            return tracker.cut_short(request, self.backend.name, started)
         finally:
             if call is not None:
                 self._calls.discard(call)
@@ -93,7 +93,7 @@ class Rollouts:
             if waited >= 0.5:
                 log.info("rollout %s waited %.1fs for a slot", request.task_id or "-", waited)
                 request = request.model_copy(update={"total_timeout_s": max(1.0, budget - waited)})
-            return await run_rollout(request, self.backend, progress=tracker)
+            return await run_rollout(request, self.backend, progress=tracker, result=tracker.partial)
         finally:
             self._slots.release()
 
@@ -125,6 +125,15 @@ class _PhaseTracker:
     def __init__(self, progress: Progress | None) -> None:
         self._progress = progress
         self.phase: Phase | None = None
+        self.partial: RolloutResult = RolloutResult()
+
+    def cut_short(self, request: RolloutRequest, backend: str, started: float) -> RolloutResult:
+        """The rollout's own record of what it did before shutdown cut it (setup results, timings, ...)."""
+        if self.partial.status != "cancelled":
+            return _cancelled(request, backend, self.phase, started, SHUTDOWN_MESSAGE)
+        self.partial.error = f"{SHUTDOWN_MESSAGE} ({self.partial.error})"
+        self.partial.failed_phase = self.partial.failed_phase or self.phase
+        return self.partial
 
     async def __call__(self, phase: Phase, message: str) -> None:
         self.phase = phase

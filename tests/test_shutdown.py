@@ -93,7 +93,7 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
         url = f"http://127.0.0.1:{port}"
         assert await wait_for(lambda: _healthy(url), 60), (tmp_path / "server.log").read_text()
         with ScriptedModelServer(Script(steps=[stall(120)])) as model:
-            request = demo_request(model.base_url, agent_timeout_s=100)
+            request = demo_request(model.base_url, agent_timeout_s=100, setup=["echo set-up"])
 
             async def through_websocket() -> RolloutResult:
                 async with OpenCodeEnv(url) as session:
@@ -120,6 +120,8 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
         assert result.error is not None
         assert "shutting down" in result.error
         assert result.failed_phase == "agent"
+        assert [r.stdout for r in result.setup_results] == ["set-up\n"]
+        assert result.sandbox_id.startswith("local-")
     # uvicorn finishes its shutdown, then re-raises the signal so the exit status tells how it ended.
     assert exit_code in (0, -signal.SIGTERM)
     log_text = (tmp_path / "server.log").read_text()

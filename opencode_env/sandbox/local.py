@@ -34,6 +34,7 @@ from opencode_env.sandbox.base import (
     OpenSandboxes,
     ProvidedTools,
     ProxyLaunch,
+    ResourceLimits,
     SandboxError,
     SandboxSpec,
 )
@@ -67,6 +68,14 @@ ROOT_HINT = (
     "the local backend isolates each rollout with its own unprivileged host uid, namespaces and cgroup, which "
     "needs the server to run as root (as in a container or CI); run it as root, or use the E2B or Hugging Face "
     "backend"
+)
+
+PREFLIGHT_S = 30.0
+PREFLIGHT_DISK_MB = 64
+PREFLIGHT_HINT = (
+    "The local backend cannot isolate rollouts on this machine (a container with Docker's default seccomp profile "
+    "or a Hugging Face Space cannot create the namespaces, uids and mounts it needs): run rollouts elsewhere by "
+    "setting E2B_API_KEY, or HF_TOKEN with OPENCODE_ENV_HF_SANDBOXES=1"
 )
 
 ToolsResolver = Callable[[], Awaitable[ProvidedTools]]
@@ -513,6 +522,7 @@ class LocalBackend:
     ) -> None:
         self._own_network = own_network
         self._reaped = False
+        self._preflight: str | None = None
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
         self._open = OpenSandboxes()
@@ -554,6 +564,25 @@ class LocalBackend:
             await sandbox.close()
             raise
         return sandbox
+
+    async def preflight(self) -> str | None:
+        """Run the exact isolation once (one `true` command) and keep the verdict: a machine that cannot isolate
+        fails every rollout at once with the reason, never as a setup or agent failure."""
+        try:
+            sandbox = await self.create(SandboxSpec(limits=ResourceLimits(disk_mb=PREFLIGHT_DISK_MB)))
+            try:
+                ran = await sandbox.run("true", timeout_s=PREFLIGHT_S)
+            finally:
+                await sandbox.close()
+            problem = None if ran.exit_code == 0 else f"a sandbox command failed: {ran.stderr.strip()[-800:]}"
+        except Exception as error:
+            log.warning("the local backend's preflight failed: %s", error)
+            problem = str(error)
+        self._preflight = f"{problem}. {PREFLIGHT_HINT}" if problem else None
+        return self._preflight
+
+    def preflight_problem(self) -> str | None:
+        return self._preflight
 
     async def close_all(self) -> int:
         return await self._open.close_all()
