@@ -132,6 +132,9 @@ async def run_rollout(
         _fail(result, "invalid_request", "validate", str(error))
     except PhaseFailure as failure:
         _fail(result, failure.status, failure.phase, str(failure))
+    except SandboxError as error:
+        log.warning("the sandbox failed under a rollout: %s", error)
+        _fail(result, "sandbox_error", None, str(error))
     except asyncio.CancelledError:
         _fail(result, "cancelled", None, "the rollout was cancelled")
         raise

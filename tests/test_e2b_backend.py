@@ -169,3 +169,41 @@ async def test_a_live_rollout_on_e2b() -> None:
         pytest.skip("set OPENCODE_ENV_LIVE_ENDPOINT (vllm, openai or hf_router, with its env vars) for a live rollout")
     result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), E2BBackend())
     assert result.status == "completed", result.error
+
+
+async def test_a_probe_that_fails_kills_the_sandbox_and_says_so(sandbox_base: Any, no_leaks: None) -> None:
+    cloud = FakeCloud(base_dir=sandbox_base, command_failure=True)
+    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
+    result = await run_rollout(demo_request("http://127.0.0.1:9/v1"), backend)
+    assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
+    assert "did not answer its first command" in (result.error or "")
+    assert (cloud.created, cloud.alive) == (1, {})
+
+
+async def test_a_rollout_cancelled_during_the_probe_kills_the_sandbox(sandbox_base: Any, no_leaks: None) -> None:
+    cloud = FakeCloud(base_dir=sandbox_base, command_delay_s=5.0)
+    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
+    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), backend))
+    for _ in range(200):
+        if cloud.created:
+            break
+        await asyncio.sleep(0.05)
+    rollout.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rollout
+    assert (cloud.created, cloud.alive) == (1, {})
+
+
+async def test_an_sdk_failure_mid_rollout_is_a_sandbox_error(sandbox_base: Any, no_leaks: None) -> None:
+    cloud = FakeCloud(base_dir=sandbox_base)
+    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
+
+    def outage(phase: str, message: str) -> None:
+        if phase == "setup":
+            cloud.command_failure = True
+
+    result = await run_rollout(demo_request("http://127.0.0.1:9/v1", setup=["true"]), backend, progress=outage)
+    assert result.status == "sandbox_error", result.error
+    assert "running a command failed" in (result.error or "")
+    assert result.reward is None
+    assert cloud.alive == {}

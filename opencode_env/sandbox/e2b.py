@@ -14,7 +14,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -87,6 +87,17 @@ def create_error(error: BaseException, template: str) -> SandboxError:
     return SandboxError(f"E2B sandbox creation failed: {type(error).__name__}: {error}")
 
 
+@contextlib.contextmanager
+def _mapped(sandbox_id: str, action: str) -> Iterator[None]:
+    """SDK and transport failures of an existing sandbox become one SandboxError (the rollout's sandbox_error)."""
+    try:
+        yield
+    except (FileNotFoundException, CommandExitException):
+        raise
+    except (SandboxException, httpx.HTTPError) as error:
+        raise SandboxError(f"E2B sandbox {sandbox_id}: {action} failed: {type(error).__name__}: {error}") from error
+
+
 class E2BProcess:
     def __init__(self, handle: Any) -> None:
         self._handle = handle
@@ -105,7 +116,8 @@ class E2BProcess:
         if not self._done.done():
             with contextlib.suppress(SandboxException):
                 await self._handle.kill()
-        with contextlib.suppress(SandboxException, asyncio.CancelledError):
+        # Only our own 5 s wait is bounded here; a cancellation from outside propagates.
+        with contextlib.suppress(SandboxException, TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._done), timeout=5)
 
 
@@ -143,16 +155,17 @@ class E2BSandbox:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         started = time.monotonic()
         stdout, stderr = BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes)
-        handle = await self._sandbox.commands.run(
-            cmd,
-            background=True,
-            envs=self._envs(env),
-            cwd=cwd,
-            user="root" if privileged else TASK_USER,
-            timeout=0,
-            on_stdout=lambda text: stdout.feed(text.encode()),
-            on_stderr=lambda text: stderr.feed(text.encode()),
-        )
+        with _mapped(self.sandbox_id, "running a command"):
+            handle = await self._sandbox.commands.run(
+                cmd,
+                background=True,
+                envs=self._envs(env),
+                cwd=cwd,
+                user="root" if privileged else TASK_USER,
+                timeout=0,
+                on_stdout=lambda text: stdout.feed(text.encode()),
+                on_stderr=lambda text: stderr.feed(text.encode()),
+            )
         process = E2BProcess(handle)
         self._processes.add(process)
         timed_out, exit_code = False, None
@@ -180,9 +193,10 @@ class E2BSandbox:
         if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         logged = f"mkdir -p {shlex.quote(os.path.dirname(log_path))} && exec >> {shlex.quote(log_path)} 2>&1; {cmd}"
-        handle = await self._sandbox.commands.run(
-            logged, background=True, envs=self._envs(env), cwd=cwd, user=TASK_USER, timeout=0
-        )
+        with _mapped(self.sandbox_id, "starting a command"):
+            handle = await self._sandbox.commands.run(
+                logged, background=True, envs=self._envs(env), cwd=cwd, user=TASK_USER, timeout=0
+            )
         process = E2BProcess(handle)
         self._processes.add(process)
         return process
@@ -192,12 +206,14 @@ class E2BSandbox:
         return result.exit_code, result.stdout if result.exit_code == 0 else result.stderr
 
     async def write_root_file(self, path: str, data: str) -> None:
-        await self._sandbox.files.write(path, data, user="root")
+        with _mapped(self.sandbox_id, "writing a file"):
+            await self._sandbox.files.write(path, data, user="root")
 
     async def start_root(self, cmd: str, env: dict[str, str]) -> E2BProcess:
-        handle = await self._sandbox.commands.run(
-            cmd, background=True, envs={**self._env, **env}, cwd="/", user="root", timeout=0
-        )
+        with _mapped(self.sandbox_id, "starting a root command"):
+            handle = await self._sandbox.commands.run(
+                cmd, background=True, envs={**self._env, **env}, cwd="/", user="root", timeout=0
+            )
         process = E2BProcess(handle)
         self._processes.add(process)
         return process
@@ -209,7 +225,8 @@ class E2BSandbox:
         """In the user's home: E2B's boundary is the VM, and a task that rewrites its own agent's config only
         loses its own capture."""
         path = f"{CONTROL_DIR}/{name}"
-        await self._sandbox.files.write(path, data)
+        with _mapped(self.sandbox_id, "writing a file"):
+            await self._sandbox.files.write(path, data)
         return path
 
     async def read_tail(self, path: str, limit: int) -> bytes:
@@ -223,18 +240,21 @@ class E2BSandbox:
         return []
 
     async def write_file(self, path: str, data: str | bytes) -> None:
-        await self._sandbox.files.write(path, data)
+        with _mapped(self.sandbox_id, "writing a file"):
+            await self._sandbox.files.write(path, data)
 
     async def read_file(self, path: str) -> bytes:
         try:
-            data = await self._sandbox.files.read(path, format="bytes")
+            with _mapped(self.sandbox_id, "reading a file"):
+                data = await self._sandbox.files.read(path, format="bytes")
         except FileNotFoundException as missing:
             raise FileNotFoundError(path) from missing
         return bytes(data)
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
         try:
-            entries = await self._sandbox.files.list(root, depth=32)
+            with _mapped(self.sandbox_id, "listing files"):
+                entries = await self._sandbox.files.list(root, depth=32)
         except FileNotFoundException:
             return []
         prefix = root.rstrip("/") + "/"
@@ -289,9 +309,17 @@ class E2BBackend:
         await self._admission.acquire()
         try:
             sandbox = await self._create_killing_if_cancelled(spec, template, key)
-            tools = await self._probe(sandbox)
         except BaseException:
             self._admission.release()
+            raise
+        try:
+            tools = await self._probe(sandbox)
+        except BaseException as error:
+            # A sandbox that exists bills until its lifetime ends: kill it whatever stopped the probe.
+            await asyncio.shield(_kill_quietly(sandbox))
+            self._admission.release()
+            if isinstance(error, Exception) and not isinstance(error, SandboxError):
+                raise SandboxError(f"the E2B sandbox did not answer its first command: {error}") from error
             raise
         opened: E2BSandbox
 
@@ -346,6 +374,13 @@ class E2BBackend:
 
 
 _late_kills: set[asyncio.Future[Any]] = set()
+
+
+async def _kill_quietly(sandbox: Any) -> None:
+    try:
+        await sandbox.kill()
+    except (SandboxException, httpx.HTTPError, OSError) as error:
+        log.error("killing E2B sandbox %s failed: %s (opencode-env reap will find it)", sandbox.sandbox_id, error)
 
 
 def _kill_when_created(creating: asyncio.Future[Any]) -> None:

@@ -56,6 +56,8 @@ class FakeCloud:
     unreachable: bool = False
     busy: bool = False
     create_delay_s: float = 0.0
+    command_delay_s: float = 0.0
+    command_failure: bool = False
     alive: dict[str, FakeAsyncSandbox] = field(default_factory=dict)
     created: int = 0
 
@@ -119,8 +121,9 @@ class FakeCommandHandle:
 
 
 class FakeCommands:
-    def __init__(self, sandbox: LocalSandbox) -> None:
+    def __init__(self, sandbox: LocalSandbox, cloud: FakeCloud) -> None:
         self._sandbox = sandbox
+        self._cloud = cloud
         self._handles: dict[int, FakeCommandHandle] = {}
 
     async def run(
@@ -138,6 +141,10 @@ class FakeCommands:
         *,
         retain_output: bool = True,
     ) -> Any:
+        if self._cloud.command_delay_s:
+            await asyncio.sleep(self._cloud.command_delay_s)
+        if self._cloud.command_failure:
+            raise SandboxException("the sandbox's agent did not answer (fake outage)")
         process = await self._sandbox.spawn(cmd, env=envs, cwd=cwd or HOME, privileged=user == "root")
         handle = FakeCommandHandle(process, on_stdout, on_stderr, retain_output)
         self._handles[handle.pid] = handle
@@ -266,7 +273,7 @@ class FakeAsyncSandbox:
         self._template = template
         self._metadata = metadata
         self._started = datetime.datetime.now(datetime.UTC)
-        self.commands = FakeCommands(local)
+        self.commands = FakeCommands(local, self.cloud)
         self.files = FakeFilesystem(local)
 
     @classmethod
