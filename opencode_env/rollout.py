@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from opencode_env.models import (
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
+    RolloutTurn,
     TokenUsage,
     is_infrastructure_failure,
 )
@@ -467,7 +469,15 @@ def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: b
         return None
     if failure.status not in ("agent_error", "agent_timeout"):
         return failure
-    if turns and turns[-1].outcome != "complete":
+    if failure.status == "agent_timeout" and turns and turns[-1].outcome == "client_disconnected":
+        # Our deadline killed the agent mid-call: the model was fine, the turn was cut by us.
+        turns[-1].outcome = "cut_by_deadline"
+        return failure
+    overflow = _context_overflow(turns)
+    last_failed = bool(turns) and turns[-1].outcome != "complete"
+    if overflow is not None and (not last_failed or _context_overflow(turns[-1:]) is not None):
+        return PhaseFailure("agent_error", "agent", f"{failure}; the prompt exceeded the model's context: {overflow}")
+    if last_failed:
         last = turns[-1]
         return PhaseFailure(
             "upstream_error",
@@ -478,6 +488,22 @@ def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: b
     if not turns and "APIError" in result.agent_log_tail:
         return PhaseFailure("upstream_error", "agent", f"{failure}; the model call failed (see agent_log_tail)")
     return failure
+
+
+CONTEXT_OVERFLOW = re.compile(
+    r"maximum context length|context length|prompt contains at least \d+ input tokens|context window|too many tokens",
+    re.IGNORECASE,
+)
+
+
+def _context_overflow(turns: list[RolloutTurn]) -> str | None:
+    """The model's own words when a call failed because the prompt no longer fits its context (the policy's doing,
+    not an infrastructure failure: the reward stands). OpenCode then compacts and may call again before it exits."""
+    for turn in reversed(turns):
+        error = turn.upstream_error or ""
+        if turn.upstream_status == 400 and CONTEXT_OVERFLOW.search(error):
+            return error[:300]
+    return None
 
 
 async def _agent_log_tail(sandbox: Sandbox, errors: list[str]) -> str:

@@ -3,8 +3,9 @@ reach OpenCode as labels, never as flags."""
 
 from __future__ import annotations
 
+from opencode_env.proxy.capture import turn_kind
 from opencode_env.sandbox.local import LocalBackend
-from opencode_env.testing.script import Script, demo_script, stall
+from opencode_env.testing.script import Script, Step, demo_script, fail, stall
 from tests.helpers import rollout
 
 
@@ -27,3 +28,33 @@ async def test_a_task_id_that_looks_like_a_flag_is_only_a_title(backend: LocalBa
     outcome = await rollout(backend, demo_script(), task_id="-rf")
     assert outcome.result.status == "completed", outcome.result.error
     assert outcome.result.task_id == "-rf"
+
+
+async def test_a_turn_our_deadline_cut_is_labelled_and_the_status_stays_agent_timeout(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    slow = Step(content="word " * 400, token_delay_s=0.1)
+    outcome = await rollout(backend, Script(steps=[slow]), agent_timeout_s=12, verify=["true"])
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("agent_timeout", "agent"), result.error
+    assert result.proxy_turns[-1].outcome == "cut_by_deadline"
+    assert result.reward == 1.0
+
+
+async def test_a_context_overflow_says_so_and_keeps_the_reward(backend: LocalBackend, no_leaks: None) -> None:
+    message = "This model's maximum context length is 32768 tokens. However, your prompt contains at least 40000 input tokens."
+    outcome = await rollout(backend, Script(steps=[fail(400, message=message)]), verify=["true"])
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("agent_error", "agent"), result.error
+    assert "exceeded the model's context" in (result.error or "")
+    assert result.reward == 1.0
+
+
+def test_opencodes_compaction_call_is_auxiliary_even_with_tools() -> None:
+    body = {
+        "tools": [{"type": "function", "function": {"name": "bash"}}],
+        "messages": [{"role": "system", "content": "You are a context summarization agent. Summarize ..."}],
+    }
+    assert turn_kind(body, {}) == "auxiliary"
+    body["messages"] = [{"role": "system", "content": "You are opencode, an interactive CLI tool"}]
+    assert turn_kind(body, {}) == "agent"

@@ -326,7 +326,24 @@ def recorded_headers(headers: dict[str, str]) -> dict[str, str]:
     }
 
 
+COMPACTION_MARKER = "context summarization agent"
+
+
 def turn_kind(body: dict[str, Any], headers: dict[str, str]) -> Literal["agent", "auxiliary", "sub_agent"]:
+    """Sub-agent calls by header; calls without tools (titles, summaries) and OpenCode's compaction call (its
+    system prompt says what it is) are auxiliary: trainers skip them."""
     if headers.get("x-rlm-role", "").lower() == "sub":
         return "sub_agent"
-    return "agent" if body.get("tools") else "auxiliary"
+    if not body.get("tools") or _is_compaction(body):
+        return "auxiliary"
+    return "agent"
+
+
+def _is_compaction(body: dict[str, Any]) -> bool:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return False
+    first = messages[0]
+    content = first.get("content")
+    text = content if isinstance(content, str) else json.dumps(content)
+    return first.get("role") == "system" and COMPACTION_MARKER in text
