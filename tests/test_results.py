@@ -42,7 +42,10 @@ async def test_a_turn_our_deadline_cut_is_labelled_and_the_status_stays_agent_ti
 
 
 async def test_a_context_overflow_says_so_and_keeps_the_reward(backend: LocalBackend, no_leaks: None) -> None:
-    message = "This model's maximum context length is 32768 tokens. However, your prompt contains at least 40000 input tokens."
+    message = (
+        "This model's maximum context length is 32768 tokens. "
+        "However, your prompt contains at least 40000 input tokens."
+    )
     outcome = await rollout(backend, Script(steps=[fail(400, message=message)]), verify=["true"])
     result = outcome.result
     assert (result.status, result.failed_phase) == ("agent_error", "agent"), result.error
