@@ -153,6 +153,20 @@ class RolloutRequest(BaseModel):
         le=290,
         description="The proxy ends a model call that sends no bytes for this long (OpenCode gives up at ~300 s).",
     )
+    upstream_max_unreachable: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Stop the agent (upstream_error) after this many consecutive model calls that could not "
+        "connect, instead of letting OpenCode retry each for a minute (transparent_proxy mode).",
+    )
+    upstream_max_server_errors: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Stop the agent after this many consecutive 5xx answers (a vLLM under load answers 503 for a "
+        "while: keep it well above a few).",
+    )
     total_timeout_s: float | None = Field(
         None,
         gt=0,

@@ -51,6 +51,10 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> Pr
         str(request.upstream_idle_timeout_s),
         "--api-key-env",
         UPSTREAM_KEY_VAR,
+        "--max-unreachable",
+        str(request.upstream_max_unreachable),
+        "--max-server-errors",
+        str(request.upstream_max_server_errors),
     ]
     if upstream.disable_thinking:
         args.append("--disable-thinking")

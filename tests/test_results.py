@@ -4,7 +4,9 @@ reach OpenCode as labels, never as flags."""
 from __future__ import annotations
 
 from opencode_env.proxy.capture import turn_kind
+from opencode_env.rollout import run_rollout
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, demo_script, fail, stall
 from tests.helpers import rollout
 
@@ -61,3 +63,23 @@ def test_opencodes_compaction_call_is_auxiliary_even_with_tools() -> None:
     assert turn_kind(body, {}) == "auxiliary"
     body["messages"] = [{"role": "system", "content": "You are opencode, an interactive CLI tool"}]
     assert turn_kind(body, {}) == "agent"
+
+
+async def test_a_dead_upstream_stops_the_agent_after_a_few_calls(backend: LocalBackend, no_leaks: None) -> None:
+    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=300, upstream_max_unreachable=2, verify=["true"])
+    result = await run_rollout(request, backend)
+    assert (result.status, result.failed_phase) == ("upstream_error", "agent"), result.error
+    assert [turn.outcome for turn in result.proxy_turns] == ["unreachable", "unreachable"]
+    assert "could not connect" in (result.proxy_turns[-1].upstream_error or "")
+    assert result.agent_exit_code == 1
+    assert result.reward is None
+
+
+async def test_a_long_run_of_5xx_stops_the_agent_at_its_own_threshold(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(
+        backend, Script(steps=[fail(503)] * 10), agent_timeout_s=300, upstream_max_server_errors=3, verify=[]
+    )
+    result = outcome.result
+    assert result.status == "upstream_error", result.error
+    assert [turn.upstream_status for turn in result.proxy_turns] == [503, 503, 503]
+    assert "consecutive 5xx" in (result.proxy_turns[-1].upstream_error or "")

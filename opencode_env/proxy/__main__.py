@@ -22,6 +22,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--endpoint-kind", choices=["vllm", "openai", "hf_router", ""], default="")
     parser.add_argument("--idle-timeout", type=float, default=120.0, help="seconds without upstream bytes")
     parser.add_argument("--api-key-env", default="OPENCODE_ENV_UPSTREAM_KEY", help="env var holding the key")
+    parser.add_argument("--max-unreachable", type=int, default=3, help="stop the agent after this many")
+    parser.add_argument("--max-server-errors", type=int, default=20, help="stop the agent after this many 5xx")
     parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited listening socket")
     parser.add_argument("--admin-socket", default="", help="also serve on this unix socket (health, drain)")
     parser.add_argument("--token-env", default="", help="env var holding the bearer token every caller must send")
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
         idle_timeout_s=args.idle_timeout,
         access_token=os.environ.get(args.token_env, "") if args.token_env else "",
+        max_unreachable=args.max_unreachable,
+        max_server_errors=args.max_server_errors,
     )
     config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=sockets)

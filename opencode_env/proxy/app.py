@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
+from opencode_env.proxy.breaker import Breaker
 from opencode_env.proxy.capture import (
     Fold,
     RewriteConfig,
@@ -57,6 +58,8 @@ class ProxySettings:
     idle_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
     access_token: str = ""
+    max_unreachable: int = 3
+    max_server_errors: int = 20
 
     def __repr__(self) -> str:
         return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"
@@ -100,6 +103,7 @@ class TraceWriter:
 class CaptureProxy:
     def __init__(self, settings: ProxySettings) -> None:
         self.settings = settings
+        self.breaker = Breaker(settings.max_unreachable, settings.max_server_errors)
         self.trace = TraceWriter(settings.trace_path)
         self._turns = itertools.count()
         self._pending: set[asyncio.Task[None]] = set()
@@ -183,6 +187,8 @@ class CaptureProxy:
             await self._failed(send, pending, "upstream_disconnected", 502, str(error))
             return
         pending.record["upstream_status"] = upstream.status
+        if upstream.status == 200:
+            self.breaker.succeeded()
         if upstream.status != 200:
             await self._upstream_error(send, pending, upstream)
         elif pending.record["stream"]:
@@ -191,8 +197,12 @@ class CaptureProxy:
             await self._whole(send, pending, upstream)
 
     async def _failed(self, send: Send, pending: Pending, outcome: str, status: int, error: str) -> None:
-        pending.record.update(outcome=outcome, upstream_error=error)
+        stop = self.breaker.could_not_connect() if outcome == "unreachable" else None
+        pending.record.update(outcome=outcome, upstream_error=f"{error}; {stop}" if stop else error)
         self._schedule(self._record(pending, None))
+        if stop:
+            await _send_json(send, 400, {"error": {"message": stop, "type": "invalid_request_error"}})
+            return
         await _send_json(send, status, {"error": {"message": error, "type": "upstream_error", "code": status}})
 
     async def _upstream_error(self, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
@@ -201,9 +211,13 @@ class CaptureProxy:
         except UpstreamError as error:
             raw = str(error).encode()
         status = upstream.status
-        pending.record.update(outcome="upstream_error", upstream_error=raw[:2000].decode("utf-8", errors="replace"))
+        stop = self.breaker.server_error() if status >= 500 else None
+        recorded = raw[:2000].decode("utf-8", errors="replace")
+        pending.record.update(outcome="upstream_error", upstream_error=f"{recorded}; {stop}" if stop else recorded)
         self._schedule(self._record(pending, None))
-        if status == 429 or status >= 500:
+        if stop:
+            await _send_json(send, 400, {"error": {"message": stop, "type": "invalid_request_error"}})
+        elif status == 429 or status >= 500:
             content_type = upstream.headers.get("content-type", "application/json")
             await _send_bytes(send, status, raw, content_type, _response_headers(upstream))
         else:
