@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from opencode_env import opencode
+from opencode_env.sandbox.local_tools import install_cached
 from opencode_env.testing.demo import DEMO_INSTRUCTION
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
@@ -22,7 +23,7 @@ from opencode_env.testing.scripted_model import ScriptedModelServer
 
 def bare_opencode_run(base_url: str, model_id: str = "scripted-policy") -> float:
     """Seconds for one bare `opencode run` of the demo instruction against base_url."""
-    binary = str(opencode.install_cached())
+    binary = str(install_cached())
     with tempfile.TemporaryDirectory() as scratch:
         home = Path(scratch)
         (home / "workdir").mkdir()

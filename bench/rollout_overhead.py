@@ -15,9 +15,9 @@ import time
 
 from bench.opencode_body import bare_opencode_run
 from opencode_env.models import Mode, RolloutResult
-from opencode_env.opencode import cached_tools, install_cached
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local_tools import cached_tools, install_cached
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer

@@ -25,8 +25,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from opencode_env.formats import rollout_reward
 from opencode_env.models import RolloutRequest
-from opencode_env.opencode import cached_tools
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local_tools import cached_tools
 from opencode_env.testing.chat_template import EOS, SPECIAL_IDS
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script

@@ -15,10 +15,10 @@ from pydantic import ValidationError
 from opencode_env.check_task import add_check_task_parser
 from opencode_env.export import add_export_parser
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
-from opencode_env.opencode import InstallError
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.local_tools import InstallError
 from opencode_env.viewer.cli import add_view_parser
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
@@ -175,7 +175,8 @@ def _cmd_reap(args: argparse.Namespace) -> int:
 
 
 def _cmd_install(_: argparse.Namespace) -> int:
-    from opencode_env.opencode import OPENCODE_VERSION, install_cached
+    from opencode_env.pins import OPENCODE_VERSION
+    from opencode_env.sandbox.local_tools import install_cached
 
     print(f"OpenCode {OPENCODE_VERSION}: {install_cached()}")
     return 0

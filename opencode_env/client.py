@@ -24,12 +24,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from opencode_env.access import TOKEN_VAR
 from opencode_env.deadline import total_budget_s
 from opencode_env.models import TOOL_NAME, RolloutRequest, RolloutResult
 from opencode_env.sync_view import SyncView
 from opencode_env.ws_session import OpenEnvSession, ServerError, Tool
 
-TOKEN_VAR = "OPENCODE_ENV_TOKEN"
 CLIENT_MARGIN_S = 120.0
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
 __all__ = ["OpenCodeEnv", "RolloutAnswerError", "ServerError", "Tool"]

@@ -48,6 +48,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.local_tools import InstallError
 
 log = logging.getLogger("opencode_env.rollout")
 ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
@@ -113,8 +114,9 @@ async def run_rollout(
     cancellation it still holds everything captured so far, with status `cancelled`."""
     if backend is None:
         from opencode_env.sandbox.local import LocalBackend
+        from opencode_env.sandbox.local_tools import cached_tools
 
-        backend = LocalBackend(opencode.cached_tools)
+        backend = LocalBackend(cached_tools)
     started = time.monotonic()
     if result is None:
         result = RolloutResult()
@@ -183,7 +185,7 @@ async def _create_sandbox(
         sandbox = await asyncio.wait_for(backend.create(spec), timeout=deadline.budget(deadline.remaining()))
     except TimeoutError as error:
         raise PhaseFailure("sandbox_error", "sandbox", "sandbox creation ran out of time") from error
-    except (SandboxError, opencode.InstallError) as error:
+    except (SandboxError, InstallError) as error:
         raise PhaseFailure("sandbox_error", "sandbox", str(error)) from error
     finally:
         result.timings.sandbox_s = round(time.monotonic() - started, 4)

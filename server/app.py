@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from opencode_env.client import TOKEN_VAR
+from opencode_env.access import TOKEN_VAR
 from opencode_env.version import VERSION
 from opencode_env.viewer.web import web_router
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy

@@ -12,7 +12,7 @@ import hmac
 import ipaddress
 from dataclasses import dataclass
 
-from opencode_env.client import TOKEN_VAR
+from opencode_env.access import TOKEN_VAR
 from opencode_env.viewer.web import WEB_OPEN_PATHS
 
 ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"

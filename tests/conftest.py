@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.opencode import cached_tools, install_cached
 from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.hf import HFBackend
 from opencode_env.sandbox.local import LocalBackend
-from opencode_env.testing.fake_e2b import FakeCloud
+from opencode_env.sandbox.local_tools import cached_tools, install_cached
+from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 
 

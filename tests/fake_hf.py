@@ -30,9 +30,9 @@ from huggingface_hub import JobInfo
 from huggingface_hub._sandbox import DEFAULT_IMAGE, RESERVED_SANDBOX_LABELS, SandboxCommandResult
 from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
 
-from opencode_env.opencode import cached_tools
 from opencode_env.sandbox.base import ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local_tools import cached_tools
 
 T = TypeVar("T")
 IMAGE_BIN = str(Path(__file__).parent / "fake_hf_image")

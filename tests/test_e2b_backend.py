@@ -20,16 +20,16 @@ from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.e2b import E2BBackend, reap
 from opencode_env.sandbox.template import dockerfile
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.fake_e2b import (
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.conftest import processes_mentioning
+from tests.fake_e2b import (
     FakeAsyncSandbox,
     FakeCloud,
     FakeCommandHandle,
     FakeCommands,
     FakeFilesystem,
 )
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from tests.conftest import processes_mentioning
 
 
 def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:

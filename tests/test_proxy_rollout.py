@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opencode_env.opencode import cached_tools
 from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local_tools import cached_tools
 from opencode_env.testing.script import Script, bash, demo_script, fail, say
 from tests.helpers import rollout
 

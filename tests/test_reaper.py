@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from opencode_env.opencode import cached_tools
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local_tools import cached_tools
 
 KILLED_SERVER = """
 import asyncio, sys
 from pathlib import Path
-from opencode_env.opencode import cached_tools
+from opencode_env.sandbox.local_tools import cached_tools
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local import LocalBackend
 

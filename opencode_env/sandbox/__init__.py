@@ -26,8 +26,8 @@ def resolve_backend_name(name: BackendName) -> Literal["local", "e2b", "hf"]:
 def make_backend(name: BackendName = "auto") -> SandboxBackend:
     resolved = resolve_backend_name(name)
     if resolved == "local":
-        from opencode_env.opencode import cached_tools
         from opencode_env.sandbox.local import LocalBackend
+        from opencode_env.sandbox.local_tools import cached_tools
 
         return LocalBackend(cached_tools)
     if resolved == "hf":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from opencode_env.opencode import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
+from opencode_env.pins import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry
 
 USER = "user"

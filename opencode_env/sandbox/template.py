@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opencode_env.opencode import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
+from opencode_env.pins import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.e2b import DEFAULT_TEMPLATE
 

@@ -37,9 +37,9 @@ from e2b.api.client.models.sandbox_state import SandboxState
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
-from opencode_env.opencode import cached_tools
 from opencode_env.sandbox.base import HOME, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local_tools import cached_tools
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
 NPM_GLOBAL = f"{HOME}/.npm-global"
