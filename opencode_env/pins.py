@@ -5,6 +5,10 @@ from __future__ import annotations
 OPENCODE_VERSION = "1.18.33"
 OPENCODE_PACKAGE = "opencode-ai"
 PROXY_PYTHON_PACKAGES = ("fastapi", "uvicorn", "uvloop", "httptools")
+TEMPLATE_FORMAT = "2"
+"""What a cloud template or image must provide; bumped when that changes (2: the proxy runs as root, `user` has no
+sudo). A template that says otherwise is refused with "rebuild the template"."""
+TEMPLATE_FORMAT_VAR = "OPENCODE_ENV_TEMPLATE_FORMAT"
 AGENT_ENV = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
     "OPENCODE_DISABLE_MODELS_FETCH": "1",

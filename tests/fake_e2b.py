@@ -37,6 +37,7 @@ from e2b.api.client.models.sandbox_state import SandboxState
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
+from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 from opencode_env.sandbox.base import HOME, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 from opencode_env.sandbox.local_tools import cached_tools
@@ -52,6 +53,8 @@ class FakeCloud:
     base_dir: Path | None = None
     api_key: str = "e2b_fake_key"
     templates: dict[str, bool] = field(default_factory=lambda: {"opencode-env": True, "base": False})
+    outdated_templates: set[str] = field(default_factory=set)
+    """Templates with OpenCode that an older opencode-env built (no current template format)."""
     max_sandboxes: int = 20
     unreachable: bool = False
     busy: bool = False
@@ -64,7 +67,7 @@ class FakeCloud:
     def sandbox_class(self) -> type[FakeAsyncSandbox]:
         return type("BoundFakeAsyncSandbox", (FakeAsyncSandbox,), {"cloud": self})
 
-    async def local_sandbox(self, with_opencode: bool) -> LocalSandbox:
+    async def local_sandbox(self, with_opencode: bool, outdated: bool = False) -> LocalSandbox:
         async def tools() -> ProvidedTools:
             provided = await cached_tools()
             return ProvidedTools(opencode=provided.opencode if with_opencode else None)
@@ -73,7 +76,10 @@ class FakeCloud:
         backend = LocalBackend(
             tools, base_dir=self.base_dir, extra_path=(f"{NPM_GLOBAL}/bin", venv_bin), own_network=False
         )
-        return await backend.create(SandboxSpec(env={"NPM_CONFIG_PREFIX": NPM_GLOBAL}))
+        env = {"NPM_CONFIG_PREFIX": NPM_GLOBAL}
+        if with_opencode and not outdated:
+            env[TEMPLATE_FORMAT_VAR] = TEMPLATE_FORMAT
+        return await backend.create(SandboxSpec(env=env))
 
 
 class FakeCommandHandle:
@@ -310,7 +316,9 @@ class FakeAsyncSandbox:
             raise RateLimitException("rate limit exceeded: too many concurrent sandboxes")  # type: ignore[no-untyped-call]
         if cloud.create_delay_s:
             await asyncio.sleep(cloud.create_delay_s)
-        local = await cloud.local_sandbox(with_opencode=cloud.templates[name])
+        local = await cloud.local_sandbox(
+            with_opencode=cloud.templates[name], outdated=name in cloud.outdated_templates
+        )
         sandbox = cls(f"fake{next(cls._ids):05d}", local, name, dict(metadata or {}))
         cloud.alive[sandbox.sandbox_id] = sandbox
         cloud.created += 1

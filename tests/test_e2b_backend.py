@@ -159,6 +159,7 @@ def test_the_template_bakes_in_opencode_and_the_proxy() -> None:
     assert "@opencode-ai/plugin@1.18.33" in text
     assert "OPENCODE_DISABLE_MODELS_FETCH=1" in text
     assert "rm -f /etc/sudoers.d/user*" in text
+    assert "OPENCODE_ENV_TEMPLATE_FORMAT=2" in text
 
 
 @pytest.mark.e2b
@@ -206,4 +207,13 @@ async def test_an_sdk_failure_mid_rollout_is_a_sandbox_error(sandbox_base: Any, 
     assert result.status == "sandbox_error", result.error
     assert "running a command failed" in (result.error or "")
     assert result.reward is None
+    assert cloud.alive == {}
+
+
+async def test_a_template_built_by_an_older_version_is_refused_with_the_fix(sandbox_base: Any, no_leaks: None) -> None:
+    cloud = FakeCloud(base_dir=sandbox_base, outdated_templates={"opencode-env"})
+    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
+    result = await run_rollout(demo_request("http://127.0.0.1:9/v1"), backend)
+    assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
+    assert "rebuild the template" in (result.error or "")
     assert cloud.alive == {}

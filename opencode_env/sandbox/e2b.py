@@ -32,6 +32,7 @@ from e2b import (
 from e2b.sandbox.filesystem.filesystem import FileType
 
 from opencode_env.models import CommandResult
+from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -58,6 +59,7 @@ DEFAULT_MAX_SANDBOXES = 20
 CREATE_STAGGER_S = 0.25
 LIFETIME_MARGIN_S = 300
 PROBE = (
+    f"echo template-format=${{{TEMPLATE_FORMAT_VAR}:-none}}; "
     "opencode --version 2>/dev/null | tail -n 1; "
     "python3 -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 )
@@ -313,7 +315,7 @@ class E2BBackend:
             self._admission.release()
             raise
         try:
-            tools = await self._probe(sandbox)
+            tools = await self._probe(sandbox, template)
         except BaseException as error:
             # A sandbox that exists bills until its lifetime ends: kill it whatever stopped the probe.
             await asyncio.shield(_kill_quietly(sandbox))
@@ -357,14 +359,21 @@ class E2BBackend:
         except Exception as error:
             raise create_error(error, template) from error
 
-    async def _probe(self, sandbox: Any) -> ProvidedTools:
-        """What the template already has: OpenCode (its version) and the proxy's Python packages."""
+    async def _probe(self, sandbox: Any, template: str) -> ProvidedTools:
+        """What the template already has: OpenCode (its version) and the proxy's Python packages. A template with
+        OpenCode built by another opencode-env (its format differs) is refused: it would run the proxy wrongly."""
         try:
             result = await sandbox.commands.run(PROBE, timeout=60)
         except CommandExitException as exited:
             result = exited
         lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
         version = next((line for line in lines if line[:1].isdigit()), None)
+        built = next((line.split("=", 1)[1] for line in lines if line.startswith("template-format=")), "none")
+        if version and built != TEMPLATE_FORMAT:
+            raise SandboxError(
+                f"E2B template {template!r} was built by another opencode-env (template format {built}, this version "
+                f"needs {TEMPLATE_FORMAT}): rebuild the template with `opencode-env build-template --name {template}`"
+            )
         return ProvidedTools(
             opencode="opencode" if version else None,
             opencode_version=version,

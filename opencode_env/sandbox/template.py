@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from opencode_env.pins import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
+from opencode_env.pins import (
+    AGENT_ENV,
+    OPENCODE_PACKAGE,
+    OPENCODE_VERSION,
+    PROXY_PYTHON_PACKAGES,
+    TEMPLATE_FORMAT,
+    TEMPLATE_FORMAT_VAR,
+)
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.e2b import DEFAULT_TEMPLATE
 
@@ -38,7 +45,7 @@ def template_builder() -> Any:
             f"cd {CONFIG_DIR} && npm install --no-fund --no-audit @opencode-ai/plugin@{OPENCODE_VERSION}",
             user="user",
         )
-        .set_envs(dict(AGENT_ENV))
+        .set_envs({**AGENT_ENV, TEMPLATE_FORMAT_VAR: TEMPLATE_FORMAT})
         .set_user("user")
         .set_workdir(WORKDIR)
     )
