@@ -78,7 +78,10 @@ async def wait_healthy(proxy: ProxyHandle, budget_s: float) -> None:
     answer = await proxy.call("/healthz", "GET", min(budget_s, HEALTH_WAIT_S))
     if answer is None or answer.get("ok") is not True:
         log_tail = await proxy_log_tail(proxy)
+        exited = not await proxy.running()
         await proxy.kill()
+        if exited:
+            raise ProxyStartError(f"the capture proxy exited at start: {log_tail or 'it wrote no log'}")
         raise ProxyStartError(f"the capture proxy did not answer /healthz: {log_tail}")
 
 

@@ -228,9 +228,11 @@ def test_server_keys_go_only_to_their_own_url() -> None:
     assert resolve_upstream(black_box, environ).api_key == ""
 
 
+# The hunt spells the key in two quoted halves, so the key itself never appears in the commands the agent sends.
+KEY_PATTERN = '"' + CANARY_KEY[:10] + '""' + CANARY_KEY[10:] + '"'
 KEY_HUNT = (
-    "timeout 20 grep -rsl " + CANARY_KEY + " /home /tmp /run /var/tmp /etc 2>/dev/null | head; "
-    "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c " + CANARY_KEY + "; "
+    "timeout 20 grep -rsl " + KEY_PATTERN + " /home /tmp /run /var/tmp /etc 2>/dev/null | head; "
+    "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c " + KEY_PATTERN + "; "
     "ls /proc | head -50 | tr '\\n' ' '"
 )
 

@@ -40,8 +40,12 @@ class ScanningBackend:
         close = sandbox.close
 
         async def scan_then_close() -> None:
+            # Every file of the rollout's tree (the mounted file system, the control and proxy dirs); the disk
+            # image itself is the file system's backing store, read through its mount instead.
             for path in sandbox.root.rglob("*"):
-                if path.is_file() and not path.is_symlink() and CANARY.encode() in path.read_bytes():
+                if path == sandbox.layout.disk_image or not path.is_file() or path.is_symlink():
+                    continue
+                if CANARY.encode() in path.read_bytes():
                     self.hits.append(str(path.relative_to(sandbox.root)))
             await close()
 

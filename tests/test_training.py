@@ -223,13 +223,14 @@ async def test_a_template_that_drops_reasoning_forks_at_the_right_turn(backend: 
 
 
 async def test_a_call_without_tools_stays_out_of_the_sequence(backend: LocalBackend, no_leaks: None) -> None:
-    # The agent's own command calls the model it was configured with, without tools: an auxiliary call.
+    # The agent's own command calls the model it was configured with (with its token), without tools: auxiliary.
     call = (
         "python3 -c \"import json,os,urllib.request as u; c=json.load(open(os.environ['OPENCODE_CONFIG'])); "
         "p=next(iter(c['provider'].values())); "
         "b=json.dumps({'model':'m','stream':True,'messages':[{'role':'user','content':'title?'}]}).encode(); "
         "print(u.urlopen(u.Request(p['options']['baseURL']+'/chat/completions',b,"
-        "{'content-type':'application/json'})).status)\""
+        "{'content-type':'application/json',"
+        "'authorization':'Bearer '+os.environ['OPENCODE_ENV_UPSTREAM_KEY']})).status)\""
     )
     outcome = await rollout(backend, Script(steps=[bash(call), say("done")]), verify=[])
     result = outcome.result

@@ -10,6 +10,7 @@
     "proxy_turns", "files", "files_extra", "agent_log_tail", "proxy_log_tail", "error", "status", "failed_phase",
     "timings", "reward_source", "usage", "backend", "opencode_version", "upstream", "tool_calls", "agent_final_text",
     "request_tools", "oracle", "solution_results", "training_sequences", "sequences",
+    "limits_hit", "enforcement", "schema_version",
   ]);
   const TOKENS_PER_CHUNK = 2000;
   let closePopup = () => {};
@@ -83,6 +84,8 @@
       field("model", [upstream.endpoint, upstream.model].filter(Boolean).join(" · ") || "–"),
       field("agent exit code", result.agent_exit_code === null || result.agent_exit_code === undefined ? "–" : String(result.agent_exit_code)),
       field("wall time", secs(result.wall_s)),
+      field("limits hit", arr(result.limits_hit).join(", ") || "none"),
+      field("isolation", Object.entries(obj(result.enforcement)).map(([k, v]) => k + ": " + v).join(" · ") || "–"),
     );
     const parts = [grid];
     if (result.error) parts.push(el("p", { class: "error-text", id: "error", text: String(result.error) }));
