@@ -19,6 +19,7 @@ import pytest
 from opencode_env.endpoints import EndpointError, resolve_upstream
 from opencode_env.models import RolloutRequest
 from opencode_env.sandbox.base import REWARD_TXT, ResourceLimits, SandboxSpec
+from opencode_env.sandbox.egress import EgressPolicy, EgressProxy
 from opencode_env.sandbox.local import LocalBackend, LocalSandbox
 from opencode_env.testing.script import Script, bash, say
 from tests.helpers import rollout
@@ -309,3 +310,16 @@ async def test_many_attacks_in_parallel_leave_the_server_responsive(backend: Loc
         assert all(result.exit_code != 0 for result in results)
     finally:
         await asyncio.gather(*(box.close() for box in boxes))
+
+
+async def test_the_egress_policy_refuses_private_names_unless_the_operator_trusts_them() -> None:
+    plain = EgressProxy(EgressPolicy(internet=True), rollout="unit")
+    trusted = EgressProxy(EgressPolicy(internet=True, trusted_hosts=frozenset({"localhost"})), rollout="unit")
+    offline = EgressProxy(
+        EgressPolicy(internet=False, trusted_hosts=frozenset({"localhost"}), allowed=frozenset({("model", 8000)})),
+        rollout="unit",
+    )
+    assert (await plain._vet("localhost", 443))[0] is None
+    assert (await trusted._vet("localhost", 443))[0] == "127.0.0.1"
+    assert (await offline._vet("localhost", 443))[0] is None
+    assert [attempt.allowed for attempt in plain.attempts + trusted.attempts + offline.attempts] == [False, True, False]

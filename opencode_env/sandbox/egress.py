@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 log = logging.getLogger("opencode_env.egress")
@@ -24,10 +25,19 @@ CONNECT_TIMEOUT_S = 15.0
 MAX_ATTEMPTS_RECORDED = 1000
 
 
+TRUSTED_HOSTS_VAR = "OPENCODE_ENV_EGRESS_TRUSTED_HOSTS"
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     internet: bool
     allowed: frozenset[tuple[str, int]] = frozenset()
+    trusted_hosts: frozenset[str] = frozenset()
+    """Names the operator trusts even on private addresses (a package mirror on the local network), with internet."""
+
+
+def trusted_hosts_from_env(environ: Mapping[str, str]) -> frozenset[str]:
+    return frozenset(name.strip().lower() for name in environ.get(TRUSTED_HOSTS_VAR, "").split(",") if name.strip())
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,8 @@ class EgressProxy:
             return self._record(host, port, addresses[0], "the configured model endpoint")
         if not self.policy.internet:
             return self._record(host, port, None, "this rollout has no internet access (network='model_only')")
+        if host.lower() in self.policy.trusted_hosts:
+            return self._record(host, port, addresses[0], f"trusted by the operator ({TRUSTED_HOSTS_VAR})")
         for address in addresses:
             if not ipaddress.ip_address(address.split("%")[0]).is_global:
                 return self._record(host, port, None, f"{address} is not a public address")

@@ -39,7 +39,13 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.cgroup import Cgroup, Limits, detect
-from opencode_env.sandbox.egress import LOOPBACK_NAMES, EgressPolicy, EgressProxy, LoopbackRelay
+from opencode_env.sandbox.egress import (
+    LOOPBACK_NAMES,
+    EgressPolicy,
+    EgressProxy,
+    LoopbackRelay,
+    trusted_hosts_from_env,
+)
 from opencode_env.sandbox.isolation import (
     CONTROL_MOUNT,
     Layout,
@@ -226,7 +232,11 @@ class LocalSandbox:
             self.enforcement["network"] = "the host's (a test double of a cloud VM)"
             return
         self._egress = EgressProxy(
-            EgressPolicy(internet=self._spec.network == "internet", allowed=frozenset(self._spec.model_endpoints)),
+            EgressPolicy(
+                internet=self._spec.network == "internet",
+                allowed=frozenset(self._spec.model_endpoints),
+                trusted_hosts=trusted_hosts_from_env(os.environ),
+            ),
             rollout=self.sandbox_id,
         )
         await self._egress.serve(netns.listen_in(self._holder_pid, EGRESS_PORT))
