@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -138,13 +137,11 @@ async def test_opencode_exits_0_without_doing_anything(sandbox_base: Path, no_le
 
 
 async def test_a_setup_command_hangs(any_backend: SandboxBackend, no_leaks: None) -> None:
-    started = time.monotonic()
     outcome = await rollout(any_backend, demo_script(), setup=["sleep 300"], setup_timeout_s=1)
     result = outcome.result
     assert (result.status, result.failed_phase) == ("setup_failed", "setup")
     assert result.setup_results[0].timed_out
     assert outcome.exchanges == []
-    assert time.monotonic() - started < 30
     assert processes_mentioning("sleep 300") == []
 
 

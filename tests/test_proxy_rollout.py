@@ -97,3 +97,13 @@ async def test_a_proxy_that_cannot_start_fails_the_rollout_clearly(sandbox_base:
     assert (result.status, result.failed_phase) == ("proxy_error", "proxy")
     assert "exited at start" in (result.error or "")
     assert outcome.exchanges == []
+
+
+async def test_a_rollout_whose_tree_lives_deep_still_reaches_its_proxy(tmp_path: Path) -> None:
+    """A unix socket's path is limited to 107 bytes; CI checkouts and pytest's directories are deep."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    outcome = await rollout(LocalBackend(cached_tools, base_dir=deep), demo_script())
+    assert outcome.result.status == "completed", outcome.result.error
+    assert len(outcome.result.proxy_turns) == 3
+    assert list(deep.iterdir()) == []

@@ -114,6 +114,7 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
     finally:
         if server.poll() is None:
             server.kill()
+            server.wait()
         log.close()
     for result in results:
         assert result.status == "cancelled"

@@ -194,4 +194,4 @@ def test_training_sequences_and_unknown_fields_are_shown_when_present(browser: W
     other = browser.find_element(By.ID, "other")
     other.find_element(By.TAG_NAME, "summary").click()
     other.find_element(By.CSS_SELECTOR, "details details > summary").click()
-    assert '"aligned": true' in other.text
+    WebDriverWait(browser, 10).until(lambda _: '"aligned": true' in other.text)

@@ -23,6 +23,7 @@ SANDBOX_UID = 1000
 UID_BASE = 2_000_000_000
 UID_SLOTS = 1_000_000
 UID_REGISTRY = Path("/run/opencode-env/uids")
+SOCKETS_DIR = Path("/run/opencode-env/proxies")
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
 CONTROL_MOUNT = "/run/opencode-env"
 PASSWD = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
@@ -88,6 +89,12 @@ class Layout:
     @property
     def private(self) -> Path:
         return self.root / "private"
+
+    @property
+    def sockets(self) -> Path:
+        """The proxy's admin socket directory: a short path, since a unix socket's path is limited to 107 bytes
+        and a rollout's tree may live deep (a CI checkout, pytest's temporary directories)."""
+        return SOCKETS_DIR / self.root.name
 
     @property
     def disk_image(self) -> Path:
@@ -236,7 +243,7 @@ def proxy_argv(layout: Layout, ids: HostIds, runtime_paths: Sequence[str], progr
         "--proc",
         "/proc",
         *_hidden_tmpfs(),
-        *_binds_under_hidden(runtime_paths, writable=[private]),
+        *_binds_under_hidden(runtime_paths, writable=[private, str(layout.sockets)]),
         "--chdir",
         private,
         "--",

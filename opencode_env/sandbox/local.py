@@ -418,7 +418,7 @@ class LocalSandbox:
                 "--listen-fd",
                 str(listener.fileno()),
                 "--admin-socket",
-                str(self.layout.private / "admin.sock"),
+                str(self.layout.sockets / "admin.sock"),
                 "--trace",
                 str(self.layout.private / "trace.jsonl"),
                 "--token-env",
@@ -442,7 +442,7 @@ class LocalSandbox:
             listener.close()
         handle = LocalProcess(process)
         self._processes.add(handle)
-        return LocalProxy(handle, self.layout.private, port=port, token=token)
+        return LocalProxy(handle, self.layout.private, self.layout.sockets / "admin.sock", port=port, token=token)
 
     def limits_hit(self) -> list[str]:
         return self._cgroup.limits_hit() if self._cgroup is not None else []

@@ -82,14 +82,17 @@ def own_tree(layout: Layout, user: int, root: int) -> None:
         hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
     hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
     (layout.tmp).chmod(0o1777)
-    os.chown(layout.private, root, root)
-    layout.private.chmod(0o700)
+    layout.sockets.mkdir(parents=True, mode=0o700)
+    for private in (layout.private, layout.sockets):
+        os.chown(private, root, root)
+        private.chmod(0o700)
 
 
 def remove_rollout(layout: Layout) -> None:
     if layout.disk_image.exists():
         subprocess.run(["umount", "--lazy", str(layout.fs)], capture_output=True, check=False)
         layout.disk_image.unlink(missing_ok=True)
+    hostfs.remove_tree(layout.sockets)
     hostfs.remove_tree(layout.root)
 
 

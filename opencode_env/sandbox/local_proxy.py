@@ -14,9 +14,10 @@ from opencode_env.sandbox.base import BackgroundProcess
 
 
 class LocalProxy:
-    def __init__(self, process: BackgroundProcess, private: Path, *, port: int, token: str) -> None:
+    def __init__(self, process: BackgroundProcess, private: Path, admin_socket: Path, *, port: int, token: str) -> None:
         self.process = process
         self._private = private
+        self._admin_socket = admin_socket
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.token = token
 
@@ -27,7 +28,7 @@ class LocalProxy:
         await self.process.kill()
 
     async def call(self, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
-        transport = httpx.AsyncHTTPTransport(uds=str(self._private / "admin.sock"))
+        transport = httpx.AsyncHTTPTransport(uds=str(self._admin_socket))
         headers = {"authorization": f"Bearer {self.token}"}
         deadline = asyncio.get_running_loop().time() + wait_s
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy", headers=headers) as client:
