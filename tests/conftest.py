@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,9 +42,16 @@ def backend(opencode_binary: Path, sandbox_base: Path) -> LocalBackend:
     return LocalBackend(cached_tools, base_dir=sandbox_base)
 
 
-def processes_mentioning(text: str) -> list[str]:
-    listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if text in line and "ps -eww" not in line]
+def processes_mentioning(text: str, settle_s: float = 5.0) -> list[str]:
+    """Processes whose command line mentions `text`, once the kernel has had a moment to finish killing: processes
+    of a torn-down namespace exit asynchronously, so a leak is what is still there after `settle_s`."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
+        found = [line for line in listing.splitlines() if text in line and "ps -eww" not in line]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")
