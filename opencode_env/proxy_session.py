@@ -14,7 +14,7 @@ from opencode_env.models import RolloutRequest, RolloutTurn
 from opencode_env.opencode import UPSTREAM_KEY_VAR
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, Sandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
-from opencode_env.trace_records import ToolsRecord, TurnRecord
+from opencode_env.trace_records import DeliveryRecord, ToolsRecord, TurnRecord
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
@@ -92,8 +92,8 @@ async def stop_proxy(proxy: ProxyHandle) -> None:
     await proxy.kill()
 
 
-_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord] = TypeAdapter(
-    Annotated[ToolsRecord | TurnRecord, Field(discriminator="type")]
+_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord | DeliveryRecord] = TypeAdapter(
+    Annotated[ToolsRecord | TurnRecord | DeliveryRecord, Field(discriminator="type")]
 )
 
 
@@ -111,6 +111,7 @@ def parse_trace(text: str) -> Trace:
     """
     trace = Trace()
     sequences: dict[int, list[int]] = {}
+    undelivered: dict[int, DeliveryRecord] = {}
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -118,6 +119,9 @@ def parse_trace(text: str) -> Trace:
             record = _TRACE_LINE.validate_json(line)
             if isinstance(record, ToolsRecord):
                 trace.tools[record.sha256] = record.tools
+                continue
+            if isinstance(record, DeliveryRecord):
+                undelivered[record.turn] = record
                 continue
             prompt = record.prompt_token_ids
             if record.prompt_base is not None:
@@ -133,6 +137,9 @@ def parse_trace(text: str) -> Trace:
         except (ValueError, ValidationError) as error:
             trace.problems.append(f"trace line {number}: {error}")
     trace.turns.sort(key=lambda turn: turn.turn)
+    for turn in trace.turns:
+        if turn.turn in undelivered and turn.outcome == "complete":
+            turn.outcome, turn.upstream_error = "undelivered", undelivered[turn.turn].detail
     return trace
 
 

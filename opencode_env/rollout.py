@@ -232,7 +232,7 @@ async def _in_sandbox(rollout: _Rollout) -> None:
                 await _collect_agent_record(rollout)
             if proxy is not None:
                 await _collect_turns(rollout, proxy)
-    outcome = _classify(agent_failure, rollout.result, proxy_died)
+    outcome = classify_agent_phase(agent_failure, rollout.result, proxy_died)
     if outcome is not None:
         raise outcome
 
@@ -457,7 +457,7 @@ async def _collect_turns(rollout: _Rollout, proxy: ProxyHandle) -> None:
     )
 
 
-def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: bool) -> PhaseFailure | None:
+def classify_agent_phase(failure: PhaseFailure | None, result: RolloutResult, proxy_died: bool) -> PhaseFailure | None:
     """What the agent phase really ended with. A rollout that only looks clean (the agent exited 0 without ever
     calling the model) fails; a timeout or crash caused by the model or the proxy says so."""
     turns = result.proxy_turns
@@ -471,12 +471,12 @@ def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: b
         return None
     if failure.status not in ("agent_error", "agent_timeout"):
         return failure
-    if failure.status == "agent_timeout" and turns and turns[-1].outcome == "client_disconnected":
-        # Our deadline killed the agent mid-call: the model was fine, the turn was cut by us.
+    if failure.status == "agent_timeout" and turns and turns[-1].outcome in AGENT_SIDE_CUTS:
+        # Our deadline killed the agent mid-call or mid-read: the model was fine, the turn was cut by us.
         turns[-1].outcome = "cut_by_deadline"
         return failure
     overflow = _context_overflow(turns)
-    last_failed = bool(turns) and turns[-1].outcome != "complete"
+    last_failed = bool(turns) and turns[-1].outcome not in ("complete", *AGENT_SIDE_CUTS)
     if overflow is not None and (not last_failed or _context_overflow(turns[-1:]) is not None):
         return PhaseFailure("agent_error", "agent", f"{failure}; the prompt exceeded the model's context: {overflow}")
     if last_failed:
@@ -491,6 +491,9 @@ def _classify(failure: PhaseFailure | None, result: RolloutResult, proxy_died: b
         return PhaseFailure("upstream_error", "agent", f"{failure}; the model call failed (see agent_log_tail)")
     return failure
 
+
+AGENT_SIDE_CUTS = ("client_disconnected", "undelivered")
+"""Turn outcomes where the model answered and the agent's side went away before taking in the whole answer."""
 
 CONTEXT_OVERFLOW = re.compile(
     r"maximum context length|context length|prompt contains at least \d+ input tokens|context window|too many tokens",

@@ -20,6 +20,7 @@ TurnOutcome = Literal[
     "unreachable",
     "upstream_disconnected",
     "client_disconnected",
+    "undelivered",
 ]
 
 
@@ -29,6 +30,17 @@ class ToolsRecord(BaseModel):
     type: Literal["tools"]
     sha256: str = Field(min_length=64, max_length=64)
     tools: list[Any]
+
+
+class DeliveryRecord(BaseModel):
+    """A later word on a turn relayed whole: the agent's connection closed with some of its bytes unread."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["delivery"]
+    turn: int = Field(ge=0)
+    outcome: Literal["undelivered"]
+    detail: str
 
 
 class TurnRecord(BaseModel):

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +22,18 @@ class ProxyProcess:
     process: subprocess.Popen[bytes]
 
     def trace(self) -> Trace:
-        return parse_trace(self.trace_path.read_text())
+        """The trace so far (none yet while the proxy is still starting: it writes its port file first)."""
+        return parse_trace(self.trace_path.read_text() if self.trace_path.exists() else "")
 
     def wait_for_turns(self, count: int, timeout_s: float = 10.0) -> Trace:
+        return self.wait_for(lambda trace: len(trace.turns) >= count, timeout_s)
+
+    def wait_for(self, done: Callable[[Trace], bool], timeout_s: float = 10.0) -> Trace:
+        """The trace once `done` holds for it, or as it is when `timeout_s` has passed."""
         deadline = time.monotonic() + timeout_s
         while True:
             trace = self.trace()
-            if len(trace.turns) >= count or time.monotonic() > deadline:
+            if done(trace) or time.monotonic() > deadline:
                 return trace
             time.sleep(0.02)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 
 from opencode_env.testing.script import Script, Step, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from tests.proxy_process import running_proxy
+from tests.proxy_process import ProxyProcess, running_proxy
 
 VLLM = ("--endpoint-kind", "vllm", "--model-override", "scripted-policy")
 
@@ -161,6 +163,39 @@ async def test_an_agent_that_disconnects_mid_stream_leaves_a_record(tmp_path: Pa
     turn = trace.turns[0]
     assert turn.outcome == "client_disconnected"
     assert 0 < len(turn.per_token_logps) < 401
+
+
+def _stream_then_close(url: str, *, read_to_the_end: bool, proxy: ProxyProcess) -> None:
+    """POST a streamed request on a plain socket (no client library reading ahead into its own buffers) and close
+    it once the proxy has relayed the whole response: read to its end, or with every byte still unread."""
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    payload = json.dumps(body()).encode()
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        received = b""
+        while read_to_the_end and not received.endswith(b"0\r\n\r\n"):
+            received += connection.recv(65536)
+        proxy.wait_for_turns(1)
+
+
+@pytest.mark.parametrize("read_to_the_end", [False, True], ids=["unread", "read"])
+async def test_a_response_relayed_whole_but_never_read_is_not_complete(tmp_path: Path, read_to_the_end: bool) -> None:
+    script = Script(steps=[Step(content="word " * 60)])
+    with ScriptedModelServer(script) as model, running_proxy(model.base_url, tmp_path, *VLLM) as proxy:
+        await asyncio.to_thread(_stream_then_close, proxy.url, read_to_the_end=read_to_the_end, proxy=proxy)
+        trace = proxy.wait_for(lambda trace: trace.turns[0].outcome != "complete", timeout_s=3)
+        sent, tokens = len(model.exchanges[0].sent), [t.token_id for t in model.exchanges[0].tokens]
+    turn = trace.turns[0]
+    if read_to_the_end:
+        assert turn.outcome == "complete"
+    else:
+        assert turn.outcome == "undelivered"
+        assert f"({sent} bytes relayed)" in (turn.upstream_error or "")
+    assert turn.completion_token_ids == tokens
 
 
 async def test_every_request_leaves_a_record_even_a_bad_one(tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from opencode_env.proxy.app import ProxySettings, create_app
     from opencode_env.proxy.capture import RewriteConfig
+    from opencode_env.proxy.delivery import delivery_aware_protocol
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
         max_unreachable=args.max_unreachable,
         max_server_errors=args.max_server_errors,
     )
-    config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False, lifespan="on")
+    app = create_app(settings)
+    protocol = delivery_aware_protocol(app.proxy.deliveries)
+    config = uvicorn.Config(app, http=protocol, log_level="warning", access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=sockets)
 
 

@@ -34,6 +34,7 @@ from opencode_env.proxy.capture import (
     rewrite_request,
     turn_kind,
 )
+from opencode_env.proxy.delivery import Client, Deliveries, Relayed
 from opencode_env.proxy.upstream import (
     Origin,
     UpstreamDisconnected,
@@ -93,6 +94,10 @@ class TraceWriter:
         self._write({"type": "turn", **record, "request": request, **prompt})
         self.turns_written += 1
 
+    def write_undelivered(self, relayed: Relayed) -> None:
+        detail = f"the agent's connection closed before it had read the whole response ({relayed.size} bytes relayed)"
+        self._write({"type": "delivery", "turn": relayed.turn, "outcome": "undelivered", "detail": detail})
+
     def _write(self, line: dict[str, Any]) -> None:
         os.write(self._fd, json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
 
@@ -106,7 +111,8 @@ class CaptureProxy:
         self.breaker = Breaker(settings.max_unreachable, settings.max_server_errors)
         self.trace = TraceWriter(settings.trace_path)
         self._turns = itertools.count()
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[Any]] = set()
+        self.deliveries = Deliveries(self._undelivered)
         self._pool = UpstreamPool(
             Origin.parse(settings.upstream_url),
             connect_timeout_s=settings.connect_timeout_s,
@@ -126,10 +132,19 @@ class CaptureProxy:
     def pending(self) -> int:
         return len(self._pending)
 
-    def _schedule(self, work: Coroutine[Any, Any, None]) -> None:
+    def _schedule(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        return task
+
+    def _undelivered(self, relayed: Relayed) -> None:
+        async def amend() -> None:
+            if await relayed.recorded == "complete":
+                self.trace.write_undelivered(relayed)
+                log.info("turn %s undelivered: the agent closed its connection with bytes unread", relayed.turn)
+
+        self._schedule(amend())
 
     def _upstream_headers(self, incoming: dict[str, str]) -> dict[str, str]:
         headers = {
@@ -146,6 +161,8 @@ class CaptureProxy:
         """POST /v1/chat/completions as a plain ASGI callable: no middleware between the upstream and the agent."""
         started, started_wall = time.monotonic(), time.time()
         turn = next(self._turns)
+        client: Client | None = tuple(scope["client"]) if scope.get("client") else None
+        self.deliveries.request_started(client)
         incoming = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         try:
             body = json.loads(await _read_body(receive))
@@ -192,7 +209,7 @@ class CaptureProxy:
         if upstream.status != 200:
             await self._upstream_error(send, pending, upstream)
         elif pending.record["stream"]:
-            await self._relay(receive, send, pending, upstream)
+            await self._relay(receive, send, pending, upstream, client)
         else:
             await self._whole(send, pending, upstream)
 
@@ -232,7 +249,9 @@ class CaptureProxy:
         self._schedule(self._fold_and_record(pending, raw, [(len(raw), time.monotonic())], None, streamed=False))
         await _send_bytes(send, 200, raw, upstream.headers.get("content-type", "application/json"), {})
 
-    async def _relay(self, receive: Receive, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
+    async def _relay(
+        self, receive: Receive, send: Send, pending: Pending, upstream: UpstreamResponse, client: Client | None
+    ) -> None:
         raw = bytearray()
         arrivals: list[tuple[int, float]] = []
         problem: tuple[str, str] | None = None
@@ -267,8 +286,9 @@ class CaptureProxy:
             problem = ("client_disconnected", "the agent closed the connection mid-stream")
         finally:
             watcher.cancel()
-            self._schedule(self._fold_and_record(pending, raw, arrivals, problem, streamed=True))
+            recorded = self._schedule(self._fold_and_record(pending, raw, arrivals, problem, streamed=True))
         if not disconnected.is_set():
+            self.deliveries.relayed(client, Relayed(pending.turn, len(raw), recorded))
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _fold_and_record(
@@ -279,13 +299,14 @@ class CaptureProxy:
         problem: tuple[str, str] | None,
         *,
         streamed: bool,
-    ) -> None:
+    ) -> str:
         fold = fold_stream(raw) if streamed else fold_response(bytes(raw))
         outcome, error = problem or _outcome(fold, streamed)
         pending.record.update(_fold_record(fold, pending.started, arrivals), outcome=outcome)
         if error:
             pending.record["upstream_error"] = error
         await self._record(pending, fold)
+        return outcome
 
     async def _record(self, pending: Pending, fold: Fold | None) -> None:
         pending.record.setdefault("latency_s", round(time.monotonic() - pending.started, 6))
