@@ -2,20 +2,23 @@
 
     uv run python -m bench.rollout_overhead [--runs 5]
 
-Each repetition runs the bare agent, a black_box rollout and a transparent_proxy rollout, each against a fresh
-scripted model, interleaved so that machine noise falls on all three alike.
+Each repetition runs the bare agent, a black_box rollout, a transparent_proxy rollout and one whose OpenCode finds
+no provisioned plugin (the path before it was), each against a fresh scripted model, interleaved so that machine
+noise falls on all of them alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import time
 
 from bench.opencode_body import bare_opencode_run
 from opencode_env.models import Mode, RolloutResult
 from opencode_env.rollout import run_rollout
+from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.sandbox.local import LocalBackend
 from opencode_env.sandbox.local_tools import cached_tools, install_cached
 from opencode_env.testing.demo import demo_request
@@ -40,35 +43,47 @@ def rollout(backend: LocalBackend, mode: Mode) -> tuple[float, RolloutResult]:
     return elapsed, result
 
 
+async def tools_fetching_the_plugin() -> ProvidedTools:
+    """The cached tools without the provisioned config directory: OpenCode tries its npm install at every start
+    (as before `@opencode-ai/plugin` was provisioned); here the egress proxy refuses the registry at once, so this
+    is the cheapest form of that attempt, not the online cost of a download."""
+    return dataclasses.replace(await cached_tools(), opencode_config_deps=None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     install_cached()
-    backend = LocalBackend(cached_tools)
+    backend, fetching = LocalBackend(cached_tools), LocalBackend(tools_fetching_the_plugin)
+    paths: dict[str, tuple[LocalBackend, Mode]] = {
+        "black_box rollout": (backend, "black_box"),
+        "transparent_proxy rollout": (backend, "transparent_proxy"),
+        "proxy, plugin fetched": (fetching, "transparent_proxy"),
+    }
     bare()
-    rollout(backend, "black_box")
-    rollout(backend, "transparent_proxy")
-    walls: dict[str, list[float]] = {"bare opencode run": [], "black_box rollout": [], "transparent_proxy rollout": []}
-    phases: dict[str, dict[str, list[float]]] = {"black_box": {}, "transparent_proxy": {}}
+    for path_backend, mode in paths.values():
+        rollout(path_backend, mode)
+    walls: dict[str, list[float]] = {"bare opencode run": [], **{name: [] for name in paths}}
+    phases: dict[str, dict[str, list[float]]] = {name: {} for name in paths}
     for _ in range(args.runs):
         walls["bare opencode run"].append(bare())
-        for mode in ("black_box", "transparent_proxy"):
-            elapsed, result = rollout(backend, mode)  # type: ignore[arg-type]
-            walls[f"{mode} rollout"].append(elapsed)
-            for name in PHASES:
-                value = getattr(result.timings, name)
+        for name, (path_backend, mode) in paths.items():
+            elapsed, result = rollout(path_backend, mode)
+            walls[name].append(elapsed)
+            for phase in PHASES:
+                value = getattr(result.timings, phase)
                 if value is not None:
-                    phases[mode].setdefault(name, []).append(value)
+                    phases[name].setdefault(phase, []).append(value)
     baseline = statistics.median(walls["bare opencode run"])
     print(f"demo task, {args.runs} interleaved repetitions (median wall seconds)")
     print(f"{'path':<28}{'median':>9}{'min':>9}{'ratio':>9}{'added':>9}")
     for name, values in walls.items():
         median = statistics.median(values)
         print(f"{name:<28}{median:>9.3f}{min(values):>9.3f}{median / baseline:>8.3f}x{median - baseline:>+9.3f}")
-    for mode, by_phase in phases.items():
-        summary = ", ".join(f"{name[:-2]} {statistics.median(values):.3f}" for name, values in by_phase.items())
-        print(f"{mode} phases (median s): {summary}")
+    for name, by_phase in phases.items():
+        summary = ", ".join(f"{phase[:-2]} {statistics.median(values):.3f}" for phase, values in by_phase.items())
+        print(f"{name} phases (median s): {summary}")
 
 
 if __name__ == "__main__":

@@ -42,13 +42,14 @@ def backend(opencode_binary: Path, sandbox_base: Path) -> LocalBackend:
     return LocalBackend(cached_tools, base_dir=sandbox_base)
 
 
-def processes_mentioning(text: str, settle_s: float = 5.0) -> list[str]:
-    """Processes whose command line mentions `text`, once the kernel has had a moment to finish killing: processes
-    of a torn-down namespace exit asynchronously, so a leak is what is still there after `settle_s`."""
+def processes_mentioning(*texts: str, settle_s: float = 5.0) -> list[str]:
+    """Processes whose command line mentions one of `texts`, once the kernel has had a moment to finish killing:
+    processes of a torn-down namespace exit asynchronously, so a leak is what is still there after `settle_s`.
+    Every text names this run's own processes (its sandbox base directory, or `sleep_cmd`'s marked sleeps)."""
     deadline = time.monotonic() + settle_s
     while True:
         listing = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
-        found = [line for line in listing.splitlines() if text in line and "ps -eww" not in line]
+        found = [line for line in listing.splitlines() if any(text in line for text in texts) and "ps -eww" not in line]
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)

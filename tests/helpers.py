@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 from opencode_env.models import RolloutResult
@@ -8,6 +9,14 @@ from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
+
+RUN_MARK = f"{secrets.randbelow(10**6):06d}"
+"""Fractional digits that make this test run's sleeping commands its own: a leak check looks for them across the
+machine and never mistakes another run's processes (another pytest, an xdist worker, a server) for a leak."""
+
+
+def sleep_cmd(seconds: int) -> str:
+    return f"sleep {seconds}.{RUN_MARK}"
 
 
 @dataclass

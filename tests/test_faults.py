@@ -20,7 +20,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
-from tests.helpers import rollout
+from tests.helpers import rollout, sleep_cmd
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -137,20 +137,20 @@ async def test_opencode_exits_0_without_doing_anything(sandbox_base: Path, no_le
 
 
 async def test_a_setup_command_hangs(any_backend: SandboxBackend, no_leaks: None) -> None:
-    outcome = await rollout(any_backend, demo_script(), setup=["sleep 300"], setup_timeout_s=1)
+    outcome = await rollout(any_backend, demo_script(), setup=[sleep_cmd(300)], setup_timeout_s=1)
     result = outcome.result
     assert (result.status, result.failed_phase) == ("setup_failed", "setup")
     assert result.setup_results[0].timed_out
     assert outcome.exchanges == []
-    assert processes_mentioning("sleep 300") == []
+    assert processes_mentioning(sleep_cmd(300)) == []
 
 
 async def test_a_verify_command_hangs(any_backend: SandboxBackend, no_leaks: None) -> None:
-    result = (await rollout(any_backend, demo_script(), verify=["sleep 300", "true"], verify_timeout_s=1)).result
+    result = (await rollout(any_backend, demo_script(), verify=[sleep_cmd(300), "true"], verify_timeout_s=1)).result
     assert result.status == "completed", result.error
     assert [(r.timed_out, r.exit_code) for r in result.verify_results] == [(True, None), (False, 0)]
     assert result.reward == 0.5
-    assert processes_mentioning("sleep 300") == []
+    assert processes_mentioning(sleep_cmd(300)) == []
 
 
 async def test_a_verify_command_prints_megabytes(any_backend: SandboxBackend, no_leaks: None) -> None:
@@ -179,7 +179,7 @@ FAULTS: dict[str, tuple[Script, dict[str, object], str]] = {
     "none": (demo_script(), {}, "completed"),
     "upstream 400": (Script(steps=[fail(400)]), {}, "upstream_error"),
     "setup fails": (demo_script(), {"setup": ["exit 2"]}, "setup_failed"),
-    "verify hangs": (demo_script(), {"verify": ["sleep 300"], "verify_timeout_s": 2}, "completed"),
+    "verify hangs": (demo_script(), {"verify": [sleep_cmd(300)], "verify_timeout_s": 2}, "completed"),
     "500 then fine": (Script(steps=[fail(500, retry_after_s=0.5), say("done")]), {"verify": []}, "completed"),
     "agent crashes": (Script(steps=[bash("kill -9 $PPID")]), {}, "agent_error"),
 }

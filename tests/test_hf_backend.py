@@ -25,6 +25,7 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfApi, FakeHfCloud, FakeSandbox, FakeSandboxFiles, FakeSandboxProcess
+from tests.helpers import sleep_cmd
 
 
 def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
@@ -208,12 +209,12 @@ async def test_reap_kills_tagged_sandboxes_left_behind(
     hf_cloud: FakeHfCloud, hf_fake: HFBackend, hf_no_leaks: None
 ) -> None:
     leaked = [await hf_fake.create(SandboxSpec(task_id=f"leak {i}")) for i in range(2)]
-    await leaked[0].run("sleep 310 &", timeout_s=5)
+    await leaked[0].run(f"{sleep_cmd(310)} &", timeout_s=5)
     assert await reap(older_than_s=3600, api=hf_cloud.api()) == []
     killed = await reap(older_than_s=0, api=hf_cloud.api())
     assert sorted(killed) == sorted(box.sandbox_id for box in leaked)
     assert hf_cloud.alive == {}
-    assert processes_mentioning("sleep 310") == []
+    assert processes_mentioning(sleep_cmd(310)) == []
     for box in leaked:
         await box.close()
 

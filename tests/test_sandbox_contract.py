@@ -23,6 +23,7 @@ from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.hf import HFBackend
 from opencode_env.sandbox.local import LocalBackend
 from tests.conftest import processes_mentioning
+from tests.helpers import sleep_cmd
 
 
 @pytest.fixture(
@@ -77,16 +78,16 @@ async def test_environment_is_an_allowlist(sandbox: Sandbox, monkeypatch: pytest
 
 
 async def test_timeout_kills_the_command_and_its_children(sandbox: Sandbox) -> None:
-    result = await sandbox.run("sleep 300 & sleep 301; echo never", timeout_s=0.5)
+    result = await sandbox.run(f"{sleep_cmd(300)} & {sleep_cmd(301)}; echo never", timeout_s=0.5)
     assert result.timed_out
     assert result.exit_code is None
     assert "never" not in result.stdout
     await asyncio.sleep(0.2)
-    assert processes_mentioning("sleep 30") == []
+    assert processes_mentioning(sleep_cmd(300), sleep_cmd(301)) == []
 
 
 async def test_background_process_runs_until_killed(sandbox: Sandbox) -> None:
-    process = await sandbox.start("echo started; exec sleep 300", log_path="/home/user/logs/bg.log")
+    process = await sandbox.start(f"echo started; exec {sleep_cmd(300)}", log_path="/home/user/logs/bg.log")
     for _ in range(200):
         with contextlib.suppress(FileNotFoundError):
             if b"started" in await sandbox.read_file("/home/user/logs/bg.log"):
@@ -136,14 +137,14 @@ async def test_host_home_and_tmp_are_hidden(sandbox: Sandbox) -> None:
 
 async def test_close_kills_everything_and_is_idempotent(any_backend: SandboxBackend, no_leaks: None) -> None:
     box = await any_backend.create(SandboxSpec())
-    await box.start("exec sleep 400", log_path="/home/user/logs/a.log")
-    running = asyncio.ensure_future(box.run("sleep 401", timeout_s=60))
+    await box.start(f"exec {sleep_cmd(400)}", log_path="/home/user/logs/a.log")
+    running = asyncio.ensure_future(box.run(sleep_cmd(401), timeout_s=60))
     await asyncio.sleep(0.3)
     await box.close()
     await box.close()
     result = await running
     assert result.exit_code != 0
-    assert processes_mentioning("sleep 40") == []
+    assert processes_mentioning(sleep_cmd(400), sleep_cmd(401)) == []
     with pytest.raises(SandboxError, match="closed"):
         await box.run("true", timeout_s=5)
 
@@ -173,21 +174,21 @@ async def test_tools_under_hidden_host_dirs_stay_visible(tmp_path: Path, sandbox
 async def test_close_all_closes_what_is_still_open(any_backend: SandboxBackend, no_leaks: None) -> None:
     closed_early = await any_backend.create(SandboxSpec())
     left_open = [await any_backend.create(SandboxSpec()) for _ in range(2)]
-    await left_open[0].start("exec sleep 402", log_path="/home/user/logs/a.log")
+    await left_open[0].start(f"exec {sleep_cmd(402)}", log_path="/home/user/logs/a.log")
     await closed_early.close()
     assert await any_backend.close_all() == 2
     assert await any_backend.close_all() == 0
-    assert processes_mentioning("sleep 402") == []
+    assert processes_mentioning(sleep_cmd(402)) == []
     with pytest.raises(SandboxError, match="closed"):
         await left_open[1].run("true", timeout_s=5)
 
 
 async def test_close_finishes_even_when_its_caller_is_cancelled(any_backend: SandboxBackend, no_leaks: None) -> None:
     box = await any_backend.create(SandboxSpec())
-    await box.start("exec sleep 403", log_path="/home/user/logs/a.log")
+    await box.start(f"exec {sleep_cmd(403)}", log_path="/home/user/logs/a.log")
     closing = asyncio.ensure_future(box.close())
     await asyncio.sleep(0)
     closing.cancel()
     await asyncio.gather(closing, return_exceptions=True)
     await box.close()
-    assert processes_mentioning("sleep 403") == []
+    assert processes_mentioning(sleep_cmd(403)) == []

@@ -16,6 +16,7 @@ from opencode_env.models import CommandResult
 HOME = "/home/user"
 WORKDIR = f"{HOME}/workdir"
 LOGS_DIR = f"{HOME}/logs"
+OPENCODE_CONFIG_DIR = f"{HOME}/.config/opencode"
 VERIFIER_DIR = f"{LOGS_DIR}/verifier"
 REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
 REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
@@ -98,6 +99,9 @@ class ProvidedTools:
     opencode_version: str | None = None
     python: str | None = None
     proxy_ready: bool = False
+    opencode_config_deps: str | None = None
+    """A host directory holding what OpenCode would npm-install into its config directory at start (node_modules,
+    package.json, package-lock.json), for backends that mount it there."""
 
 
 class BackgroundProcess(Protocol):

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR
+
 SANDBOX_UID = 1000
 UID_BASE = 2_000_000_000
 UID_SLOTS = 1_000_000
@@ -138,10 +140,14 @@ def _hidden_tmpfs() -> list[str]:
     return argv
 
 
-def holder_argv(layout: Layout, runtime_paths: Sequence[str], *, own_network: bool = True) -> list[str]:
+def holder_argv(
+    layout: Layout, runtime_paths: Sequence[str], *, own_network: bool = True, config_deps: str | None = None
+) -> list[str]:
     """The rollout's namespace holder. It keeps CAP_SYS_ADMIN in its namespaces only to mount a /proc of its own
     (bubblewrap's covers parts of /proc, which would stop commands mounting theirs); it then just sleeps.
-    `own_network=False` is for test doubles of cloud sandboxes, which have the network of a VM."""
+    `own_network=False` is for test doubles of cloud sandboxes, which have the network of a VM. `config_deps`, a
+    cached install of what OpenCode would npm-install into its config directory at start, is mounted there
+    read-only: OpenCode finds it in place and contacts no registry."""
     return [
         "bwrap",
         "--die-with-parent",
@@ -166,6 +172,7 @@ def holder_argv(layout: Layout, runtime_paths: Sequence[str], *, own_network: bo
         "--bind",
         str(layout.tmp),
         "/tmp",
+        *_config_deps_binds(config_deps),
         "--ro-bind",
         str(layout.control),
         CONTROL_MOUNT,
@@ -183,6 +190,15 @@ def holder_argv(layout: Layout, runtime_paths: Sequence[str], *, own_network: bo
         "-c",
         HOLDER_SCRIPT,
     ]
+
+
+def _config_deps_binds(config_deps: str | None) -> list[str]:
+    if config_deps is None:
+        return []
+    binds: list[str] = []
+    for name in ("node_modules", "package.json", "package-lock.json"):
+        binds += ["--ro-bind", f"{config_deps}/{name}", f"{OPENCODE_CONFIG_DIR}/{name}"]
+    return binds
 
 
 def command_argv(

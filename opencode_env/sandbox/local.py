@@ -207,7 +207,15 @@ class LocalSandbox:
             self.enforcement["limits"] = f"cgroup {version}"
         else:
             self.enforcement["limits"] = "none (no writable cgroup)"
-        argv = [*self._join(), *holder_argv(self.layout, runtime_paths(self.tools), own_network=self._own_network)]
+        argv = [
+            *self._join(),
+            *holder_argv(
+                self.layout,
+                runtime_paths(self.tools),
+                own_network=self._own_network,
+                config_deps=self.tools.opencode_config_deps,
+            ),
+        ]
         self._holder = await asyncio.create_subprocess_exec(
             *argv,
             env={"PATH": BASE_PATH},

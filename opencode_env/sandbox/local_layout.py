@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from opencode_env.sandbox import hostfs
-from opencode_env.sandbox.base import AGENT_LOG_DIR, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.base import AGENT_LOG_DIR, OPENCODE_CONFIG_DIR, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.cgroup import Cgroup, detect
 from opencode_env.sandbox.isolation import GROUP, PASSWD, Layout
 
@@ -78,7 +78,7 @@ def _mount_disk(layout: Layout, disk_mb: int) -> None:
 
 
 def own_tree(layout: Layout, user: int, root: int) -> None:
-    for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR):
+    for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, OPENCODE_CONFIG_DIR):
         hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
     hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
     (layout.tmp).chmod(0o1777)

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from opencode_env.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
+from opencode_env.pins import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
 from opencode_env.sandbox.base import ProvidedTools
 
 
@@ -40,43 +40,55 @@ def _installed_binary(prefix: Path) -> Path:
 
 def install_cached(version: str = OPENCODE_VERSION, root: Path | None = None) -> Path:
     """Install OpenCode once per machine under the cache; concurrent callers wait on a file lock."""
-    base = root or cache_root()
-    prefix = base / f"opencode-{version}"
-    binary = _installed_binary(prefix)
+    prefix = _npm_install_once(root or cache_root(), f"opencode-{version}", OPENCODE_PACKAGE, version)
+    return _installed_binary(prefix)
+
+
+def install_config_deps(version: str = OPENCODE_VERSION, root: Path | None = None) -> Path:
+    """What OpenCode npm-installs into its config directory at every start (`@opencode-ai/plugin`), installed once:
+    each rollout's config directory mounts it, so OpenCode finds it in place and contacts no registry."""
+    return _npm_install_once(root or cache_root(), f"opencode-config-{version}", PLUGIN_PACKAGE, version)
+
+
+def _npm_install_once(base: Path, name: str, package: str, version: str) -> Path:
+    prefix = base / name
     if (prefix / ".complete").exists():
-        return binary
+        return prefix
     base.mkdir(parents=True, exist_ok=True)
     with (base / ".install.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (prefix / ".complete").exists():
-            return binary
+            return prefix
         if shutil.which("npm") is None:
-            raise InstallError("npm is not installed; OpenCode is installed from the npm registry (Node >= 20).")
-        staging = Path(tempfile.mkdtemp(prefix=f".opencode-{version}-", dir=base))
+            raise InstallError(f"npm is not installed; {package} is installed from the npm registry (Node >= 20).")
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
         completed = subprocess.run(
-            ["npm", "install", "--no-fund", "--no-audit", "--prefix", str(staging), f"{OPENCODE_PACKAGE}@{version}"],
+            ["npm", "install", "--no-fund", "--no-audit", "--prefix", str(staging), f"{package}@{version}"],
             capture_output=True,
             text=True,
             timeout=900,
             check=False,
         )
-        if completed.returncode != 0 or not _installed_binary(staging).exists():
+        if completed.returncode != 0 or not (staging / "node_modules" / package / "package.json").exists():
             shutil.rmtree(staging, ignore_errors=True)
-            raise InstallError(f"npm install {OPENCODE_PACKAGE}@{version} failed: {completed.stderr[-2000:]}")
+            raise InstallError(f"npm install {package}@{version} failed: {completed.stderr[-2000:]}")
         shutil.rmtree(prefix, ignore_errors=True)
         staging.rename(prefix)
         (prefix / ".complete").write_text(version)
-    return binary
+    return prefix
 
 
 async def cached_tools() -> ProvidedTools:
     """The tools the local backend provides: the cached OpenCode and this interpreter (for the proxy)."""
     binary = await asyncio.to_thread(install_cached)
+    config_deps = await asyncio.to_thread(install_config_deps)
     # npm stages the install in a private temporary directory: sandbox users must be able to run what it holds.
-    await asyncio.to_thread(_world_readable, _installed_prefix(binary))
+    for prefix in (_installed_prefix(binary), config_deps):
+        await asyncio.to_thread(_world_readable, prefix)
     return ProvidedTools(
-        opencode=str(binary), opencode_version=OPENCODE_VERSION, python=sys.executable, proxy_ready=True
+        opencode=str(binary),
+        opencode_version=OPENCODE_VERSION,
+        python=sys.executable,
+        proxy_ready=True,
+        opencode_config_deps=str(config_deps),
     )
-
-
-PROXY_PYTHON_PACKAGES = ("fastapi", "uvicorn", "uvloop", "httptools")

@@ -13,14 +13,14 @@ from opencode_env.pins import (
     AGENT_ENV,
     OPENCODE_PACKAGE,
     OPENCODE_VERSION,
+    PLUGIN_PACKAGE,
     PROXY_PYTHON_PACKAGES,
     TEMPLATE_FORMAT,
     TEMPLATE_FORMAT_VAR,
 )
-from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, OPENCODE_CONFIG_DIR, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.e2b import DEFAULT_TEMPLATE
 
-CONFIG_DIR = f"{HOME}/.config/opencode"
 NO_SUDO_FOR_USER = (
     "rm -f /etc/sudoers.d/user* && (deluser user sudo 2>/dev/null || true)"
     " && (gpasswd -d user wheel 2>/dev/null || true)"
@@ -37,12 +37,12 @@ def template_builder() -> Any:
         .npm_install([f"{OPENCODE_PACKAGE}@{OPENCODE_VERSION}"], g=True)
         .pip_install(list(PROXY_PYTHON_PACKAGES))
         .run_cmd("id -u user >/dev/null 2>&1 || useradd --create-home --uid 1000 user")
-        .make_dir([WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, CONFIG_DIR], user="user")
+        .make_dir([WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, OPENCODE_CONFIG_DIR], user="user")
         .run_cmd(f"chown -R user:user {HOME}")
         # The proxy (and its key) runs as root: `user`, who runs every task command, must not become root.
         .run_cmd(NO_SUDO_FOR_USER)
         .run_cmd(
-            f"cd {CONFIG_DIR} && npm install --no-fund --no-audit @opencode-ai/plugin@{OPENCODE_VERSION}",
+            f"cd {OPENCODE_CONFIG_DIR} && npm install --no-fund --no-audit {PLUGIN_PACKAGE}@{OPENCODE_VERSION}",
             user="user",
         )
         .set_envs({**AGENT_ENV, TEMPLATE_FORMAT_VAR: TEMPLATE_FORMAT})
