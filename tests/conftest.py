@@ -1,17 +1,21 @@
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from opencode_env.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
 from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.hf import HFBackend
 from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools, install_cached
+from opencode_env.sandbox.local_tools import cache_root, cached_tools, install_cached, npm_cache
 from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 
@@ -29,7 +33,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def opencode_binary() -> Path:
-    return install_cached()
+    binary = install_cached()
+    _warm_npm_cache()
+    return binary
+
+
+def _warm_npm_cache() -> None:
+    """An OpenCode installed before its npm cache was kept (older checkouts) fetches its packages into it once, so
+    the run-time install tests can install offline. Workers of one run wait on the install lock."""
+    cache = npm_cache()
+    with (cache_root() / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cache.exists():
+            return
+        with tempfile.TemporaryDirectory() as prefix:
+            package = f"{OPENCODE_PACKAGE}@{OPENCODE_VERSION}"
+            staging = cache.with_name(".npm-cache-staging")
+            shutil.rmtree(staging, ignore_errors=True)
+            subprocess.run(
+                ["npm", "install", "--no-fund", "--no-audit", "--cache", str(staging), "--prefix", prefix, package],
+                capture_output=True,
+                check=True,
+                timeout=900,
+            )
+            staging.rename(cache)
 
 
 @pytest.fixture(scope="session")

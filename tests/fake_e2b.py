@@ -16,6 +16,7 @@ import datetime
 import functools
 import itertools
 import os
+import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 from opencode_env.sandbox.base import HOME, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local_tools import cached_tools, npm_cache
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
 NPM_GLOBAL = f"{HOME}/.npm-global"
@@ -79,7 +80,22 @@ class FakeCloud:
         env = {"NPM_CONFIG_PREFIX": NPM_GLOBAL}
         if with_opencode and not outdated:
             env[TEMPLATE_FORMAT_VAR] = TEMPLATE_FORMAT
-        return await backend.create(SandboxSpec(env=env))
+        if not with_opencode:
+            # A template without OpenCode installs it at run time: from a warm npm cache, offline, so the test
+            # proves the install path without depending on the registry.
+            env |= {"NPM_CONFIG_CACHE": f"{HOME}/.npm", "NPM_CONFIG_OFFLINE": "true"}
+        sandbox = await backend.create(SandboxSpec(env=env))
+        if not with_opencode:
+            await asyncio.to_thread(_copy_owned, npm_cache(), sandbox.host_path(f"{HOME}/.npm"), sandbox.owner)
+        return sandbox
+
+
+def _copy_owned(source: Path, target: Path, owner: tuple[int, int]) -> None:
+    shutil.copytree(source, target, symlinks=True)
+    for directory, _, files in os.walk(target):
+        os.chown(directory, *owner)
+        for name in files:
+            os.chown(os.path.join(directory, name), *owner)
 
 
 class FakeCommandHandle:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 from opencode_env.pins import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
 from opencode_env.sandbox.base import ProvidedTools
 
+log = logging.getLogger("opencode_env.local_tools")
+
 
 class InstallError(Exception):
     """OpenCode could not be installed."""
@@ -22,6 +25,11 @@ class InstallError(Exception):
 def cache_root() -> Path:
     configured = os.environ.get("OPENCODE_ENV_CACHE")
     return Path(configured) if configured else Path.home() / ".cache" / "opencode-env"
+
+
+def npm_cache(base: Path | None = None) -> Path:
+    """npm's cache for our installs, kept beside them: what was fetched once installs again offline."""
+    return (base or cache_root()) / "npm-cache"
 
 
 def _installed_prefix(binary: Path) -> Path:
@@ -63,7 +71,15 @@ def _npm_install_once(base: Path, name: str, package: str, version: str) -> Path
             raise InstallError(f"npm is not installed; {package} is installed from the npm registry (Node >= 20).")
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
         completed = subprocess.run(
-            ["npm", "install", "--no-fund", "--no-audit", "--prefix", str(staging), f"{package}@{version}"],
+            [
+                "npm",
+                "install",
+                "--no-fund",
+                "--no-audit",
+                *("--cache", str(npm_cache(base))),
+                *("--prefix", str(staging)),
+                f"{package}@{version}",
+            ],
             capture_output=True,
             text=True,
             timeout=900,
@@ -81,14 +97,19 @@ def _npm_install_once(base: Path, name: str, package: str, version: str) -> Path
 async def cached_tools() -> ProvidedTools:
     """The tools the local backend provides: the cached OpenCode and this interpreter (for the proxy)."""
     binary = await asyncio.to_thread(install_cached)
-    config_deps = await asyncio.to_thread(install_config_deps)
+    try:
+        config_deps: Path | None = await asyncio.to_thread(install_config_deps)
+    except InstallError as error:
+        log.warning("OpenCode will try to fetch its plugin package at every start: %s", error)
+        config_deps = None
     # npm stages the install in a private temporary directory: sandbox users must be able to run what it holds.
     for prefix in (_installed_prefix(binary), config_deps):
-        await asyncio.to_thread(_world_readable, prefix)
+        if prefix is not None:
+            await asyncio.to_thread(_world_readable, prefix)
     return ProvidedTools(
         opencode=str(binary),
         opencode_version=OPENCODE_VERSION,
         python=sys.executable,
         proxy_ready=True,
-        opencode_config_deps=str(config_deps),
+        opencode_config_deps=str(config_deps) if config_deps else None,
     )
