@@ -1,5 +1,6 @@
 """A stand-in for huggingface_hub's dedicated `Sandbox` (and the two `HfApi` calls the reaper makes) that runs
-commands for real, in local bubblewrap sandboxes.
+commands for real: by default each sandbox in a local bubblewrap sandbox, or, with `plain_processes`, as plain
+processes of this machine, which then plays the one sandbox's VM (for the image's smoke test: tests/fake_hf_plain.py).
 
 Like the SDK it is synchronous; like the HF Jobs it stands for, its sandboxes live elsewhere: on the fake cloud's
 own event loop, in its own thread, so a call blocks its caller the way a remote call does. It has the SDK's method
@@ -7,7 +8,7 @@ names and signatures (a test compares them with the installed SDK) and raises th
 `SandboxError` (no token, a sandbox that does not start, a connection lost when the sandbox is killed under a
 command), `SandboxCommandError` (check=True), `HfHubHTTPError` with the status the Jobs API answers (401, 402,
 429) and httpx2's `ConnectError` when the API is unreachable. Its "images" are directories of stand-ins for what
-the fake cannot do for real (switching uid): see tests/fake_hf_image.
+the fake cannot do for real in bubblewrap (switching uid): see tests/fake_hf_image.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import datetime
 import itertools
+import os
 import shlex
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, TypeVar
+from typing import Any, BinaryIO, ClassVar, Protocol, TypeVar
 
 import httpx2
 from huggingface_hub import JobInfo
@@ -31,14 +33,41 @@ from huggingface_hub._sandbox import DEFAULT_IMAGE, RESERVED_SANDBOX_LABELS, San
 from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
 
 from opencode_env.sandbox.base import ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local import LocalBackend
 from opencode_env.sandbox.local_tools import cached_tools
+from tests.fake_hf_plain import PlainMachine
 
 T = TypeVar("T")
 IMAGE_BIN = str(Path(__file__).parent / "fake_hf_image")
 # The fake cannot write /opt: where the backend keeps its root-owned tools and control files in a fake sandbox.
 FAKE_TOOLS_DIR = "/tmp/opencode-env"
 OWNER = {"id": "0123456789abcdef", "name": "fake-user", "type": "user"}
+
+
+class MachineProcess(Protocol):
+    """A command running in a fake sandbox, led by its own process group."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def process(self) -> asyncio.subprocess.Process: ...
+
+    async def running(self) -> bool: ...
+
+    async def kill(self) -> None: ...
+
+
+class Machine(Protocol):
+    """What a fake sandbox runs on: a local bubblewrap sandbox (`LocalSandbox`) or this machine (`PlainMachine`)."""
+
+    async def spawn(self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = ...) -> MachineProcess: ...
+
+    async def write_file(self, path: str, data: str | bytes) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def close(self) -> None: ...
 
 
 def _http_error(status: int, message: str) -> HfHubHTTPError:
@@ -48,13 +77,17 @@ def _http_error(status: int, message: str) -> HfHubHTTPError:
 
 @dataclass
 class FakeHfCloud:
-    """HF Jobs as the fake sees it. Images map a name to whether OpenCode is baked in."""
+    """HF Jobs as the fake sees it. Images map a name to whether OpenCode is baked in (in bubblewrap mode; in plain
+    mode every image is this machine, with what it has)."""
 
     base_dir: Path | None = None
     token: str = "hf_fake_token"
     images: dict[str, bool] = field(default_factory=lambda: {"opencode-env": True, "python:3.12": False})
     user_images: set[str] = field(default_factory=set)
-    """Images that set USER: their sandbox server, and every command it runs, is not root."""
+    """Images that set USER: their sandbox server, and every command it runs, is not root (bubblewrap mode only)."""
+    plain_processes: bool = False
+    """Run a sandbox's commands as plain processes of this machine, as whoever runs the fake (root, for a real drop
+    to `user`), in this process's environment: the machine plays the VM of one sandbox at a time."""
     max_jobs: int = 20
     unreachable: bool = False
     payment_required: bool = False
@@ -83,7 +116,10 @@ class FakeHfCloud:
         for box in list(self.alive.values()):
             box.kill()
 
-    async def local_sandbox(self, with_opencode: bool) -> LocalSandbox:
+    async def machine(self, with_opencode: bool) -> Machine:
+        if self.plain_processes:
+            return PlainMachine(os.environ)
+
         async def tools() -> ProvidedTools:
             provided = await cached_tools()
             return ProvidedTools(opencode=provided.opencode if with_opencode else None)
@@ -109,10 +145,10 @@ class FakeSandboxProcess:
         process = self._sandbox._background.get(self.id or "")
         if process is None:
             return False
-        return self._sandbox.cloud.remote(_kill_local(process))
+        return self._sandbox.cloud.remote(_kill(process))
 
 
-async def _kill_local(process: LocalProcess) -> bool:
+async def _kill(process: MachineProcess) -> bool:
     running = await process.running()
     await process.kill()
     return running
@@ -137,12 +173,12 @@ class FakeSandbox:
     cloud: ClassVar[FakeHfCloud]
     _ids = itertools.count(1)
 
-    def __init__(self, sandbox_id: str, local: LocalSandbox, image_env: dict[str, str]) -> None:
+    def __init__(self, sandbox_id: str, machine: Machine, image_env: dict[str, str]) -> None:
         self.id = sandbox_id
-        self._local = local
+        self._machine = machine
         self._image_env = image_env
         self._killed = False
-        self._background: dict[str, LocalProcess] = {}
+        self._background: dict[str, MachineProcess] = {}
         self._commands: dict[str, str | list[str]] = {}
         self.files = FakeSandboxFiles(self)
 
@@ -175,6 +211,8 @@ class FakeSandbox:
             raise _http_error(402, "Payment Required: add a payment method to run Jobs")
         if len(cloud.alive) >= cloud.max_jobs:
             raise _http_error(429, "Too Many Requests: too many running jobs")
+        if cloud.plain_processes and cloud.alive:
+            raise _http_error(429, "Too Many Requests: a fake cloud of plain processes runs one sandbox at a time")
         job_id = f"fakejob{next(cls._ids):05d}"
         if image not in cloud.images:
             raise SandboxError(
@@ -182,8 +220,8 @@ class FakeSandbox:
             )
         if cloud.create_delay_s:
             time.sleep(cloud.create_delay_s)
-        local = cloud.remote(cloud.local_sandbox(with_opencode=cloud.images[image]))
-        box = cls(job_id, local, {"FAKE_HF_RUN_AS": "user"} if image in cloud.user_images else {})
+        machine = cloud.remote(cloud.machine(with_opencode=cloud.images[image]))
+        box = cls(job_id, machine, {"FAKE_HF_RUN_AS": "user"} if image in cloud.user_images else {})
         cloud.alive[job_id] = box
         cloud.jobs[job_id] = JobInfo(
             id=job_id,
@@ -203,7 +241,7 @@ class FakeSandbox:
         if self._killed:
             return
         self._killed = True
-        self.cloud.remote(self._local.close())
+        self.cloud.remote(self._machine.close())
         self.cloud.alive.pop(self.id, None)
         self.cloud.jobs.pop(self.id, None)
 
@@ -230,7 +268,7 @@ class FakeSandbox:
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         environment = {**self._image_env, **{key: str(value) for key, value in (env or {}).items()}}
         if background:
-            process = self.cloud.remote(self._local.spawn(command, env=environment, cwd=cwd or "/"))
+            process = self.cloud.remote(self._machine.spawn(command, env=environment, cwd=cwd or "/"))
             process_id = uuid.uuid4().hex
             self._background[process_id] = process
             self._commands[process_id] = cmd
@@ -255,10 +293,10 @@ class FakeSandbox:
     ) -> SandboxCommandResult:
         if stdin is not None:
             fed = f"/tmp/.fake-sbx-stdin-{uuid.uuid4().hex}"
-            await self._local.write_file(fed, stdin)
+            await self._machine.write_file(fed, stdin)
             command = f"exec < {fed}; rm -f {fed}; {command}"
         started = time.monotonic()
-        process = await self._local.spawn(command, env=env, cwd=cwd)
+        process = await self._machine.spawn(command, env=env, cwd=cwd)
         kept: tuple[list[str], list[str]] = ([], [])
         pumps = [
             asyncio.ensure_future(_pump(stream, callback, parts if capture_output else None))
@@ -321,12 +359,12 @@ class FakeSandboxFiles:
     def write(self, path: str, data: str | bytes | BinaryIO, mode: str | None = None) -> None:
         self._sandbox._require_alive()
         payload = data if isinstance(data, (str, bytes)) else data.read()
-        self._sandbox.cloud.remote(self._sandbox._local.write_file(path, payload))
+        self._sandbox.cloud.remote(self._sandbox._machine.write_file(path, payload))
 
     def read(self, path: str) -> bytes:
         self._sandbox._require_alive()
         try:
-            return self._sandbox.cloud.remote(self._sandbox._local.read_file(path))
+            return self._sandbox.cloud.remote(self._sandbox._machine.read_file(path))
         except FileNotFoundError as missing:
             raise SandboxError(f"Sandbox API error (404): {path} not found", status_code=404) from missing
 

@@ -1,5 +1,6 @@
 """The image's smoke test, run inside the container by `./dev image` (stdin to its python): the server answers
-/health, refuses an MCP call without the token, and lists its tool through the standard MCP endpoint with it."""
+/health, then, once it is built, refuses an MCP call without the token and lists its tool through the standard MCP
+endpoint with it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ async def main() -> int:
                     raise
                 await asyncio.sleep(0.5)
         print(f"/health: {health.status_code} {health.text[:200]}")
-        refused = await http.post("/mcp/stream", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        # /health answers from the first moment; the rest of the app answers 503 until it is built (server.staged).
+        while True:
+            refused = await http.post("/mcp/stream", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            if refused.status_code != 503 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
         print(f"MCP without the token: {refused.status_code}")
     async with Client(f"{BASE}/mcp/stream", auth=TOKEN) as client:
         tools = await client.list_tools()

@@ -1,0 +1,111 @@
+"""The image's rollout smoke test, run inside the container by `./dev image` (`python -m tests.image_rollout`, with
+tests/ mounted read-only for this test only, never part of the image).
+
+One demo rollout through the server's standard MCP endpoint, with its token, on the Hugging Face backend as a Space
+runs it. The SDK under the backend is the fake cloud of tests/fake_hf.py in plain mode: the container plays the
+sandbox's VM (the backend's real setpriv drops task commands to `user`; its proxy runs as root with the image's
+packages; OpenCode is the image's own). Everything is loopback: the scripted model, this server, the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from fastmcp import Client
+
+from opencode_env.models import RolloutResult
+from opencode_env.sandbox.hf import HFBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.testing.threaded_server import ThreadedServer
+from server.app import build_app
+from server.environment import configure
+from tests.fake_hf import FakeHfCloud
+
+EXPECTED_TURNS = 3
+USER_UID = 1000
+
+
+def user_processes() -> list[str]:
+    """What still runs as `user` (the sandbox is closed: nothing should)."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == USER_UID:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                left.append(f"{entry.name} {command[:120]}")
+        except FileNotFoundError:
+            continue
+    return left
+
+
+def problems(result: RolloutResult) -> list[str]:
+    found = []
+    if result.status != "completed":
+        found.append(f"status {result.status} ({result.error})")
+    if result.reward != 1.0:
+        found.append(f"reward {result.reward}")
+    if len(result.proxy_turns) != EXPECTED_TURNS:
+        found.append(f"{len(result.proxy_turns)} proxy turns, not {EXPECTED_TURNS}")
+    for turn in result.proxy_turns:
+        if not (turn.aligned and turn.completion_token_ids and turn.prompt_token_ids):
+            found.append(f"turn {turn.turn}: token ids missing or not aligned ({turn.token_id_source})")
+    return found
+
+
+async def rollout(server_url: str, token: str) -> RolloutResult:
+    with ScriptedModelServer(demo_script()) as model:
+        async with Client(f"{server_url}/mcp/stream", auth=token) as client:
+            request = demo_request(model.base_url).model_dump(mode="json")
+            answer = await client.call_tool("run_rollout", request)
+    return RolloutResult.model_validate(answer.structured_content)
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("rollout smoke test: must run as root, as a Hugging Face sandbox server does", file=sys.stderr)
+        return 1
+    cloud = FakeHfCloud(plain_processes=True)
+    backend = HFBackend(sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env", max_sandboxes=1)
+    configure(backend, max_rollouts=1)
+    token = secrets.token_urlsafe(24)
+    server = ThreadedServer(build_app(token))
+    server.start()
+    started = time.monotonic()
+    try:
+        result = asyncio.run(rollout(server.url, token))
+    finally:
+        server.stop()
+        cloud.kill_all()
+    elapsed = time.monotonic() - started
+    aligned = sum(turn.aligned for turn in result.proxy_turns)
+    print(
+        f"rollout on the hf backend ({result.sandbox_id}, OpenCode {result.opencode_version}) through MCP: "
+        f"status {result.status}, reward {result.reward}, {len(result.proxy_turns)} proxy turns "
+        f"({aligned} with aligned token ids), wall {result.wall_s:.1f} s ({elapsed:.1f} s with the MCP call)"
+    )
+    print(f"phases: {result.timings.model_dump(exclude_defaults=True)}")
+    left = user_processes()
+    if left:
+        print(f"still running as user after the sandbox closed: {left}")
+    found = problems(result)
+    if found:
+        print(f"rollout smoke test FAILED: {'; '.join(found)}")
+        for command in result.verify_results:
+            print(f"  verify {command.cmd[:80]!r}: exit {command.exit_code} {command.stderr[-400:]}")
+        print(f"  agent exit {result.agent_exit_code}, log tail: {result.agent_log_tail[-1500:]}")
+        print(f"  proxy log tail: {result.proxy_log_tail[-1500:]}")
+        return 1
+    print("rollout smoke test passed")
+    return 0
+
+
+sys.exit(main())
