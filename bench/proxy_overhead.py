@@ -96,7 +96,7 @@ def percentile(values: list[float], q: float) -> float:
 async def run_scenario(scenario: Scenario, body: dict[str, Any], runs: int, concurrency: int) -> None:
     direct_body = rewrite_request(body, REWRITE)
     rounds = 5
-    total = 3 * 2 + runs * 2 + rounds * concurrency * 2 + 10
+    total = 3 * 2 + runs * 4 + rounds * concurrency * 2 + 10
     script = Script(steps=[scenario.step()] * total)
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
@@ -110,9 +110,27 @@ async def run_scenario(scenario: Scenario, body: dict[str, Any], runs: int, conc
                 for _ in range(3):
                     await one_request(client, model_url, direct_body)
                     await one_request(client, proxy.url, body)
-                direct, proxied = await interleaved(client, model_url, proxy, body, direct_body, runs)
+                paths = await interleaved(client, model_url, proxy, body, direct_body, runs)
                 concurrent = await concurrent_rounds(client, model_url, proxy, body, direct_body, concurrency, rounds)
-            report(scenario, direct, proxied, concurrent, runs, concurrency, rounds)
+            report(scenario, paths, concurrent, runs, concurrency, rounds)
+
+
+async def fresh_request(url: str, body: dict[str, Any]) -> Sample:
+    """One request on a connection of its own (as a client without keep-alive, or OpenCode's fetch after idling)."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        return await one_request(client, url, body)
+
+
+@dataclass
+class Paths:
+    """Per path, the samples of the interleaved runs; proxy CPU and trace bytes of the proxied ones."""
+
+    direct: list[Sample]
+    proxied: list[Sample]
+    direct_fresh: list[Sample]
+    proxied_fresh: list[Sample]
+    cpu: float = 0.0
+    trace_bytes: int = 0
 
 
 async def interleaved(
@@ -122,18 +140,22 @@ async def interleaved(
     body: dict[str, Any],
     direct_body: dict[str, Any],
     runs: int,
-) -> tuple[list[Sample], tuple[list[Sample], float, int]]:
-    direct: list[Sample] = []
-    proxied: list[Sample] = []
-    cpu = 0.0
+) -> Paths:
+    paths = Paths([], [], [], [])
     trace_before = proxy.trace_path.stat().st_size
     for _ in range(runs):
-        direct.append(await one_request(client, model_url, direct_body))
+        paths.direct.append(await one_request(client, model_url, direct_body))
         before = cpu_seconds(proxy.process.pid)
-        proxied.append(await one_request(client, proxy.url, body))
+        paths.proxied.append(await one_request(client, proxy.url, body))
         await asyncio.sleep(0.05)
-        cpu += cpu_seconds(proxy.process.pid) - before
-    return direct, (proxied, cpu, proxy.trace_path.stat().st_size - trace_before)
+        paths.cpu += cpu_seconds(proxy.process.pid) - before
+        paths.direct_fresh.append(await fresh_request(model_url, direct_body))
+        before = cpu_seconds(proxy.process.pid)
+        paths.proxied_fresh.append(await fresh_request(proxy.url, body))
+        await asyncio.sleep(0.05)
+        paths.cpu += cpu_seconds(proxy.process.pid) - before
+    paths.trace_bytes = proxy.trace_path.stat().st_size - trace_before
+    return paths
 
 
 async def concurrent_rounds(
@@ -165,34 +187,32 @@ def ms(value: float) -> str:
 
 def report(
     scenario: Scenario,
-    direct: list[Sample],
-    proxied_run: tuple[list[Sample], float, int],
+    paths: Paths,
     concurrent: tuple[list[float], list[float], float],
     runs: int,
     concurrency: int,
     rounds: int,
 ) -> None:
-    proxied, cpu, trace_bytes = proxied_run
     print(
         f"\n== {scenario.name}: {scenario.tokens} tokens, {scenario.delay_s * 1000:.0f} ms between tokens, "
-        f"{runs} interleaved runs per path"
+        f"{runs} interleaved runs per path (ms; p10 / p50 / p90)"
     )
-    print(f"{'metric':<22}{'direct p50':>11}{'p90':>9}{'proxied p50':>13}{'p90':>9}{'ratio p50':>11}{'added p50':>11}")
-    for label, attribute in (
-        ("time to first byte", "ttfb"),
-        ("time to [DONE]", "done"),
-        ("time to end of body", "end"),
+    print(f"{'metric':<30}{'direct':>26}{'proxied':>26}{'ratio p50':>11}{'added p50':>11}")
+    for connection, direct, proxied in (
+        ("reused connection", paths.direct, paths.proxied),
+        ("new connection", paths.direct_fresh, paths.proxied_fresh),
     ):
-        d = [getattr(s, attribute) for s in direct]
-        p = [getattr(s, attribute) for s in proxied]
-        d50, p50 = statistics.median(d), statistics.median(p)
-        print(
-            f"{label:<22}{ms(d50):>11}{ms(percentile(d, 0.9)):>9}{ms(p50):>13}{ms(percentile(p, 0.9)):>9}"
-            f"{p50 / d50:>10.3f}x{ms(p50 - d50):>11}"
-        )
-    tokens = runs * scenario.tokens
+        for label, attribute in (("first byte", "ttfb"), ("[DONE]", "done"), ("end of body", "end")):
+            d = [getattr(sample, attribute) for sample in direct]
+            p = [getattr(sample, attribute) for sample in proxied]
+            d50, p50 = statistics.median(d), statistics.median(p)
+            print(
+                f"{label + ', ' + connection:<30}{spread(d):>26}{spread(p):>26}{p50 / d50:>10.3f}x{ms(p50 - d50):>11}"
+            )
+    tokens = 2 * runs * scenario.tokens
     print(
-        f"proxy CPU per streamed token: {cpu / tokens * 1e6:.1f} us;  trace bytes per token: {trace_bytes / tokens:.0f}"
+        f"proxy CPU per streamed token: {paths.cpu / tokens * 1e6:.1f} us;  "
+        f"trace bytes per token: {paths.trace_bytes / tokens:.0f}"
     )
     direct_c, proxied_c, cpu_c = concurrent
     d50, p50 = statistics.median(direct_c), statistics.median(proxied_c)
@@ -201,6 +221,10 @@ def report(
         f"proxied {ms(p50)} ms, ratio {p50 / d50:.3f}x; proxy CPU per token "
         f"{cpu_c / (rounds * concurrency * scenario.tokens) * 1e6:.1f} us"
     )
+
+
+def spread(values: list[float]) -> str:
+    return "/".join(f"{percentile(values, q) * 1000:.2f}" for q in (0.1, 0.5, 0.9))
 
 
 def main() -> None:
