@@ -175,10 +175,11 @@ def _cmd_reap(args: argparse.Namespace) -> int:
 
 
 def _cmd_install(_: argparse.Namespace) -> int:
-    from opencode_env.pins import OPENCODE_VERSION
-    from opencode_env.sandbox.local_tools import install_cached
+    from opencode_env.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
+    from opencode_env.sandbox.local_tools import install_cached, install_config_deps
 
     print(f"OpenCode {OPENCODE_VERSION}: {install_cached()}")
+    print(f"{PLUGIN_PACKAGE} {OPENCODE_VERSION} (for each rollout's config directory): {install_config_deps()}")
     return 0
 
 
