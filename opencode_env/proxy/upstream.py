@@ -1,7 +1,8 @@
 """A lean HTTP/1.1 client for the one call the proxy makes: POST a JSON body, stream the answer back.
 
 The proxy forwards one small chunk per token, so the per-read cost of a general client (timeout scopes, event
-objects per chunk) dominated its CPU. This client reads straight from asyncio streams, keeps connections alive in
+objects per chunk) dominated its CPU. This client reads straight from asyncio streams, one read per wakeup
+whatever number of chunks it holds (opencode_env/proxy/dechunk.py), keeps connections alive in
 a small pool (a TLS handshake per turn would add tens of milliseconds), and enforces the idle timeout with one
 watchdog per response instead of a timer per read. Standard library only.
 """
@@ -14,6 +15,8 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from opencode_env.proxy.dechunk import ChunkedDecoder
 
 
 class UpstreamError(Exception):
@@ -125,16 +128,16 @@ class UpstreamResponse:
     async def _body(self, watchdog: _Watchdog) -> AsyncIterator[bytes]:
         reader = self._connection.reader
         if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            while True:
-                size_line = await reader.readuntil(b"\r\n")
-                size = int(size_line.split(b";", 1)[0], 16)
-                if size == 0:
-                    while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                        pass
-                    return
-                piece = await reader.readexactly(size + 2)
+            decoder = ChunkedDecoder()
+            while not decoder.finished:
+                data = await reader.read(65536)
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", None)
                 watchdog.touch()
-                yield piece[:-2]
+                if piece := decoder.feed(data):
+                    yield piece
+            if decoder.leftover:
+                self.headers["connection"] = "close"
         elif "content-length" in self.headers:
             remaining = int(self.headers["content-length"])
             while remaining > 0:
