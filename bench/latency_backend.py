@@ -105,6 +105,19 @@ def opencode_events(turns: int) -> bytes:
     return ("\n".join(json.dumps(event) for event in events) + "\n").encode()
 
 
+@dataclass(frozen=True)
+class AgentRecord:
+    """What the agent leaves behind, made once per backend (making it is the bench's work, not the server's)."""
+
+    turns: int
+    trace: bytes
+    events: bytes
+
+    @classmethod
+    def of(cls, shape: TraceShape) -> AgentRecord:
+        return cls(shape.turns, synthetic_trace(shape, seed=0), opencode_events(shape.turns))
+
+
 class IdleProcess:
     async def running(self) -> bool:
         return False
@@ -143,7 +156,7 @@ class LatencySandbox:
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every sandbox
 
     def __init__(
-        self, sandbox_id: str, latencies: Latencies, shape: TraceShape, seed: int, registry: OpenSandboxes
+        self, sandbox_id: str, latencies: Latencies, left_behind: AgentRecord, seed: int, registry: OpenSandboxes
     ) -> None:
         self.sandbox_id = sandbox_id
         self._registry = registry
@@ -152,8 +165,7 @@ class LatencySandbox:
         self.proxy_files: dict[str, bytes] = {"proxy.log": b"proxy listening\n"}
         self.turns_written = 0
         self._latencies = latencies
-        self._shape = shape
-        self._seed = seed
+        self._left_behind = left_behind
         self._rng = random.Random(seed)
 
     async def pause(self, kind: str) -> None:
@@ -184,9 +196,9 @@ class LatencySandbox:
 
     def _act_as_agent(self) -> None:
         self.files[f"{WORKDIR}/add.py"] = b"def add(a, b):\n    return a + b\n"
-        self.files[EVENTS_PATH] = opencode_events(self._shape.turns)
-        self.proxy_files["trace.jsonl"] = synthetic_trace(self._shape, self._seed)
-        self.turns_written = self._shape.turns
+        self.files[EVENTS_PATH] = self._left_behind.events
+        self.proxy_files["trace.jsonl"] = self._left_behind.trace
+        self.turns_written = self._left_behind.turns
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
@@ -237,14 +249,14 @@ class LatencyBackend:
 
     def __init__(self, latencies: Latencies | None = None, shape: TraceShape | None = None) -> None:
         self._latencies = latencies or Latencies()
-        self._shape = shape or TraceShape()
+        self._left_behind = AgentRecord.of(shape or TraceShape())
         self._ids = itertools.count(1)
         self._open = OpenSandboxes()
         self.created = 0
 
     async def create(self, spec: SandboxSpec) -> LatencySandbox:
         number = next(self._ids)
-        sandbox = LatencySandbox(f"latency{number}", self._latencies, self._shape, number, self._open)
+        sandbox = LatencySandbox(f"latency{number}", self._latencies, self._left_behind, number, self._open)
         await sandbox.pause("create")
         self._open.add(sandbox)
         self.created += 1

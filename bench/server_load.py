@@ -1,6 +1,6 @@
 """Up to 1,000 concurrent tool calls through a real server whose sandboxes only wait (bench.latency_backend): does
 every call complete, does /health stay responsive, does the server's event loop stall, what does one in-flight
-rollout cost the server in memory? Over the standard MCP transport (fastmcp's client, streamable HTTP at /mcp) and
+rollout cost the server in memory? Over the standard MCP transport (MCP sessions over streamable HTTP at /mcp) and
 OpenEnv's WebSocket (/ws, the protocol opencode_env's client speaks).
 
     uv run python -m bench.server_load [--levels 64,256,1000] [--transports mcp,ws] [--calls-per-session 8]
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import socket
@@ -27,10 +28,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
-from fastmcp import Client
-from fastmcp.client.transports import StreamableHttpTransport
 
 from opencode_env.models import TOOL_NAME
 from opencode_env.testing.demo import demo_request
@@ -39,6 +39,7 @@ from opencode_env.ws_session import OpenEnvSession
 TARGET_HEALTH_P99_S = 0.100
 TARGET_MAX_LAG_S = 0.050
 CALL_TIMEOUT_S = 600.0
+PROTOCOL_VERSION = "2025-11-25"
 ARGUMENTS = demo_request("http://127.0.0.1:9/v1").model_dump(mode="json")
 
 
@@ -135,19 +136,69 @@ def outcome_of(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:100]}"
 
 
+class McpSession:
+    """One session of the standard streamable-HTTP MCP transport, spoken with httpx: initialize, then tool calls as
+    concurrent POSTs whose answers arrive as server-sent events. The SDK's own clients (fastmcp's too) also check
+    every result against the tool's output schema with jsonschema, ~0.2-0.5 s of CPU per 180 KB result here, which
+    on a shared 2-core machine would slow the server more than the calls themselves."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+        self._http = http
+        self._url = f"{url}/mcp"
+        self._headers = {"accept": "application/json, text/event-stream"}
+        self._ids = itertools.count(1)
+
+    async def initialize(self) -> None:
+        client_info = {"name": "bench.server_load", "version": "0"}
+        params = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": client_info}
+        response = await self._http.post(self._url, json=self._message("initialize", params), headers=self._headers)
+        response.raise_for_status()
+        answer = sse_answer(response.text)
+        self._headers["mcp-session-id"] = response.headers["mcp-session-id"]
+        self._headers["mcp-protocol-version"] = answer["result"]["protocolVersion"]
+        notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        (await self._http.post(self._url, json=notice, headers=self._headers)).raise_for_status()
+
+    def _message(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        message = self._message("tools/call", {"name": name, "arguments": arguments})
+        response = await self._http.post(self._url, json=message, headers=self._headers, timeout=CALL_TIMEOUT_S)
+        response.raise_for_status()
+        answer = sse_answer(response.text)
+        if "error" in answer:
+            raise RuntimeError(f"JSON-RPC error: {answer['error']}")
+        result: dict[str, Any] = answer["result"]
+        return result
+
+
+def sse_answer(body: str) -> dict[str, Any]:
+    """The JSON-RPC response among the events of one POST's stream (progress notifications may precede it)."""
+    for line in body.split("\n"):
+        if line.startswith("data:"):
+            message: dict[str, Any] = json.loads(line[5:])
+            if "id" in message and ("result" in message or "error" in message):
+                return message
+    raise RuntimeError(f"no JSON-RPC response in the stream: {body[:200]!r}")
+
+
 async def mcp_calls(url: str, calls: int, calls_per_session: int) -> list[str]:
-    async def session(count: int) -> list[str]:
-        async with Client(StreamableHttpTransport(f"{url}/mcp"), timeout=CALL_TIMEOUT_S) as client:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+
+        async def session(count: int) -> list[str]:
+            client = McpSession(http, url)
+            await client.initialize()
 
             async def one() -> str:
-                answer = await client.call_tool_mcp(TOOL_NAME, ARGUMENTS)
-                content = answer.structured_content or {}
-                return str(content.get("status", "no structured content"))
+                result = await client.call_tool(TOOL_NAME, ARGUMENTS)
+                return str((result.get("structuredContent") or {}).get("status", "no structured content"))
 
             return list(await asyncio.gather(*(guarded(one) for _ in range(count))))
 
-    sizes = [min(calls_per_session, calls - start) for start in range(0, calls, calls_per_session)]
-    outcomes = await asyncio.gather(*(guarded_many(session(size), size) for size in sizes))
+        sizes = [min(calls_per_session, calls - start) for start in range(0, calls, calls_per_session)]
+        outcomes = await asyncio.gather(*(guarded_many(session(size), size) for size in sizes))
     return [outcome for group in outcomes for outcome in group]
 
 
@@ -189,7 +240,9 @@ async def measure(url: str, pid: int, transport: str, calls: int, calls_per_sess
         run = lambda count: ws_calls(url, count)  # noqa: E731
     measured = Measured(transport, calls)
     async with httpx.AsyncClient(timeout=30) as http:
-        await run(1)  # imports, first-call paths and schema caches are paid before measuring
+        warm_up = await run(1)  # imports, first-call paths and schema caches are paid before measuring
+        if warm_up != ["completed"]:
+            raise RuntimeError(f"the warm-up call did not complete: {warm_up}")
         await asyncio.sleep(1.0)
         await http.get(f"{url}/bench/lag")
         measured.idle_rss_kb = proc_status_kb(pid, "VmRSS")
