@@ -117,10 +117,11 @@ class Level:
         p95 = walls[min(int(0.95 * len(walls)), len(walls) - 1)]
         per_rollout_mb = self.rss_growth_kb / self.concurrency / 1024
         tree_mb = self.tree_peak_kb / self.concurrency / 1024
+        result_kb = statistics.median(len(result.model_dump_json()) for result in self.results) / 1024
         return (
             f"{self.path:<11}{self.concurrency:>3}{len(self.results) * 60 / self.wall_s:>9.1f}"
             f"{statistics.median(walls):>7.2f}{p95:>7.2f}{per_rollout_mb:>10.1f}{tree_mb:>10.0f}"
-            f"{self.load:>7.2f}  {dict(statuses)}"
+            f"{result_kb:>8.0f}{self.load:>7.2f}  {dict(statuses)}"
         )
 
     def phases(self) -> str:
@@ -177,7 +178,8 @@ def local_server(max_rollouts: int) -> Iterator[tuple[str, int]]:
         "OPENCODE_ENV_BACKEND": "local",
         "MAX_CONCURRENT_ENVS": str(max_rollouts),
     }
-    server = subprocess.Popen([sys.executable, "-m", "server.app"], env=env, stderr=subprocess.DEVNULL)
+    quiet = subprocess.DEVNULL
+    server = subprocess.Popen([sys.executable, "-m", "server.app"], env=env, stdout=quiet, stderr=quiet)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -208,7 +210,9 @@ def main() -> None:
     backend = LocalBackend(cached_tools)
     measured: list[Level] = []
     print(f"{args.rollouts} demo rollouts per level; load1 at start {load_1m():.2f} on {os.cpu_count()} cores")
-    print(f"{'path':<11}{'c':>3}{'per min':>9}{'p50 s':>7}{'p95 s':>7}{'MB/roll':>10}{'tree MB':>10}{'load1':>7}")
+    print("MB/roll: growth of the pipeline's process; tree MB: its children (OpenCode, proxies), both per rollout")
+    header = f"{'path':<11}{'c':>3}{'per min':>9}{'p50 s':>7}{'p95 s':>7}{'MB/roll':>10}{'tree MB':>10}{'res KB':>8}"
+    print(f"{header}{'load1':>7}")
     with local_server(max(levels)) as (url, server_pid):
         for concurrency in levels:
             for path in paths:
