@@ -51,8 +51,11 @@ class Measured:
     wall_s: float = 0.0
     health_s: list[float] = field(default_factory=list)
     ticks: list[tuple[float, float, float]] = field(default_factory=list)
+    gc_pauses: list[tuple[int, float]] = field(default_factory=list)
     idle_rss_kb: int = 0
     peak_rss_kb: int = 0
+    in_flight_at_peak: int = 0
+    max_in_flight: int = 0
     server_cpu_s: float = 0.0
     load: float = 0.0
 
@@ -223,13 +226,7 @@ async def guarded_many(calls: Awaitable[list[str]], count: int) -> list[str]:
     try:
         return await calls
     except Exception as error:  # every failure is counted by its type and message, and printed
-        return [outcome_of(error)] * count
-
-
-async def sample_rss(pid: int, stop: asyncio.Event, peak: list[int]) -> None:
-    while not stop.is_set():
-        peak[0] = max(peak[0], proc_status_kb(pid, "VmRSS"))
-        await asyncio.sleep(0.05)
+        return [f"session {outcome_of(error)}"] * count
 
 
 async def measure(url: str, pid: int, transport: str, calls: int, calls_per_session: int) -> Measured:
@@ -250,18 +247,17 @@ async def measure(url: str, pid: int, transport: str, calls: int, calls_per_sess
         probe = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.health_probe", url, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
-        stop, peak = asyncio.Event(), [measured.idle_rss_kb]
-        sampler = asyncio.ensure_future(sample_rss(pid, stop, peak))
         started = time.perf_counter()
         measured.outcomes = Counter(await run(calls))
         measured.wall_s = time.perf_counter() - started
         measured.load = load_1m()
-        stop.set()
-        await sampler
         out, _ = await probe.communicate(b"")
         measured.health_s = json.loads(out)
-        measured.ticks = [tuple(tick) for tick in (await http.get(f"{url}/bench/lag")).json()["ticks"]]
-        measured.peak_rss_kb = peak[0]
+        watch = (await http.get(f"{url}/bench/lag")).json()
+        measured.ticks = [(late, own_cpu, process_cpu) for late, own_cpu, process_cpu in watch["ticks"]]
+        measured.gc_pauses = [(generation, pause) for generation, pause in watch["gc_pauses"]]
+        measured.peak_rss_kb = max(watch["peak_rss_kb"], measured.idle_rss_kb)
+        measured.in_flight_at_peak, measured.max_in_flight = watch["in_flight_at_peak"], watch["max_in_flight"]
         measured.server_cpu_s = cpu_seconds(pid) - cpu_before
     return measured
 
@@ -269,7 +265,8 @@ async def measure(url: str, pid: int, transport: str, calls: int, calls_per_sess
 def report(m: Measured) -> None:
     failed = m.calls - m.completed
     others = {key: value for key, value in m.outcomes.items() if key != "completed"}
-    growth_kb = (m.peak_rss_kb - m.idle_rss_kb) / m.calls
+    growth_kb = (m.peak_rss_kb - m.idle_rss_kb) / max(m.max_in_flight, 1)
+    full_pauses = [pause for generation, pause in m.gc_pauses if generation == 2]
     print(
         f"[{m.transport} x{m.calls}] completed {m.completed}/{m.calls}, failed {failed} {others or ''}; "
         f"wall {m.wall_s:.2f}s; load1 {m.load:.2f}"
@@ -285,8 +282,11 @@ def report(m: Measured) -> None:
         f"{percentile(m.loop_cpu_s, 0.99) * 1000:.1f} ms, max {max(m.loop_cpu_s, default=0) * 1000:.1f} ms"
     )
     print(
-        f"  server RSS idle {m.idle_rss_kb / 1024:.0f} MB, peak {m.peak_rss_kb / 1024:.0f} MB: {growth_kb:.0f} KB per "
-        f"in-flight rollout; server CPU {m.server_cpu_s:.1f}s ({m.server_cpu_s / m.wall_s:.0%} of a core)"
+        f"  server RSS idle {m.idle_rss_kb / 1024:.0f} MB, peak {m.peak_rss_kb / 1024:.0f} MB with "
+        f"{m.in_flight_at_peak} rollouts in flight (most at once {m.max_in_flight}): {growth_kb:.0f} KB per rollout "
+        f"in flight at most; server CPU {m.server_cpu_s:.1f}s ({m.server_cpu_s / m.wall_s:.0%} of a core, "
+        f"{m.server_cpu_s / m.calls * 1000:.0f} ms per call); GC: {len(m.gc_pauses)} collections, "
+        f"{len(full_pauses)} full, longest {max(full_pauses, default=0) * 1000:.0f} ms"
     )
     print("  targets: " + ", ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in m.targets().items()))
 
