@@ -58,7 +58,8 @@ def rss_kb(pid: int) -> int:
     return 0  # a zombie has no VmRSS
 
 
-def descendants(root: int) -> list[int]:
+def descendants(root: int, skip: frozenset[int] = frozenset()) -> list[int]:
+    """Every process under root, leaving out the subtrees of `skip`."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -71,16 +72,19 @@ def descendants(root: int) -> list[int]:
     found, pending = [], [root]
     while pending:
         for child in children.get(pending.pop(), []):
+            if child in skip:
+                continue
             found.append(child)
             pending.append(child)
     return found
 
 
 class MemorySampler:
-    """Peak RSS of one process, and of the processes under it, sampled from a thread every 0.25 s."""
+    """Peak RSS of one process, and of the processes under it (but `skip`), sampled from a thread every 0.25 s."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, skip: frozenset[int]) -> None:
         self.pid = pid
+        self.skip = skip
         self.base_kb = rss_kb(pid)
         self.peak_kb = self.base_kb
         self.peak_tree_kb = 0
@@ -90,7 +94,7 @@ class MemorySampler:
     def _run(self) -> None:
         while not self._stop.wait(0.25):
             self.peak_kb = max(self.peak_kb, rss_kb(self.pid))
-            self.peak_tree_kb = max(self.peak_tree_kb, sum(rss_kb(child) for child in descendants(self.pid)))
+            self.peak_tree_kb = max(self.peak_tree_kb, sum(rss_kb(child) for child in descendants(self.pid, self.skip)))
 
     def __enter__(self) -> MemorySampler:
         self._thread.start()
@@ -149,12 +153,12 @@ async def through_server(url: str, requests: list[RolloutRequest], concurrency: 
         return await env.run_rollouts(requests, max_concurrency=concurrency, progress=False)
 
 
-def measure(path: str, pid: int, runner: Runner, count: int, concurrency: int) -> Level:
+def measure(path: str, pid: int, skip: frozenset[int], runner: Runner, count: int, concurrency: int) -> Level:
     """`count` rollouts, each against a scripted model of its own (a model answers one conversation)."""
     with ExitStack() as stack:
         models = [stack.enter_context(ScriptedModelServer(demo_script())) for _ in range(count)]
         requests = [demo_request(model.base_url) for model in models]
-        with MemorySampler(pid) as memory:
+        with MemorySampler(pid, skip) as memory:
             started = time.perf_counter()
             results = asyncio.run(runner(requests, concurrency))
             wall = time.perf_counter() - started
@@ -218,10 +222,10 @@ def main() -> None:
             for path in paths:
                 if path == "in-process":
                     runner: Runner = lambda requests, c: in_process(backend, requests, c)  # noqa: E731
-                    level = measure(path, os.getpid(), runner, args.rollouts, concurrency)
+                    level = measure(path, os.getpid(), frozenset({server_pid}), runner, args.rollouts, concurrency)
                 else:
                     runner = lambda requests, c: through_server(url, requests, c)  # noqa: E731
-                    level = measure(path, server_pid, runner, args.rollouts, concurrency)
+                    level = measure(path, server_pid, frozenset(), runner, args.rollouts, concurrency)
                 measured.append(level)
                 print(level.line(), flush=True)
     print("median seconds per phase")
