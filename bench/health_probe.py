@@ -1,4 +1,5 @@
-"""GET /health every 20 ms until stdin closes, then print the latencies (seconds) as one JSON list.
+"""GET /health every 20 ms until stdin closes, then print {"latencies": [seconds, ...], "timeouts": n}; a probe with
+no answer within 30 s counts in both (its latency is the 30 s waited).
 
 A process of its own, so that the load generator's own work (a thousand clients in one interpreter) does not show
 up as server latency.
@@ -16,6 +17,7 @@ import time
 import httpx
 
 INTERVAL_S = 0.02
+TIMEOUT_S = 30.0
 
 
 def main() -> None:
@@ -28,14 +30,17 @@ def main() -> None:
 
     threading.Thread(target=stop_at_end_of_input, daemon=True).start()
     latencies: list[float] = []
-    with httpx.Client(timeout=30) as client:
+    timeouts = 0
+    with httpx.Client(timeout=TIMEOUT_S) as client:
         while not stop.is_set():
             started = time.perf_counter()
-            response = client.get(url)
+            try:
+                client.get(url).raise_for_status()
+            except httpx.TimeoutException:
+                timeouts += 1
             latencies.append(time.perf_counter() - started)
-            response.raise_for_status()
             stop.wait(INTERVAL_S)
-    print(json.dumps(latencies))
+    print(json.dumps({"latencies": latencies, "timeouts": timeouts}))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class Measured:
     outcomes: Counter[str] = field(default_factory=Counter)
     wall_s: float = 0.0
     health_s: list[float] = field(default_factory=list)
+    health_timeouts: int = 0
     ticks: list[tuple[float, float, float]] = field(default_factory=list)
     gc_pauses: list[tuple[int, float]] = field(default_factory=list)
     idle_rss_kb: int = 0
@@ -132,7 +133,12 @@ def server_process(max_rollouts: int) -> Iterator[tuple[str, int]]:
         yield url, server.pid
     finally:
         server.terminate()
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            print("  (the server took over 90 s to shut down; killed)")
+            server.kill()
+            server.wait()
 
 
 def outcome_of(error: BaseException) -> str:
@@ -236,7 +242,7 @@ async def measure(url: str, pid: int, transport: str, calls: int, calls_per_sess
     else:
         run = lambda count: ws_calls(url, count)  # noqa: E731
     measured = Measured(transport, calls)
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=300) as http:
         warm_up = await run(1)  # imports, first-call paths and schema caches are paid before measuring
         if warm_up != ["completed"]:
             raise RuntimeError(f"the warm-up call did not complete: {warm_up}")
@@ -252,7 +258,8 @@ async def measure(url: str, pid: int, transport: str, calls: int, calls_per_sess
         measured.wall_s = time.perf_counter() - started
         measured.load = load_1m()
         out, _ = await probe.communicate(b"")
-        measured.health_s = json.loads(out)
+        probed = json.loads(out)
+        measured.health_s, measured.health_timeouts = probed["latencies"], probed["timeouts"]
         watch = (await http.get(f"{url}/bench/lag")).json()
         measured.ticks = [(late, own_cpu, process_cpu) for late, own_cpu, process_cpu in watch["ticks"]]
         measured.gc_pauses = [(generation, pause) for generation, pause in watch["gc_pauses"]]
@@ -273,7 +280,8 @@ def report(m: Measured) -> None:
     )
     print(
         f"  /health p50 {percentile(m.health_s, 0.5) * 1000:.1f} ms, p99 {percentile(m.health_s, 0.99) * 1000:.1f} "
-        f"ms, max {max(m.health_s, default=0) * 1000:.1f} ms ({len(m.health_s)} probes)"
+        f"ms, max {max(m.health_s, default=0) * 1000:.1f} ms ({len(m.health_s)} probes, {m.health_timeouts} unanswered "
+        "in 30 s)"
     )
     over = sum(1 for lag in m.lag_s if lag > TARGET_MAX_LAG_S)
     print(
