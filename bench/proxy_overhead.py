@@ -93,10 +93,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-async def run_scenario(scenario: Scenario, body: dict[str, Any], runs: int, concurrency: int) -> None:
+async def run_scenario(scenario: Scenario, body: dict[str, Any], runs: int, concurrencies: list[int]) -> None:
     direct_body = rewrite_request(body, REWRITE)
     rounds = 5
-    total = 3 * 2 + runs * 4 + rounds * concurrency * 2 + 10
+    total = 3 * 2 + runs * 4 + rounds * sum(concurrencies) * 2 + 10
     script = Script(steps=[scenario.step()] * total)
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
@@ -111,8 +111,13 @@ async def run_scenario(scenario: Scenario, body: dict[str, Any], runs: int, conc
                     await one_request(client, model_url, direct_body)
                     await one_request(client, proxy.url, body)
                 paths = await interleaved(client, model_url, proxy, body, direct_body, runs)
-                concurrent = await concurrent_rounds(client, model_url, proxy, body, direct_body, concurrency, rounds)
-            report(scenario, paths, concurrent, runs, concurrency, rounds)
+                report(scenario, paths, runs)
+                for concurrency in concurrencies:
+                    concurrent = await concurrent_rounds(
+                        client, model_url, proxy, body, direct_body, concurrency, rounds
+                    )
+                    report_concurrent(scenario, concurrent, concurrency, rounds)
+                print(f"proxy peak RSS: {peak_rss_mb(proxy.process.pid):.1f} MB")
 
 
 async def fresh_request(url: str, body: dict[str, Any]) -> Sample:
@@ -185,14 +190,7 @@ def ms(value: float) -> str:
     return f"{value * 1000:8.2f}"
 
 
-def report(
-    scenario: Scenario,
-    paths: Paths,
-    concurrent: tuple[list[float], list[float], float],
-    runs: int,
-    concurrency: int,
-    rounds: int,
-) -> None:
+def report(scenario: Scenario, paths: Paths, runs: int) -> None:
     print(
         f"\n== {scenario.name}: {scenario.tokens} tokens, {scenario.delay_s * 1000:.0f} ms between tokens, "
         f"{runs} interleaved runs per path (ms; p10 / p50 / p90)"
@@ -214,6 +212,11 @@ def report(
         f"proxy CPU per streamed token: {paths.cpu / tokens * 1e6:.1f} us;  "
         f"trace bytes per token: {paths.trace_bytes / tokens:.0f}"
     )
+
+
+def report_concurrent(
+    scenario: Scenario, concurrent: tuple[list[float], list[float], float], concurrency: int, rounds: int
+) -> None:
     direct_c, proxied_c, cpu_c = concurrent
     d50, p50 = statistics.median(direct_c), statistics.median(proxied_c)
     print(
@@ -223,6 +226,13 @@ def report(
     )
 
 
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def spread(values: list[float]) -> str:
     return "/".join(f"{percentile(values, q) * 1000:.2f}" for q in (0.1, 0.5, 0.9))
 
@@ -230,13 +240,13 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", default="8,32", help="comma-separated numbers of concurrent streams")
     args = parser.parse_args()
     body = capture_opencode_request()
     size = len(__import__("json").dumps(body))
     print(f"OpenCode request body: {size} bytes, {len(body.get('tools', []))} tools")
     for scenario in (Scenario("burst", 1000, 0.0), Scenario("decode-rate", 200, 0.005)):
-        asyncio.run(run_scenario(scenario, body, args.runs, args.concurrency))
+        asyncio.run(run_scenario(scenario, body, args.runs, [int(n) for n in args.concurrency.split(",")]))
 
 
 if __name__ == "__main__":
