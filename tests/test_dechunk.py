@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ def chunked(pieces: list[bytes], trailer: bytes = b"") -> bytes:
 def decode(stream: bytes, cuts: list[int]) -> tuple[bytes, ChunkedDecoder, list[bytes]]:
     decoder = ChunkedDecoder()
     edges = [0, *sorted({min(cut, len(stream)) for cut in cuts}), len(stream)]
-    outputs = [decoder.feed(stream[start:end]) for start, end in zip(edges, edges[1:], strict=False)]
+    outputs = [decoder.feed(stream[start:end]) for start, end in itertools.pairwise(edges)]
     return b"".join(outputs), decoder, outputs
 
 
