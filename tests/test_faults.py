@@ -102,7 +102,7 @@ async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_b
         import asyncio
 
         running = asyncio.ensure_future(task)
-        for _ in range(200):
+        for _ in range(1200):
             if len(model.exchanges) >= 2:
                 break
             await asyncio.sleep(0.05)
