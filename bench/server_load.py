@@ -19,7 +19,6 @@ import asyncio
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from bench.serving import free_port, running_server
 from opencode_env.models import TOOL_NAME
 from opencode_env.testing.demo import demo_request
 from opencode_env.ws_session import OpenEnvSession
@@ -107,38 +107,13 @@ def load_1m() -> float:
     return os.getloadavg()[0]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def server_process(max_rollouts: int) -> Iterator[tuple[str, int]]:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.load_server", str(port), str(max_rollouts)])
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/bench/lag", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the bench server did not start")
-            time.sleep(0.2)
-        yield url, server.pid
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            print("  (the server took over 90 s to shut down; killed)")
-            server.kill()
-            server.wait()
+    argv = [sys.executable, "-m", "bench.load_server", str(port), str(max_rollouts)]
+    with running_server(argv, f"{url}/bench/lag") as pid:
+        yield url, pid
 
 
 def outcome_of(error: BaseException) -> str:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -29,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench.serving import free_port, running_server
 from opencode_env.client import OpenCodeEnv
 from opencode_env.models import RolloutRequest, RolloutResult
 from opencode_env.rollout import run_rollout
@@ -165,13 +162,6 @@ def measure(path: str, pid: int, skip: frozenset[int], runner: Runner, count: in
     return Level(path, concurrency, results, wall, load_1m(), memory.peak_kb - memory.base_kb, memory.peak_tree_kb)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def local_server(max_rollouts: int) -> Iterator[tuple[str, int]]:
     port = free_port()
@@ -182,24 +172,9 @@ def local_server(max_rollouts: int) -> Iterator[tuple[str, int]]:
         "OPENCODE_ENV_BACKEND": "local",
         "MAX_CONCURRENT_ENVS": str(max_rollouts),
     }
-    quiet = subprocess.DEVNULL
-    server = subprocess.Popen([sys.executable, "-m", "server.app"], env=env, stdout=quiet, stderr=quiet)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/metadata", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.2)
-        yield url, server.pid
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with running_server([sys.executable, "-m", "server.app"], f"{url}/metadata", env=env, quiet=True) as pid:
+        yield url, pid
 
 
 def main() -> None:
