@@ -29,6 +29,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from opencode_env.testing.stub_backend import StubProcess
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,6 @@ class AgentRecord:
         return cls(shape.turns, synthetic_trace(shape, seed=0), opencode_events(shape.turns))
 
 
-class IdleProcess:
-    async def running(self) -> bool:
-        return False
-
-    async def kill(self) -> None:
-        return None
-
-
 class LatencyProxy:
     """A capture proxy that is healthy after a moment and holds the trace the agent's calls would have written."""
 
@@ -202,9 +195,9 @@ class LatencySandbox:
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
-    ) -> IdleProcess:
+    ) -> StubProcess:
         await self.pause("file")
-        return IdleProcess()
+        return StubProcess()
 
     async def write_file(self, path: str, data: str | bytes) -> None:
         await self.pause("file")

@@ -21,29 +21,17 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from opencode_env.sandbox.local import LocalProcess
 
-class PlainProcess:
+
+class PlainProcess(LocalProcess):
     """A command of the plain machine, led by its own process group (session)."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self._process = process
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    @property
-    def process(self) -> asyncio.subprocess.Process:
-        return self._process
-
-    async def running(self) -> bool:
-        return self._process.returncode is None
 
     async def kill(self) -> None:
         """Kill its whole group, also what it left behind after it exited itself."""
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, signal.SIGKILL)
-        await self._process.wait()
+            os.killpg(self.pid, signal.SIGKILL)
+        await self.process.wait()
 
 
 class PlainMachine:
