@@ -185,6 +185,7 @@ FAULTS: dict[str, tuple[Script, dict[str, object], str]] = {
 }
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(600)
 async def test_16_concurrent_rollouts_with_random_faults(
     backend: LocalBackend, e2b_fake: E2BBackend, no_leaks: None
