@@ -3,9 +3,10 @@ bench-only route reporting how late the server's own event loop wakes a task tha
 
     python -m bench.load_server PORT MAX_ROLLOUTS
 
-With BENCH_PROFILE=FILE in its environment, the server runs under cProfile and writes its stats there at exit; with
-BENCH_GC_FREEZE=1, everything alive once the app is built is moved out of the garbage collector's sight (gc.freeze),
-to see what full collections of the server's import-time heap cost the loop.
+The garbage collector and uvicorn are set as the server sets them (server.heap, server.app.UVICORN_OPTIONS). With
+BENCH_PROFILE=FILE in its environment, the server runs under cProfile and writes its stats there at exit; to compare
+with what the server no longer does, BENCH_GC_DEFAULTS=1 leaves CPython's collector settings as they are and
+BENCH_WS_DEFLATE=1 turns per-message deflate on.
 
 GET /bench/lag answers what was seen since the previous GET (see Watch): the ticks, each as [seconds late, CPU
 seconds the loop's own thread used during the tick, CPU seconds the whole process used] (a late tick whose loop
@@ -31,7 +32,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from bench.latency_backend import LatencyBackend
-from server.app import build_app
+from server import heap
+from server.app import UVICORN_OPTIONS, build_app
 from server.environment import configure
 from server.rollouts import Rollouts
 
@@ -95,9 +97,8 @@ def rss_kb() -> int:
 def bench_app(max_rollouts: int) -> FastAPI:
     runtime = configure(LatencyBackend(), max_rollouts=max_rollouts)
     app = build_app(token="")
-    if os.environ.get("BENCH_GC_FREEZE") == "1":
-        gc.collect()
-        gc.freeze()
+    if os.environ.get("BENCH_GC_DEFAULTS") != "1":
+        heap.settle()
     monitor = LagMonitor(runtime.rollouts)
 
     @app.get("/bench/lag")
@@ -113,15 +114,20 @@ def main() -> None:
     app = bench_app(max_rollouts)
     profile_path = os.environ.get("BENCH_PROFILE")
     if not profile_path:
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options())
         return
     # uvicorn raises the SIGTERM it caught again once it has shut down: exit through Python, so the stats are written.
     signal.signal(signal.SIGTERM, exit_on_signal)
     profiler = cProfile.Profile()
     try:
-        profiler.runcall(uvicorn.run, app, host="127.0.0.1", port=port, log_level="warning")
+        profiler.runcall(uvicorn.run, app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options())
     finally:
         profiler.dump_stats(profile_path)
+
+
+def uvicorn_options() -> dict[str, object]:
+    """The server's own uvicorn options; BENCH_WS_DEFLATE=1 turns per-message deflate back on, to compare."""
+    return {**UVICORN_OPTIONS, "ws_per_message_deflate": os.environ.get("BENCH_WS_DEFLATE") == "1"}
 
 
 def exit_on_signal(sig: int, frame: FrameType | None) -> None:

@@ -269,7 +269,8 @@ def report(m: Measured) -> None:
         f"{m.in_flight_at_peak} rollouts in flight (most at once {m.max_in_flight}): {growth_kb:.0f} KB per rollout "
         f"in flight at most; server CPU {m.server_cpu_s:.1f}s ({m.server_cpu_s / m.wall_s:.0%} of a core, "
         f"{m.server_cpu_s / m.calls * 1000:.0f} ms per call); GC: {len(m.gc_pauses)} collections, "
-        f"{len(full_pauses)} full, longest {max(full_pauses, default=0) * 1000:.0f} ms"
+        f"{len(full_pauses)} full, longest {max(full_pauses, default=0) * 1000:.0f} ms, "
+        f"{sum(pause for _, pause in m.gc_pauses):.1f}s in all"
     )
     print("  targets: " + ", ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in m.targets().items()))
 

@@ -145,7 +145,9 @@ def parse_trace(text: str) -> Trace:
 
 async def read_trace(proxy: ProxyHandle) -> Trace:
     """The turns as the proxy wrote them, from its own file (no task command can write there)."""
-    return parse_trace((await proxy.read("trace.jsonl", TRACE_LIMIT)).decode("utf-8", errors="replace"))
+    text = (await proxy.read("trace.jsonl", TRACE_LIMIT)).decode("utf-8", errors="replace")
+    # Parsing a long trace takes milliseconds of CPU: off the event loop that every rollout of a server shares.
+    return await asyncio.to_thread(parse_trace, text)
 
 
 async def proxy_log_tail(proxy: ProxyHandle) -> str:

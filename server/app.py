@@ -16,13 +16,14 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from opencode_env.access import TOKEN_VAR
 from opencode_env.version import VERSION
 from opencode_env.viewer.web import web_router
+from server import heap
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
 from server.preflight import RunsPreflight
 from server.staged import StagedApp
@@ -38,6 +39,10 @@ MCP_PATH = "/mcp"
 SHUTDOWN_GRACE_S = 30.0
 REPLY_GRACE_S = 10.0
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# No per-message deflate on /ws: compressing one rollout's result (~550 KB of JSON) cost ~15 ms of the event loop's
+# CPU per call, more than the rest of the call's handling (bench.server_load); the bytes saved are a small part of
+# a rollout's time on any network.
+UVICORN_OPTIONS: dict[str, Any] = {"timeout_graceful_shutdown": int(SHUTDOWN_GRACE_S), "ws_per_message_deflate": False}
 
 
 def access_policy(backend: str, token: str | None = None) -> AccessPolicy:
@@ -184,12 +189,12 @@ def main(host: str | None = None, port: int | None = None) -> None:
         app,
         host=host or os.environ.get("HOST", "0.0.0.0"),
         port=port or int(os.environ.get("PORT", "8000")),
-        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+        **UVICORN_OPTIONS,
     )
 
 
 # What `uvicorn server.app:app` and `main()` serve: /health at once, everything else once built.
-app = StagedApp(build_app)
+app = StagedApp(build_app, built=heap.settle)
 
 
 if __name__ == "__main__":

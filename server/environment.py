@@ -17,7 +17,7 @@ from uuid import uuid4
 
 from fastmcp import Context, FastMCP
 from openenv.core.env_server.mcp_environment import MCPEnvironment
-from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field, ValidationError
 
@@ -27,6 +27,7 @@ from opencode_env.sandbox import BackendName, make_backend, resolve_backend_name
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.version import VERSION
 from server.app import SHUTDOWN_GRACE_S
+from server.direct_call import SERVER_NAME, call_run_rollout
 from server.rollouts import Rollouts
 
 log = logging.getLogger("opencode_env.server")
@@ -92,7 +93,7 @@ def _tool_signature() -> tuple[inspect.Signature, dict[str, Any]]:
 
 
 def build_mcp(rollouts: Rollouts) -> FastMCP:
-    mcp = FastMCP("opencode_env", instructions=TOOL_DESCRIPTION, version=VERSION)
+    mcp = FastMCP(SERVER_NAME, instructions=TOOL_DESCRIPTION, version=VERSION)
 
     async def run_rollout_tool(**arguments: Any) -> RolloutResult:
         ctx: Context | None = arguments.pop("ctx", None)
@@ -102,16 +103,7 @@ def build_mcp(rollouts: Rollouts) -> FastMCP:
             if ctx is not None:
                 await ctx.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        result = await rollouts.run(request, progress)
-        log.info(
-            "rollout %s %s: %s reward=%s in %.1fs",
-            result.task_id or "-",
-            result.sandbox_id,
-            result.status,
-            result.reward,
-            result.wall_s,
-        )
-        return result
+        return await rollouts.run(request, progress)
 
     signature, annotations = _tool_signature()
     run_rollout_tool.__signature__ = signature  # type: ignore[attr-defined]
@@ -165,6 +157,7 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
         shared = runtime()
         super().__init__(shared.mcp)
         self._backend_name = shared.backend_name
+        self._rollouts = shared.rollouts
         self._state = State(episode_id=str(uuid4()), step_count=0)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Observation:
@@ -182,6 +175,13 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
 
     def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         return super().step(action, timeout_s=self._timeout_for(action, timeout_s), **kwargs)
+
+    async def _async_handle_call_tool(
+        self, action: CallToolAction, timeout_s: float | None = None
+    ) -> CallToolObservation:
+        if action.tool_name != TOOL_NAME:
+            return await super()._async_handle_call_tool(action, timeout_s=timeout_s)
+        return await call_run_rollout(self._rollouts, action.arguments, timeout_s or tool_timeout_s(action.arguments))
 
     def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         name = type(action).__name__

@@ -49,6 +49,18 @@ class Rollouts:
 
     async def run(self, request: RolloutRequest, progress: Progress | None = None) -> RolloutResult:
         """Run one rollout within the cap; cancelling the caller cancels it and waits for its sandbox to close."""
+        result = await self._run(request, progress)
+        log.info(
+            "rollout %s %s: %s reward=%s in %.1fs",
+            result.task_id or "-",
+            result.sandbox_id,
+            result.status,
+            result.reward,
+            result.wall_s,
+        )
+        return result
+
+    async def _run(self, request: RolloutRequest, progress: Progress | None) -> RolloutResult:
         tracker = _PhaseTracker(progress)
         started = time.monotonic()
         if self._stopping.is_set():

@@ -28,8 +28,9 @@ def _headers(body: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class StagedApp:
-    def __init__(self, build: Callable[[], Any]) -> None:
+    def __init__(self, build: Callable[[], Any], built: Callable[[], None] | None = None) -> None:
         self._build = build
+        self._built = built
         self._app: ASGIApp | None = None
         self._failure: str | None = None
         self._stop = asyncio.Event()
@@ -77,6 +78,8 @@ class StagedApp:
         """Build the app, then hold its lifespan open (entered and left in this one task) until shutdown."""
         try:
             app = await asyncio.to_thread(self._build)
+            if self._built is not None:
+                self._built()
         except Exception as error:
             log.exception("the server could not be built")
             self._failure = f"the server could not start: {type(error).__name__}: {error}"

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from mcp.client.client import Client as SdkClient
+from websockets.asyncio.client import connect as ws_connect
 
 from opencode_env.client import OpenCodeEnv
 from opencode_env.models import RolloutResult
@@ -92,6 +93,10 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
     try:
         url = f"http://127.0.0.1:{port}"
         assert await wait_for(lambda: _healthy(url), 60), (tmp_path / "server.log").read_text()
+        # The served process declines per-message deflate on /ws (it cost more of the loop than a call's handling).
+        async with ws_connect(f"ws://127.0.0.1:{port}/ws", compression="deflate") as probe:
+            assert probe.response is not None
+            assert "Sec-WebSocket-Extensions" not in probe.response.headers
         with ScriptedModelServer(Script(steps=[stall(120)])) as model:
             request = demo_request(model.base_url, agent_timeout_s=100, setup=["echo set-up"])
 

@@ -67,3 +67,21 @@ def test_a_build_that_fails_is_explained_on_every_route() -> None:
         assert "E2B_API_KEY is malformed" in httpx.get(f"{server.url}/mcp").json()["error"]
     finally:
         server.stop()
+
+
+def test_the_built_hook_runs_once_after_the_build() -> None:
+    order: list[str] = []
+
+    def build() -> Any:
+        configure(StubBackend())
+        app = build_app(token="")
+        order.append("built")
+        return app
+
+    server = ThreadedServer(StagedApp(build, built=lambda: order.append("hook")))
+    server.start()
+    try:
+        assert wait_for_status(f"{server.url}/metadata", 200).status_code == 200
+        assert order == ["built", "hook"]
+    finally:
+        server.stop()
