@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from opencode_env.models import RolloutResult
 from opencode_env.proxy.capture import (
     RewriteConfig,
     TraceCompactor,
+    _newline_events,
+    _separated_events,
     fold_response,
     fold_stream,
     neutral_error,
@@ -282,3 +287,9 @@ def test_shared_prefix() -> None:
     assert shared_prefix([1, 2], [1, 2, 3]) == 2
     assert shared_prefix([], [1]) == 0
     assert shared_prefix([5], [6]) == 0
+
+
+@given(st.lists(st.sampled_from([b"\n", b"\n\n", b"data: ", b"{}", b"x", b": comment"]), max_size=40))
+def test_the_fast_event_split_finds_what_the_separator_scan_finds(parts: list[bytes]) -> None:
+    raw = b"".join(parts)
+    assert _newline_events(raw) == _separated_events(raw)

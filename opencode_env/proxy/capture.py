@@ -187,12 +187,28 @@ def fold_chunk(fold: Fold, chunk: dict[str, Any]) -> None:
 
 def _events(raw: bytes) -> list[tuple[bytes, int]]:
     """SSE events with the offset just past each one, split on blank lines only."""
+    return _newline_events(raw) if b"\r" not in raw else _separated_events(raw)
+
+
+def _separated_events(raw: bytes) -> list[tuple[bytes, int]]:
     events, start = [], 0
     for separator in _EVENT_SEPARATOR.finditer(raw):
         events.append((raw[start : separator.start()], separator.end()))
         start = separator.end()
     if start < len(raw):
         events.append((raw[start:], len(raw)))
+    return events
+
+
+def _newline_events(raw: bytes) -> list[tuple[bytes, int]]:
+    """`_events` for a stream without carriage returns (vLLM's, OpenAI's): a split at C speed, not a regex scan."""
+    events, end = [], 0
+    pieces = raw.split(b"\n\n")
+    for piece in pieces[:-1]:
+        end += len(piece) + 2
+        events.append((piece, end))
+    if pieces[-1]:
+        events.append((pieces[-1], len(raw)))
     return events
 
 
