@@ -3,9 +3,9 @@
 OpenEnv's own route for a tool call goes through an in-process MCP client: the MCP server serializes the result two to
 three times, and the client then checks it against the output schema with jsonschema (~110 ms of CPU for a 200 KB
 result), all on the event loop every session shares. Here the rollout runs under the same cap and cancellation
-(`Rollouts.run`) and its result is serialized once, off the loop. The observation keeps the shape the in-process
-client gave it: `result` holds `content` (the result as JSON text), `structured_content` and `data` (the result as a
-JSON object), `meta` and `is_error`; a failure is an `error` with its kind.
+(`Rollouts.run`) and its result is serialized once, off the loop (`server.tool_result`). The observation keeps the
+shape the in-process client gave it: `result` holds `content` (the result as JSON text), `structured_content` and
+`data` (the result as a JSON object), `meta` and `is_error`; a failure is an `error` with its kind.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import Any
 from openenv.core.env_server.mcp_types import CallToolObservation, ToolError, ToolErrorType
 from pydantic import ValidationError
 
-from opencode_env.models import TOOL_NAME, RolloutRequest, RolloutResult
-from opencode_env.version import VERSION
+from opencode_env.models import TOOL_NAME, RolloutRequest
 from server.rollouts import Rollouts
+from server.tool_result import session_tool_result
 
 log = logging.getLogger("opencode_env.server")
-SERVER_NAME = "opencode_env"
-SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 
 
 async def call_run_rollout(rollouts: Rollouts, arguments: dict[str, Any], timeout_s: float) -> CallToolObservation:
@@ -38,19 +36,7 @@ async def call_run_rollout(rollouts: Rollouts, arguments: dict[str, Any], timeou
     except Exception as error:
         log.exception("rollout %s failed inside the server", request.task_id or "-")
         return _failed(ToolErrorType.EXECUTION_ERROR, f"{TOOL_NAME} failed: {error}")
-    return CallToolObservation(tool_name=TOOL_NAME, result=await asyncio.to_thread(tool_result, result))
-
-
-def tool_result(result: RolloutResult) -> dict[str, Any]:
-    """The MCP tool result of a rollout, as the session's observation carries it."""
-    as_json = result.model_dump(mode="json")
-    return {
-        "content": [{"type": "text", "text": result.model_dump_json(), "annotations": None, "meta": None}],
-        "structured_content": as_json,
-        "meta": {SERVER_INFO_META: {"name": SERVER_NAME, "version": VERSION}},
-        "data": as_json,
-        "is_error": False,
-    }
+    return CallToolObservation(tool_name=TOOL_NAME, result=await asyncio.to_thread(session_tool_result, result))
 
 
 def _failed(kind: ToolErrorType, message: str) -> CallToolObservation:

@@ -7,6 +7,7 @@ FastMCP publishes as the output schema.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 from uuid import uuid4
 
 from fastmcp import Context, FastMCP
+from fastmcp.tools import ToolResult
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
@@ -27,8 +29,9 @@ from opencode_env.sandbox import BackendName, make_backend, resolve_backend_name
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.version import VERSION
 from server.app import SHUTDOWN_GRACE_S
-from server.direct_call import SERVER_NAME, call_run_rollout
+from server.direct_call import call_run_rollout
 from server.rollouts import Rollouts
+from server.tool_result import SERVER_NAME, mcp_tool_result
 
 log = logging.getLogger("opencode_env.server")
 # openenv-core reads FastMCP's renamed Tool.inputSchema on every tools/list; the schema it gets is right.
@@ -95,7 +98,7 @@ def _tool_signature() -> tuple[inspect.Signature, dict[str, Any]]:
 def build_mcp(rollouts: Rollouts) -> FastMCP:
     mcp = FastMCP(SERVER_NAME, instructions=TOOL_DESCRIPTION, version=VERSION)
 
-    async def run_rollout_tool(**arguments: Any) -> RolloutResult:
+    async def run_rollout_tool(**arguments: Any) -> ToolResult:
         ctx: Context | None = arguments.pop("ctx", None)
         request = RolloutRequest.model_validate(arguments)
 
@@ -103,7 +106,7 @@ def build_mcp(rollouts: Rollouts) -> FastMCP:
             if ctx is not None:
                 await ctx.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        return await rollouts.run(request, progress)
+        return await asyncio.to_thread(mcp_tool_result, await rollouts.run(request, progress))
 
     signature, annotations = _tool_signature()
     run_rollout_tool.__signature__ = signature  # type: ignore[attr-defined]
