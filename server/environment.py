@@ -155,6 +155,10 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
     """One OpenEnv session: the shared `run_rollout` tool, with a time limit that follows each request."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    # One executor thread shared by every session for the little sync work a session does (creating this object,
+    # reset, state): otherwise OpenEnv starts a thread per WebSocket session, and the event loop waits for each
+    # thread to start (~6 ms per session on a loaded 2-core machine; bench.server_load). Tool calls never use it.
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
     def __init__(self) -> None:
         shared = runtime()
