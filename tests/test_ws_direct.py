@@ -3,7 +3,9 @@ in-process MCP client: the observation must carry what the standard MCP answer c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,3 +81,13 @@ async def test_a_call_past_the_servers_time_limit_says_so_and_closes_its_sandbox
     assert observation.error.error_type == "timeout"
     assert "0.5 seconds" in observation.error.message
     assert backend.alive == set()
+
+
+async def test_websocket_sessions_share_one_executor_thread(server: StubServer) -> None:
+    before = threading.active_count()
+    async with contextlib.AsyncExitStack() as sessions:
+        for _ in range(10):
+            ws = await sessions.enter_async_context(connect(server.url.replace("http", "ws", 1) + "/ws"))
+            await ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+        assert threading.active_count() - before <= 2
