@@ -300,9 +300,7 @@ class CaptureProxy:
         *,
         streamed: bool,
     ) -> str:
-        # Off the event loop: folding a long answer takes milliseconds, and the loop may still be flushing the
-        # answer's last bytes to a slow-reading agent.
-        fold = await asyncio.to_thread(fold_stream if streamed else fold_response, bytes(raw))
+        fold = fold_stream(raw) if streamed else fold_response(bytes(raw))
         outcome, error = problem or _outcome(fold, streamed)
         pending.record.update(_fold_record(fold, pending.started, arrivals), outcome=outcome)
         if error:
