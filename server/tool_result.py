@@ -7,6 +7,7 @@ the server would otherwise wait behind.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastmcp.tools import ToolResult
@@ -37,3 +38,13 @@ def session_tool_result(result: RolloutResult) -> dict[str, Any]:
         "data": as_json,
         "is_error": False,
     }
+
+
+def session_tool_result_json(result: RolloutResult) -> str:
+    """`session_tool_result` as JSON text, with the result encoded once and its text form escaped from that."""
+    as_json = result.model_dump_json()
+    meta = json.dumps({SERVER_INFO_META: {"name": SERVER_NAME, "version": VERSION}})
+    return (
+        f'{{"content":[{{"type":"text","text":{json.dumps(as_json)},"annotations":null,"meta":null}}],'
+        f'"structured_content":{as_json},"meta":{meta},"data":{as_json},"is_error":false}}'
+    )
