@@ -21,7 +21,6 @@ from opencode_env.rollout import EVENTS_PATH
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
-    FileEntry,
     OpenSandboxes,
     ProvidedTools,
     ProxyLaunch,
@@ -29,7 +28,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
-from opencode_env.testing.stub_backend import StubProcess
+from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,7 @@ class LatencyProxy:
         return self._sandbox.proxy_files.get(name, b"")[-limit:]
 
 
-class LatencySandbox:
+class LatencySandbox(MemoryFiles):
     backend = "latency"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every sandbox
 
@@ -199,38 +198,12 @@ class LatencySandbox:
         await self.pause("file")
         return StubProcess()
 
-    async def write_file(self, path: str, data: str | bytes) -> None:
-        await self.pause("file")
-        self.files[path] = data.encode() if isinstance(data, str) else data
-
-    async def read_file(self, path: str) -> bytes:
-        await self.pause("file")
-        if path not in self.files:
-            raise FileNotFoundError(path)
-        return self.files[path]
-
-    async def write_control_file(self, name: str, data: str) -> str:
-        await self.write_file(f"/control/{name}", data)
-        return f"/control/{name}"
-
-    async def read_tail(self, path: str, limit: int) -> bytes:
-        return (await self.read_file(path))[-limit:]
-
-    async def reset_verifier_dir(self) -> None:
-        await self.pause("file")
-
     async def start_proxy(self, launch: ProxyLaunch) -> LatencyProxy:
         await self.pause("proxy_start")
         return LatencyProxy(self)
 
     def limits_hit(self) -> list[str]:
         return []
-
-    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
-        await self.pause("file")
-        prefix = root.rstrip("/") + "/"
-        inside = [(path, data) for path, data in self.files.items() if path.startswith(prefix)]
-        return [FileEntry(path.removeprefix(prefix), len(data)) for path, data in inside][:limit]
 
     async def close(self) -> None:
         self._registry.discard(self)

@@ -50,7 +50,43 @@ class StubProxy:
         return b""
 
 
-class StubSandbox:
+class MemoryFiles:
+    """The file half of the Sandbox protocol for doubles that run nothing: files live in `files`, and each call
+    first waits `pause("file")` (no time here; the latency bench's sandbox waits as a real one would)."""
+
+    files: dict[str, bytes]
+
+    async def pause(self, kind: str) -> None:
+        return None
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        await self.pause("file")
+        self.files[path] = data.encode() if isinstance(data, str) else data
+
+    async def read_file(self, path: str) -> bytes:
+        await self.pause("file")
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return self.files[path]
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        await self.write_file(f"/control/{name}", data)
+        return f"/control/{name}"
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        return (await self.read_file(path))[-limit:]
+
+    async def reset_verifier_dir(self) -> None:
+        await self.pause("file")
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        await self.pause("file")
+        prefix = root.rstrip("/") + "/"
+        inside = [(path, data) for path, data in self.files.items() if path.startswith(prefix)]
+        return [FileEntry(path.removeprefix(prefix), len(data)) for path, data in inside][:limit]
+
+
+class StubSandbox(MemoryFiles):
     backend = "stub"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every stub
 
@@ -58,7 +94,7 @@ class StubSandbox:
         self.sandbox_id = sandbox_id
         self.tools = ProvidedTools(opencode="opencode", opencode_version="stub", python="python3", proxy_ready=True)
         self._command_s = command_s
-        self._files: dict[str, bytes] = {}
+        self.files: dict[str, bytes] = {}
         self._registry = registry
 
     async def run(
@@ -80,35 +116,11 @@ class StubSandbox:
     ) -> StubProcess:
         return StubProcess()
 
-    async def write_file(self, path: str, data: str | bytes) -> None:
-        self._files[path] = data.encode() if isinstance(data, str) else data
-
-    async def read_file(self, path: str) -> bytes:
-        if path not in self._files:
-            raise FileNotFoundError(path)
-        return self._files[path]
-
-    async def write_control_file(self, name: str, data: str) -> str:
-        await self.write_file(f"/control/{name}", data)
-        return f"/control/{name}"
-
-    async def read_tail(self, path: str, limit: int) -> bytes:
-        return (await self.read_file(path))[-limit:]
-
-    async def reset_verifier_dir(self) -> None:
-        return None
-
     async def start_proxy(self, launch: ProxyLaunch) -> StubProxy:
         return StubProxy()
 
     def limits_hit(self) -> list[str]:
         return []
-
-    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
-        prefix = root.rstrip("/") + "/"
-        return [FileEntry(p.removeprefix(prefix), len(d)) for p, d in self._files.items() if p.startswith(prefix)][
-            :limit
-        ]
 
     async def close(self) -> None:
         self._registry.discard(self.sandbox_id)
