@@ -219,3 +219,25 @@ async def test_top_logprobs_follow_the_setting(tmp_path: Path, top: int) -> None
         turn = proxy.wait_for_turns(1).turns[0]
     assert model.exchanges[0].request["top_logprobs"] == top
     assert {len(alternatives) for alternatives in turn.top_logprobs} == {top}
+
+
+async def test_a_drain_waits_for_a_relay_whose_agent_is_still_going_away(tmp_path: Path) -> None:
+    script = Script(steps=[Step(content="word " * 400, token_delay_s=0.05)])
+    with ScriptedModelServer(script) as model, running_proxy(model.base_url, tmp_path, *VLLM) as proxy:
+        host, port = proxy.url.removeprefix("http://").split("/")[0].split(":")
+        payload = json.dumps(body()).encode()
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            assert b"200" in connection.recv(65536)
+            async with httpx.AsyncClient(timeout=30) as client:
+                drain = asyncio.ensure_future(client.post(proxy.url.removesuffix("/v1") + "/drain"))
+                await asyncio.sleep(1.0)
+                assert not drain.done()
+                connection.close()
+                answer = await asyncio.wait_for(drain, 10)
+        assert answer.json()["turns_written"] == 1
+        assert proxy.trace().turns[0].outcome == "client_disconnected"

@@ -112,6 +112,7 @@ class CaptureProxy:
         self.trace = TraceWriter(settings.trace_path)
         self._turns = itertools.count()
         self._pending: set[asyncio.Task[Any]] = set()
+        self._answering: set[asyncio.Task[Any]] = set()
         self.deliveries = Deliveries(self._undelivered)
         self._pool = UpstreamPool(
             Origin.parse(settings.upstream_url),
@@ -125,8 +126,11 @@ class CaptureProxy:
         self.trace.close()
 
     async def drain(self) -> int:
-        while self._pending:
-            await asyncio.gather(*list(self._pending))
+        """Wait until every request being answered has ended and its record is written. A drain comes once the
+        agent is gone, but the proxy may hear of its closed connection only after the drain request: a relay still
+        running then is about to end and be recorded, and must not be cut off by the proxy's stop."""
+        while self._pending or self._answering:
+            await asyncio.wait(self._pending | self._answering)
         return self.trace.turns_written
 
     def pending(self) -> int:
@@ -159,6 +163,17 @@ class CaptureProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/chat/completions as a plain ASGI callable: no middleware between the upstream and the agent."""
+        answering = asyncio.current_task()
+        if answering is None:
+            await self._answer(scope, receive, send)
+            return
+        self._answering.add(answering)
+        try:
+            await self._answer(scope, receive, send)
+        finally:
+            self._answering.discard(answering)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         started, started_wall = time.monotonic(), time.time()
         turn = next(self._turns)
         client: Client | None = tuple(scope["client"]) if scope.get("client") else None
