@@ -15,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import httpx
 from bench.opencode_body import capture_opencode_request
 from opencode_env.proxy.capture import RewriteConfig, rewrite_request
 from opencode_env.testing.script import Script, Step
-from tests.proxy_process import ProxyProcess, running_proxy
+from tests.proxy_process import running_proxy
 
 REWRITE = RewriteConfig(endpoint_kind="vllm", model_override="scripted-policy", top_logprobs=5, max_tokens_cap=4096)
 
@@ -93,30 +93,71 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
+@contextmanager
+def relay_process(model_url: str, directory: Path) -> Iterator[Relay]:
+    """bench/byte_relay in front of the model: the floor of any relay on this machine."""
+    port_file = directory / "relay.port"
+    upstream = model_url.removeprefix("http://").split("/", 1)[0]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.byte_relay", "--upstream", upstream, "--port-file", str(port_file)]
+    )
+    try:
+        while not port_file.exists():
+            if process.poll() is not None:
+                raise RuntimeError("the byte relay did not start")
+            time.sleep(0.01)
+        yield Relay(f"http://127.0.0.1:{port_file.read_text()}/v1", process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class Relay:
+    url: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Route:
+    """One way to the model: what the client sends, and the process whose CPU is counted (none when direct)."""
+
+    name: str
+    url: str
+    body: dict[str, Any]
+    pid: int | None
+
+
 async def run_scenario(scenario: Scenario, body: dict[str, Any], runs: int, concurrencies: list[int]) -> None:
-    direct_body = rewrite_request(body, REWRITE)
     rounds = 5
-    total = 3 * 2 + runs * 4 + rounds * sum(concurrencies) * 2 + 10
+    total = 3 * (3 + runs * 2 + rounds * sum(concurrencies)) + 10
     script = Script(steps=[scenario.step()] * total)
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         with (
             model_process(script, directory) as model_url,
+            relay_process(model_url, directory) as relay,
             running_proxy(
                 model_url, directory, "--endpoint-kind", "vllm", "--model-override", "scripted-policy"
             ) as proxy,
         ):
-            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as client:
+            direct_body = rewrite_request(body, REWRITE)
+            routes = [
+                Route("direct", model_url, direct_body, None),
+                Route("byte relay", relay.url, direct_body, relay.pid),
+                Route("proxy", proxy.url, body, proxy.process.pid),
+            ]
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=128)) as client:
                 for _ in range(3):
-                    await one_request(client, model_url, direct_body)
-                    await one_request(client, proxy.url, body)
-                paths = await interleaved(client, model_url, proxy, body, direct_body, runs)
-                report(scenario, paths, runs)
+                    for route in routes:
+                        await one_request(client, route.url, route.body)
+                trace_before = proxy.trace_path.stat().st_size
+                paths = await interleaved(client, routes, runs)
+                trace_bytes = proxy.trace_path.stat().st_size - trace_before
+                report(scenario, paths, runs, trace_bytes)
                 for concurrency in concurrencies:
-                    concurrent = await concurrent_rounds(
-                        client, model_url, proxy, body, direct_body, concurrency, rounds
-                    )
-                    report_concurrent(scenario, concurrent, concurrency, rounds)
+                    concurrent = [await concurrent_rounds(client, route, concurrency, rounds) for route in routes]
+                    report_concurrent(scenario, routes, concurrent, concurrency, rounds)
                 print(f"proxy peak RSS: {peak_rss_mb(proxy.process.pid):.1f} MB")
 
 
@@ -127,103 +168,92 @@ async def fresh_request(url: str, body: dict[str, Any]) -> Sample:
 
 
 @dataclass
-class Paths:
-    """Per path, the samples of the interleaved runs; proxy CPU and trace bytes of the proxied ones."""
+class Path_:
+    """One route's samples over the interleaved runs, on a reused and on a new connection, and its CPU seconds."""
 
-    direct: list[Sample]
-    proxied: list[Sample]
-    direct_fresh: list[Sample]
-    proxied_fresh: list[Sample]
+    route: Route
+    reused: list[Sample] = field(default_factory=list)
+    fresh: list[Sample] = field(default_factory=list)
     cpu: float = 0.0
-    trace_bytes: int = 0
 
 
-async def interleaved(
-    client: httpx.AsyncClient,
-    model_url: str,
-    proxy: ProxyProcess,
-    body: dict[str, Any],
-    direct_body: dict[str, Any],
-    runs: int,
-) -> Paths:
-    paths = Paths([], [], [], [])
-    trace_before = proxy.trace_path.stat().st_size
+async def timed(route: Route, path: Path_, request: Awaitable[Sample]) -> Sample:
+    before = cpu_seconds(route.pid) if route.pid else 0.0
+    sample = await request
+    if route.pid:
+        await asyncio.sleep(0.05)
+        path.cpu += cpu_seconds(route.pid) - before
+    return sample
+
+
+async def interleaved(client: httpx.AsyncClient, routes: list[Route], runs: int) -> list[Path_]:
+    paths = [Path_(route) for route in routes]
     for _ in range(runs):
-        paths.direct.append(await one_request(client, model_url, direct_body))
-        before = cpu_seconds(proxy.process.pid)
-        paths.proxied.append(await one_request(client, proxy.url, body))
-        await asyncio.sleep(0.05)
-        paths.cpu += cpu_seconds(proxy.process.pid) - before
-        paths.direct_fresh.append(await fresh_request(model_url, direct_body))
-        before = cpu_seconds(proxy.process.pid)
-        paths.proxied_fresh.append(await fresh_request(proxy.url, body))
-        await asyncio.sleep(0.05)
-        paths.cpu += cpu_seconds(proxy.process.pid) - before
-    paths.trace_bytes = proxy.trace_path.stat().st_size - trace_before
+        for path in paths:
+            route = path.route
+            path.reused.append(await timed(route, path, one_request(client, route.url, route.body)))
+        for path in paths:
+            route = path.route
+            path.fresh.append(await timed(route, path, fresh_request(route.url, route.body)))
     return paths
 
 
 async def concurrent_rounds(
-    client: httpx.AsyncClient,
-    model_url: str,
-    proxy: ProxyProcess,
-    body: dict[str, Any],
-    direct_body: dict[str, Any],
-    concurrency: int,
-    rounds: int,
-) -> tuple[list[float], list[float], float]:
-    direct: list[float] = []
-    proxied: list[float] = []
+    client: httpx.AsyncClient, route: Route, concurrency: int, rounds: int
+) -> tuple[list[float], float]:
+    ends: list[float] = []
     cpu = 0.0
     for _ in range(rounds):
-        samples = await asyncio.gather(*(one_request(client, model_url, direct_body) for _ in range(concurrency)))
-        direct.extend(s.end for s in samples)
-        before = cpu_seconds(proxy.process.pid)
-        samples = await asyncio.gather(*(one_request(client, proxy.url, body) for _ in range(concurrency)))
-        await asyncio.sleep(0.1)
-        cpu += cpu_seconds(proxy.process.pid) - before
-        proxied.extend(s.end for s in samples)
-    return direct, proxied, cpu
+        before = cpu_seconds(route.pid) if route.pid else 0.0
+        samples = await asyncio.gather(*(one_request(client, route.url, route.body) for _ in range(concurrency)))
+        if route.pid:
+            await asyncio.sleep(0.1)
+            cpu += cpu_seconds(route.pid) - before
+        ends.extend(s.end for s in samples)
+    return ends, cpu
 
 
 def ms(value: float) -> str:
     return f"{value * 1000:8.2f}"
 
 
-def report(scenario: Scenario, paths: Paths, runs: int) -> None:
+def report(scenario: Scenario, paths: list[Path_], runs: int, trace_bytes: int) -> None:
+    direct, relayed = paths[0], paths[1:]
+    names = [path.route.name for path in relayed]
     print(
         f"\n== {scenario.name}: {scenario.tokens} tokens, {scenario.delay_s * 1000:.0f} ms between tokens, "
-        f"{runs} interleaved runs per path (ms; p10 / p50 / p90)"
+        f"{runs} interleaved runs per path (ms; p10 / p50 / p90; ratio and added time at p50, against direct)"
     )
-    print(f"{'metric':<30}{'direct':>26}{'proxied':>26}{'ratio p50':>11}{'added p50':>11}")
-    for connection, direct, proxied in (
-        ("reused connection", paths.direct, paths.proxied),
-        ("new connection", paths.direct_fresh, paths.proxied_fresh),
-    ):
+    header = f"{'metric':<30}{'direct':>24}" + "".join(f"{name:>24}{'ratio':>8}{'added':>9}" for name in names)
+    print(header)
+    for connection in ("reused", "fresh"):
         for label, attribute in (("first byte", "ttfb"), ("[DONE]", "done"), ("end of body", "end")):
-            d = [getattr(sample, attribute) for sample in direct]
-            p = [getattr(sample, attribute) for sample in proxied]
-            d50, p50 = statistics.median(d), statistics.median(p)
-            print(
-                f"{label + ', ' + connection:<30}{spread(d):>26}{spread(p):>26}{p50 / d50:>10.3f}x{ms(p50 - d50):>11}"
-            )
+            base = [getattr(sample, attribute) for sample in getattr(direct, connection)]
+            row = f"{label + ', ' + connection + ' connection':<30}{spread(base):>24}"
+            for path in relayed:
+                values = [getattr(sample, attribute) for sample in getattr(path, connection)]
+                d50, p50 = statistics.median(base), statistics.median(values)
+                row += f"{spread(values):>24}{p50 / d50:>7.3f}x{ms(p50 - d50):>9}"
+            print(row)
     tokens = 2 * runs * scenario.tokens
-    print(
-        f"proxy CPU per streamed token: {paths.cpu / tokens * 1e6:.1f} us;  "
-        f"trace bytes per token: {paths.trace_bytes / tokens:.0f}"
-    )
+    cpu = "; ".join(f"{path.route.name} {path.cpu / tokens * 1e6:.1f} us" for path in relayed)
+    print(f"CPU per streamed token: {cpu};  proxy trace bytes per token: {trace_bytes / tokens:.0f}")
 
 
 def report_concurrent(
-    scenario: Scenario, concurrent: tuple[list[float], list[float], float], concurrency: int, rounds: int
+    scenario: Scenario,
+    routes: list[Route],
+    concurrent: list[tuple[list[float], float]],
+    concurrency: int,
+    rounds: int,
 ) -> None:
-    direct_c, proxied_c, cpu_c = concurrent
-    d50, p50 = statistics.median(direct_c), statistics.median(proxied_c)
-    print(
-        f"{concurrency} concurrent streams x {rounds} rounds: end of body p50 direct {ms(d50)} ms, "
-        f"proxied {ms(p50)} ms, ratio {p50 / d50:.3f}x; proxy CPU per token "
-        f"{cpu_c / (rounds * concurrency * scenario.tokens) * 1e6:.1f} us"
-    )
+    d50 = statistics.median(concurrent[0][0])
+    parts = [f"direct {ms(d50).strip()} ms"]
+    tokens = rounds * concurrency * scenario.tokens
+    for route, (ends, cpu) in zip(routes[1:], concurrent[1:], strict=True):
+        p50 = statistics.median(ends)
+        parts.append(f"{route.name} {ms(p50).strip()} ms ({p50 / d50:.3f}x, CPU {cpu / tokens * 1e6:.1f} us/token)")
+    print(f"{concurrency} concurrent streams x {rounds} rounds, end of body p50: " + ", ".join(parts))
 
 
 def peak_rss_mb(pid: int) -> float:

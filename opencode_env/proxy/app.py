@@ -35,6 +35,7 @@ from opencode_env.proxy.capture import (
     turn_kind,
 )
 from opencode_env.proxy.delivery import Client, Deliveries, Relayed
+from opencode_env.proxy.json_values import loads
 from opencode_env.proxy.upstream import (
     Origin,
     UpstreamDisconnected,
@@ -180,7 +181,7 @@ class CaptureProxy:
         self.deliveries.request_started(client)
         incoming = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         try:
-            body = json.loads(await _read_body(receive))
+            body = loads(await _read_body(receive))
             if not isinstance(body, dict):
                 raise ValueError("the request body must be a JSON object")
         except ValueError as error:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from opencode_env.proxy.json_values import loads, loads_for
+
 EndpointKind = Literal["vllm", "openai", "hf_router", ""]
 TopEntry = tuple[str, float, int | None]
 
@@ -214,7 +216,9 @@ def _newline_events(raw: bytes) -> list[tuple[bytes, int]]:
 
 def fold_stream(raw: bytes | bytearray) -> Fold:
     fold = Fold()
-    for event, offset in _events(bytes(raw)):
+    raw = bytes(raw)
+    loads = loads_for(raw)
+    for event, offset in _events(raw):
         data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
         if not data:
             continue
@@ -222,7 +226,7 @@ def fold_stream(raw: bytes | bytearray) -> Fold:
             fold.done = True
             continue
         try:
-            chunk = json.loads(data)
+            chunk = loads(data)
         except ValueError:
             fold.unparsed_events += 1
             continue
@@ -237,7 +241,7 @@ def fold_stream(raw: bytes | bytearray) -> Fold:
 def fold_response(raw: bytes) -> Fold:
     fold = Fold()
     try:
-        body = json.loads(raw)
+        body = loads(raw)
     except ValueError:
         fold.error = "the upstream answer is not JSON"
         return fold
