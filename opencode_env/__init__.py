@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opencode_env.models import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
 from opencode_env.version import VERSION as __version__
 
 if TYPE_CHECKING:
     from opencode_env.client import OpenCodeEnv
+    from opencode_env.models import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
     from opencode_env.rollout import run_rollout
 
 __all__ = [
@@ -22,8 +22,16 @@ __all__ = [
 ]
 
 
+MODELS = ("CommandResult", "RolloutRequest", "RolloutResult", "RolloutTurn")
+
+
 def __getattr__(name: str) -> Any:
-    # Each on first use: a client never loads the pipeline, and the pipeline never loads the client.
+    # Each on first use: a client never loads the pipeline, the pipeline never loads the client, and the capture
+    # proxy (a process per rollout, importing opencode_env.proxy) loads neither the models nor pydantic.
+    if name in MODELS:
+        from opencode_env import models
+
+        return getattr(models, name)
     if name == "OpenCodeEnv":
         from opencode_env.client import OpenCodeEnv
 

@@ -6,7 +6,7 @@ OPENCODE_VERSION = "1.18.33"
 OPENCODE_PACKAGE = "opencode-ai"
 PLUGIN_PACKAGE = "@opencode-ai/plugin"
 """OpenCode npm-installs this into each config directory at start unless it is already there (same version)."""
-PROXY_PYTHON_PACKAGES = ("fastapi", "uvicorn", "uvloop", "httptools", "orjson")
+PROXY_PYTHON_PACKAGES = ("uvicorn", "uvloop", "httptools", "orjson")
 TEMPLATE_FORMAT = "2"
 """What a cloud template or image must provide; bumped when that changes (2: the proxy runs as root, `user` has no
 sudo). A template that says otherwise is refused with "rebuild the template"."""

@@ -26,3 +26,20 @@ def test_the_pipeline_is_still_one_attribute_away() -> None:
 
     assert opencode_env.run_rollout is run_rollout
     assert opencode_env.__version__
+
+
+def test_the_capture_proxy_starts_without_a_web_framework_or_the_models() -> None:
+    """Every rollout starts a proxy: FastAPI and pydantic cost it three times the start-up CPU of all else it loads."""
+    probe = (
+        "import json, sys\n"
+        "import opencode_env.proxy.__main__ as entry\n"
+        "from opencode_env.proxy.app import ProxySettings, create_app\n"
+        "from opencode_env.proxy.delivery import delivery_aware_protocol\n"
+        "create_app(ProxySettings(upstream_url='http://127.0.0.1:9/v1', trace_path='/dev/null'))\n"
+        "heavy = ['fastapi', 'starlette', 'pydantic', 'httpx', 'opencode_env.models']\n"
+        "print(json.dumps([name for name in heavy if name in sys.modules]))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(completed.stdout) == []

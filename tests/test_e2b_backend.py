@@ -164,7 +164,7 @@ async def test_reap_kills_tagged_sandboxes_left_behind(
 def test_the_template_bakes_in_opencode_and_the_proxy() -> None:
     text = dockerfile()
     assert "npm install -g opencode-ai@1.18.33" in text
-    assert "pip install fastapi uvicorn" in text
+    assert "pip install uvicorn uvloop httptools orjson" in text
     assert "@opencode-ai/plugin@1.18.33" in text
     assert "OPENCODE_DISABLE_MODELS_FETCH=1" in text
     assert "rm -f /etc/sudoers.d/user*" in text

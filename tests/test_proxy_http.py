@@ -209,6 +209,19 @@ async def test_every_request_leaves_a_record_even_a_bad_one(tmp_path: Path) -> N
     assert health["ok"] is True
 
 
+async def test_the_proxy_s_own_routes_answer_unknown_paths_and_methods_as_http_says(tmp_path: Path) -> None:
+    with running_proxy("http://127.0.0.1:9/v1", tmp_path) as proxy:
+        root = proxy.url.removesuffix("/v1")
+        async with httpx.AsyncClient(timeout=30) as client:
+            missing = await client.get(f"{root}/admin")
+            wrong_method = await client.get(f"{root}/drain")
+            drained = await client.post(f"{root}/drain")
+    assert missing.status_code == 404
+    assert wrong_method.status_code == 405
+    assert wrong_method.headers["allow"] == "POST"
+    assert drained.json() == {"turns_written": 0}
+
+
 @pytest.mark.parametrize("top", [0, 3])
 async def test_top_logprobs_follow_the_setting(tmp_path: Path, top: int) -> None:
     with (

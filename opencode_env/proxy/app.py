@@ -8,20 +8,18 @@ record, including failed, stalled and disconnected ones.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI
-from starlette.types import Receive, Scope, Send
-
+from opencode_env.proxy.admin import Admin
+from opencode_env.proxy.asgi import Receive, Scope, Send, send_bytes, send_json
 from opencode_env.proxy.breaker import Breaker
 from opencode_env.proxy.capture import (
     Fold,
@@ -192,7 +190,7 @@ class CaptureProxy:
                 {"turn": turn, "timestamp": started_wall, "outcome": "bad_request", "upstream_error": str(error)},
             )
             self._schedule(self._record(rejected, None))
-            await _send_json(send, 400, {"error": {"message": str(error), "type": "invalid_request_error"}})
+            await send_json(send, 400, {"error": {"message": str(error), "type": "invalid_request_error"}})
             return
         sent = rewrite_request(body, self.settings.rewrite)
         pending = Pending(
@@ -234,9 +232,9 @@ class CaptureProxy:
         pending.record.update(outcome=outcome, upstream_error=f"{error}; {stop}" if stop else error)
         self._schedule(self._record(pending, None))
         if stop:
-            await _send_json(send, 400, {"error": {"message": stop, "type": "invalid_request_error"}})
+            await send_json(send, 400, {"error": {"message": stop, "type": "invalid_request_error"}})
             return
-        await _send_json(send, status, {"error": {"message": error, "type": "upstream_error", "code": status}})
+        await send_json(send, status, {"error": {"message": error, "type": "upstream_error", "code": status}})
 
     async def _upstream_error(self, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
         try:
@@ -249,12 +247,12 @@ class CaptureProxy:
         pending.record.update(outcome="upstream_error", upstream_error=f"{recorded}; {stop}" if stop else recorded)
         self._schedule(self._record(pending, None))
         if stop:
-            await _send_json(send, 400, {"error": {"message": stop, "type": "invalid_request_error"}})
+            await send_json(send, 400, {"error": {"message": stop, "type": "invalid_request_error"}})
         elif status == 429 or status >= 500:
             content_type = upstream.headers.get("content-type", "application/json")
-            await _send_bytes(send, status, raw, content_type, _response_headers(upstream))
+            await send_bytes(send, status, raw, content_type, _response_headers(upstream))
         else:
-            await _send_json(send, 400, neutral_error(status, raw))
+            await send_json(send, 400, neutral_error(status, raw))
 
     async def _whole(self, send: Send, pending: Pending, upstream: UpstreamResponse) -> None:
         try:
@@ -263,7 +261,7 @@ class CaptureProxy:
             await self._failed(send, pending, "upstream_disconnected", 502, str(error))
             return
         self._schedule(self._fold_and_record(pending, raw, [(len(raw), time.monotonic())], None, streamed=False))
-        await _send_bytes(send, 200, raw, upstream.headers.get("content-type", "application/json"), {})
+        await send_bytes(send, 200, raw, upstream.headers.get("content-type", "application/json"), {})
 
     async def _relay(
         self, receive: Receive, send: Send, pending: Pending, upstream: UpstreamResponse, client: Client | None
@@ -381,25 +379,23 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _send_bytes(send: Send, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
-    raw_headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
-    raw_headers += [(name.encode(), value.encode()) for name, value in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    await _send_bytes(send, status, json.dumps(payload).encode(), "application/json", {})
-
-
 class ProxyApp:
-    """The ASGI app: chat completions go straight to the proxy; everything else (health, drain, lifespan) to FastAPI."""
+    """The ASGI app: chat completions go straight to the proxy; everything else (health, drain, lifespan) to Admin."""
 
-    def __init__(self, proxy: CaptureProxy, admin: FastAPI) -> None:
+    def __init__(self, proxy: CaptureProxy) -> None:
         self.proxy = proxy
-        self.admin = admin
+        self.admin = Admin(
+            {("GET", "/healthz"): self._health, ("POST", "/drain"): self._drain},
+            on_shutdown=proxy.aclose,
+        )
         token = proxy.settings.access_token
         self._expected = f"bearer {token}".encode("latin-1") if token else b""
+
+    async def _health(self) -> dict[str, Any]:
+        return {"ok": True, "turns_written": self.proxy.trace.turns_written, "pending": self.proxy.pending()}
+
+    async def _drain(self) -> dict[str, Any]:
+        return {"turns_written": await self.proxy.drain()}
 
     def _authorized(self, scope: Scope) -> bool:
         """With an access token set, only the rollout's own agent (and the server) may call: anything else is 401."""
@@ -413,7 +409,7 @@ class ProxyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._authorized(scope):
-            await _send_json(send, 401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
+            await send_json(send, 401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
             return
         if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
             await self.proxy(scope, receive, send)
@@ -422,23 +418,4 @@ class ProxyApp:
 
 
 def create_app(settings: ProxySettings) -> ProxyApp:
-    proxy = CaptureProxy(settings)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await proxy.aclose()
-
-    admin = FastAPI(
-        title="opencode-env capture proxy", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
-    )
-
-    @admin.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"ok": True, "turns_written": proxy.trace.turns_written, "pending": proxy.pending()}
-
-    @admin.post("/drain")
-    async def drain() -> dict[str, int]:
-        return {"turns_written": await proxy.drain()}
-
-    return ProxyApp(proxy, admin)
+    return ProxyApp(CaptureProxy(settings))

@@ -61,7 +61,7 @@ LIFETIME_MARGIN_S = 300
 PROBE = (
     f"echo template-format=${{{TEMPLATE_FORMAT_VAR}:-none}}; "
     "opencode --version 2>/dev/null | tail -n 1; "
-    "python3 -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
+    "python3 -c 'import uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 )
 
 

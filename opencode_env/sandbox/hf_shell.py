@@ -66,7 +66,7 @@ chown -R {USER}:{USER} {HOME}
 
 # OpenCode as `user` runs it (it writes under its HOME); the proxy's packages as root imports them (-E -s).
 OPENCODE_PROBE = "opencode --version 2>/dev/null | tail -n 1; true"
-PROXY_PROBE = "python3 -E -s -c 'import fastapi, uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
+PROXY_PROBE = "python3 -E -s -c 'import uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 
 
 def install_proxy_packages() -> str:

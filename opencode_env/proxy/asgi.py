@@ -1,0 +1,23 @@
+"""The ASGI types the proxy speaks, and its two ways to answer a request in one piece (no framework needed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+async def send_bytes(send: Send, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+    raw_headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(name.encode(), value.encode()) for name, value in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_json(send: Send, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    await send_bytes(send, status, json.dumps(payload).encode(), "application/json", headers or {})
