@@ -1,6 +1,7 @@
-"""Start-up cost, side by side: the client import and the server's time to a first /health answer, with the
-bytecode as installed and with none at all (an empty PYTHONPYCACHEPREFIX hides every .pyc file), for this tree
-and, with --baseline, another checkout of the project run on the same virtualenv.
+"""Start-up cost, side by side: the client import, the server's time to a first /health answer and the capture
+proxy's to its first /healthz (and its CPU until then: every rollout starts one), with the bytecode as installed
+and with none at all (an empty PYTHONPYCACHEPREFIX hides every .pyc file), for this tree and, with --baseline,
+another checkout of the project run on the same virtualenv.
 
     uv run python -m bench.startup [--runs 3] [--baseline DIR]
 
@@ -49,6 +50,8 @@ class Case:
     heavy: list[str] = field(default_factory=list)
     health: list[float] = field(default_factory=list)
     ready: list[float] = field(default_factory=list)
+    proxy_health: list[float] = field(default_factory=list)
+    proxy_cpu: list[float] = field(default_factory=list)
 
     def environment(self, empty_cache: str) -> dict[str, str]:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(self.tree)}
@@ -99,6 +102,30 @@ def measure_health(case: Case, empty_cache: str) -> None:
         server.wait(timeout=60)
 
 
+def measure_proxy(case: Case, empty_cache: str) -> None:
+    """The capture proxy (started once per rollout): time to its first /healthz answer and its CPU until then."""
+    with tempfile.TemporaryDirectory() as scratch:
+        port_file = Path(scratch) / "port"
+        started = time.perf_counter()
+        arguments = ["--upstream-url", "http://127.0.0.1:9/v1", "--port", "0", "--port-file", str(port_file)]
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "opencode_env.proxy", *arguments, "--trace", str(Path(scratch) / "trace.jsonl")],
+            env=case.environment(empty_cache),
+            cwd=case.tree,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            while not port_file.exists():
+                time.sleep(0.002)
+            case.proxy_health.append(_first_200(f"http://127.0.0.1:{port_file.read_text()}/healthz", started))
+            tasks = Path(f"/proc/{proxy.pid}/task")
+            case.proxy_cpu.append(sum(int((t / "schedstat").read_text().split()[0]) for t in tasks.iterdir()) / 1e9)
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+
+
 def _first_200(url: str, started: float) -> float:
     while time.perf_counter() - started < 120:
         try:
@@ -126,6 +153,7 @@ def main() -> None:
             for case in cases:
                 measure_import(case, empty_cache)
                 measure_health(case, empty_cache)
+                measure_proxy(case, empty_cache)
     base = cases[0]
     for case in cases:
         imported, healthy, ready = (statistics.median(v) for v in (case.imports, case.health, case.ready))
@@ -134,6 +162,13 @@ def main() -> None:
             f"{case.modules} modules, heavy: {', '.join(case.heavy) or 'none'}; "
             f"/health {healthy:5.2f}s ({healthy / statistics.median(base.health):4.1f}x); "
             f"ready {ready:5.2f}s ({ready / statistics.median(base.ready):4.1f}x)"
+        )
+    for case in cases:
+        healthy, cpu = statistics.median(case.proxy_health), statistics.median(case.proxy_cpu)
+        print(
+            f"{case.label:>26}: capture proxy /healthz {healthy:5.2f}s "
+            f"({healthy / statistics.median(base.proxy_health):4.1f}x), CPU until then {cpu:5.2f}s "
+            f"({cpu / statistics.median(base.proxy_cpu):4.1f}x)"
         )
 
 
