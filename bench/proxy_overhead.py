@@ -1,9 +1,13 @@
-"""Direct vs through the capture proxy, side by side in one run, against the scripted model on loopback.
+"""Direct, through a bare byte relay, and through the capture proxy, side by side in one run, against the scripted
+model on loopback.
 
-    uv run python -m bench.proxy_overhead [--runs 30]
+    uv run python -m bench.proxy_overhead [--runs 30] [--concurrency 8,32]
 
 The request body is a real one: OpenCode's first request of the demo task (~31 KB, 10 tools), captured at start.
-The direct path sends it with the same logprob / token-id parameters the proxy adds, so both streams are the same.
+The direct and relay paths send it with the same logprob / token-id parameters the proxy adds, so all three streams
+are the same. The byte relay (bench/byte_relay.py) copies bytes and does nothing else: its CPU per token is what any
+relay pays on this machine (a wakeup, a read and a write per token that arrives alone), so the proxy's own cost is
+the difference. CPU is the relay's or the proxy's process only, from the scheduler's exact runtime.
 """
 
 from __future__ import annotations
