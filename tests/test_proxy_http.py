@@ -63,6 +63,25 @@ async def test_stream_bytes_reach_the_client_unchanged(tmp_path: Path) -> None:
     assert 0 < turn.ttft_s <= turn.latency_s
 
 
+async def test_a_lone_surrogate_from_the_agent_is_forwarded_and_recorded(tmp_path: Path) -> None:
+    """JSON allows an escaped lone surrogate, Python's parser keeps it, and encoding it as UTF-8 fails: the proxy
+    escapes it on the way out (to the upstream and into the trace) instead of failing the request unrecorded."""
+    with (
+        ScriptedModelServer(Script(steps=[say("ok")])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM) as proxy,
+    ):
+        raw_request = json.dumps(body()).replace('"hi"', '"half an emoji \\ud83d, then 中文"').encode()
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{proxy.url}/chat/completions", content=raw_request)
+        proxy.wait_for(lambda _: b'"type":"turn"' in proxy.trace_path.read_bytes())
+        records = [json.loads(line) for line in proxy.trace_path.read_bytes().splitlines()]
+    assert response.status_code == 200
+    assert model.exchanges[0].request["messages"][1]["content"] == "half an emoji \ud83d, then 中文"
+    turn = next(record for record in records if record["type"] == "turn")
+    assert turn["outcome"] == "complete"
+    assert turn["request"]["messages"][1]["content"] == "half an emoji \ud83d, then 中文"
+
+
 async def test_non_streamed_requests_are_recorded(tmp_path: Path) -> None:
     with (
         ScriptedModelServer(Script(steps=[say("plain")])) as model,

@@ -98,7 +98,11 @@ class TraceWriter:
         self._write({"type": "delivery", "turn": relayed.turn, "outcome": "undelivered", "detail": detail})
 
     def _write(self, line: dict[str, Any]) -> None:
-        os.write(self._fd, json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        try:
+            encoded = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            encoded = json.dumps(line, separators=(",", ":")).encode()
+        os.write(self._fd, encoded + b"\n")
 
     def close(self) -> None:
         os.close(self._fd)
@@ -205,7 +209,7 @@ class CaptureProxy:
                 "stream": bool(sent.get("stream")),
             },
         )
-        payload = json.dumps(sent, ensure_ascii=False).encode()
+        payload = _request_bytes(sent)
         try:
             upstream = await self._pool.post("/chat/completions", payload, self._upstream_headers(incoming))
         except UpstreamStalled as error:
@@ -362,6 +366,12 @@ def _fold_record(fold: Fold, started: float, arrivals: list[tuple[int, float]]) 
         "latency_s": round(ended - started, 6),
         "ttft_s": None if ttft is None else round(ttft, 6),
     }
+
+
+def _request_bytes(sent: dict[str, Any]) -> bytes:
+    """The request as the upstream gets it. Escaping non-ASCII keeps to the C encoder's fast path (half the time on
+    OpenCode's 31 KB requests), and a lone surrogate the agent sent is escaped instead of failing the encode."""
+    return json.dumps(sent, separators=(",", ":")).encode()
 
 
 def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:

@@ -35,7 +35,7 @@ def token_id(piece: str) -> int:
     special = SPECIAL_IDS.get(piece)
     if special is not None:
         return special
-    digest = hashlib.blake2b(piece.encode("utf-8"), digest_size=4).digest()
+    digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4).digest()
     return 1000 + int.from_bytes(digest, "big") % 150_000
 
 
