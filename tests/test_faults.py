@@ -31,7 +31,8 @@ def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake:
 
 
 def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
-    """Capture proxies of this test's rollouts: their command line or their cgroup names a sandbox under the base."""
+    """Capture proxies of this test's rollouts: their command line or their cgroup names a sandbox under the base.
+    The proxy itself only: not `python -m opencode_env.proxy.ping`, the backend's short-lived call to its admin."""
     rollouts = {path.name for path in sandbox_base.iterdir()}
     found = []
     for proc in Path("/proc").iterdir():
@@ -42,7 +43,7 @@ def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
             cgroups = (proc / "cgroup").read_text()
         except OSError:
             continue
-        if "opencode_env.proxy" not in cmdline or "bwrap" in cmdline:
+        if "-m opencode_env.proxy " not in cmdline or "bwrap" in cmdline:
             continue
         if str(sandbox_base) in cmdline or any(f"/{name}\n" in cgroups for name in rollouts):
             found.append(proc.name)
