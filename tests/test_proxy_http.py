@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -184,9 +186,9 @@ async def test_an_agent_that_disconnects_mid_stream_leaves_a_record(tmp_path: Pa
     assert 0 < len(turn.per_token_logps) < 401
 
 
-def _stream_then_close(url: str, *, read_to_the_end: bool, proxy: ProxyProcess) -> None:
-    """POST a streamed request on a plain socket (no client library reading ahead into its own buffers) and close
-    it once the proxy has relayed the whole response: read to its end, or with every byte still unread."""
+@contextmanager
+def raw_stream_request(url: str) -> Iterator[socket.socket]:
+    """A streamed request POSTed on a plain socket: no client library reads ahead into its own buffers."""
     host, port = url.removeprefix("http://").split("/")[0].split(":")
     payload = json.dumps(body()).encode()
     with socket.create_connection((host, int(port))) as connection:
@@ -195,6 +197,12 @@ def _stream_then_close(url: str, *, read_to_the_end: bool, proxy: ProxyProcess) 
             + f"content-length: {len(payload)}\r\n\r\n".encode()
             + payload
         )
+        yield connection
+
+
+def _stream_then_close(url: str, *, read_to_the_end: bool, proxy: ProxyProcess) -> None:
+    """Close the connection once the proxy has relayed the whole response: read to its end, or every byte unread."""
+    with raw_stream_request(url) as connection:
         received = b""
         while read_to_the_end and not received.endswith(b"0\r\n\r\n"):
             received += connection.recv(65536)
@@ -256,14 +264,7 @@ async def test_top_logprobs_follow_the_setting(tmp_path: Path, top: int) -> None
 async def test_a_drain_waits_for_a_relay_whose_agent_is_still_going_away(tmp_path: Path) -> None:
     script = Script(steps=[Step(content="word " * 400, token_delay_s=0.05)])
     with ScriptedModelServer(script) as model, running_proxy(model.base_url, tmp_path, *VLLM) as proxy:
-        host, port = proxy.url.removeprefix("http://").split("/")[0].split(":")
-        payload = json.dumps(body()).encode()
-        with socket.create_connection((host, int(port))) as connection:
-            connection.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
-                + f"content-length: {len(payload)}\r\n\r\n".encode()
-                + payload
-            )
+        with raw_stream_request(proxy.url) as connection:
             assert b"200" in connection.recv(65536)
             async with httpx.AsyncClient(timeout=30) as client:
                 drain = asyncio.ensure_future(client.post(proxy.url.removesuffix("/v1") + "/drain"))
