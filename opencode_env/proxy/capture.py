@@ -217,7 +217,7 @@ def _newline_events(raw: bytes) -> list[tuple[bytes, int]]:
 def fold_stream(raw: bytes | bytearray) -> Fold:
     fold = Fold()
     raw = bytes(raw)
-    loads = loads_for(raw)
+    parse = loads_for(raw)
     for event, offset in _events(raw):
         data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
         if not data:
@@ -226,7 +226,7 @@ def fold_stream(raw: bytes | bytearray) -> Fold:
             fold.done = True
             continue
         try:
-            chunk = loads(data)
+            chunk = parse(data)
         except ValueError:
             fold.unparsed_events += 1
             continue
