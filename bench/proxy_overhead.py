@@ -172,7 +172,7 @@ async def fresh_request(url: str, body: dict[str, Any]) -> Sample:
 
 
 @dataclass
-class Path_:
+class RouteSamples:
     """One route's samples over the interleaved runs, on a reused and on a new connection, and its CPU seconds."""
 
     route: Route
@@ -181,7 +181,7 @@ class Path_:
     cpu: float = 0.0
 
 
-async def timed(route: Route, path: Path_, request: Awaitable[Sample]) -> Sample:
+async def timed(route: Route, path: RouteSamples, request: Awaitable[Sample]) -> Sample:
     before = cpu_seconds(route.pid) if route.pid else 0.0
     sample = await request
     if route.pid:
@@ -190,8 +190,8 @@ async def timed(route: Route, path: Path_, request: Awaitable[Sample]) -> Sample
     return sample
 
 
-async def interleaved(client: httpx.AsyncClient, routes: list[Route], runs: int) -> list[Path_]:
-    paths = [Path_(route) for route in routes]
+async def interleaved(client: httpx.AsyncClient, routes: list[Route], runs: int) -> list[RouteSamples]:
+    paths = [RouteSamples(route) for route in routes]
     for _ in range(runs):
         for path in paths:
             route = path.route
@@ -221,7 +221,7 @@ def ms(value: float) -> str:
     return f"{value * 1000:8.2f}"
 
 
-def report(scenario: Scenario, paths: list[Path_], runs: int, trace_bytes: int) -> None:
+def report(scenario: Scenario, paths: list[RouteSamples], runs: int, trace_bytes: int) -> None:
     direct, relayed = paths[0], paths[1:]
     names = [path.route.name for path in relayed]
     print(

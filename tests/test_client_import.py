@@ -29,7 +29,7 @@ def test_the_pipeline_is_still_one_attribute_away() -> None:
 
 
 def test_the_capture_proxy_starts_without_a_web_framework_or_the_models() -> None:
-    """Every rollout starts a proxy: FastAPI and pydantic cost it three times the start-up CPU of all else it loads."""
+    """Every rollout starts a proxy: FastAPI and pydantic tripled its start-up CPU."""
     probe = (
         "import json, sys\n"
         "import opencode_env.proxy.__main__ as entry\n"

@@ -66,7 +66,6 @@ def main(argv: list[str] | None = None) -> None:
     from opencode_env.proxy.delivery import delivery_aware_protocol
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = ProxySettings(
         upstream_url=args.upstream_url.rstrip("/"),
         trace_path=args.trace,
