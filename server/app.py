@@ -100,7 +100,7 @@ def build_app(token: str | None = None) -> FastAPI:
 
     app.router.lifespan_context = lifespan
     app.add_middleware(SpliceSerialized)
-    app.add_middleware(McpRouter, standard=standard, stateless=one_shot, closing=streams_closing)
+    app.add_middleware(McpRouter, standard=standard, stateless=one_shot, closing=streams_closing, replies=replies)
     app.add_middleware(CancelOnDisconnect, replies=replies)
     app.add_middleware(AccessGate, policy=policy)
     return app

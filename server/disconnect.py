@@ -18,8 +18,8 @@ DISCONNECTS = frozenset({"websocket.disconnect", "http.disconnect"})
 
 
 class PendingReplies:
-    """WebSocket requests received and not yet answered (OpenEnv answers each message once), so that a shutdown
-    can let the answers go out before uvicorn closes every WebSocket."""
+    """Requests received and not yet answered (WebSocket messages, which OpenEnv answers once each, and POSTs to
+    /mcp), so that a shutdown can let the answers go out before uvicorn closes every WebSocket and event stream."""
 
     def __init__(self) -> None:
         self._count = 0

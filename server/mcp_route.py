@@ -17,6 +17,8 @@ from typing import Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.disconnect import PendingReplies
+
 STANDARD_PATH = "/mcp"
 STANDARD_ALIASES = ("/mcp/stream",)
 MODERN_META_KEY = "io.modelcontextprotocol/protocolVersion"
@@ -49,11 +51,14 @@ def route_post(headers: list[tuple[bytes, bytes]], body: bytes) -> Route:
 
 
 class McpRouter:
-    def __init__(self, app: ASGIApp, standard: ASGIApp, stateless: ASGIApp, closing: asyncio.Event) -> None:
+    def __init__(
+        self, app: ASGIApp, standard: ASGIApp, stateless: ASGIApp, closing: asyncio.Event, replies: PendingReplies
+    ) -> None:
         self.app = app
         self.standard = standard
         self.stateless = stateless
         self.closing = closing
+        self.replies = replies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
@@ -69,6 +74,15 @@ class McpRouter:
         if scope["method"] != "POST":
             await self.standard(standard_scope, receive, send)
             return
+        # A POST's answer (a tool call's result) goes out on its own event stream; a shutdown waits for it before
+        # uvicorn hears the signal, which ends every event stream at once (sse-starlette's exit hook).
+        self.replies.received()
+        try:
+            await self._post(scope, standard_scope, path, receive, send)
+        finally:
+            self.replies.answered()
+
+    async def _post(self, scope: Scope, standard_scope: Scope, path: str, receive: Receive, send: Send) -> None:
         body, replay = await _buffered(receive)
         route = route_post(list(scope.get("headers") or []), body)
         if route == "openenv" and path.rstrip("/") == STANDARD_PATH:

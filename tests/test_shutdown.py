@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from mcp.client.client import Client as SdkClient
+from starlette.types import Message, Receive, Scope, Send
 from websockets.asyncio.client import connect as ws_connect
 
 from opencode_env.client import OpenCodeEnv
@@ -25,7 +27,9 @@ from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from server.app import build_app
+from server.disconnect import PendingReplies
 from server.environment import configure
+from server.mcp_route import McpRouter
 from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.timeout(300)
@@ -144,3 +148,38 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/metadata", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def test_a_shutdown_waits_for_an_mcp_post_s_answer_before_uvicorn_hears_the_signal() -> None:
+    """uvicorn's exit ends every event stream at once (sse-starlette hooks it): a tool call's answer, which goes out
+    on its POST's own stream, must have gone out before the server passes the signal on."""
+    replies = PendingReplies()
+    answer_ready = asyncio.Event()
+    sent: list[Message] = []
+
+    async def standard(scope: Scope, receive: Receive, send: Send) -> None:
+        await answer_ready.wait()
+        await send({"type": "http.response.body", "body": b"data: result\n\n", "more_body": False})
+
+    async def elsewhere(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("a standard MCP POST went elsewhere")
+
+    router = McpRouter(elsewhere, standard=standard, stateless=elsewhere, closing=asyncio.Event(), replies=replies)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}).encode()
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> Message:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [(b"mcp-session-id", b"s")]}
+    call = asyncio.ensure_future(router(scope, receive, send))
+    settled = asyncio.ensure_future(replies.settled(10))
+    await asyncio.sleep(0.2)
+    assert not settled.done()
+    answer_ready.set()
+    await asyncio.wait_for(settled, 5)
+    await call
+    assert sent[-1]["body"] == b"data: result\n\n"
