@@ -21,6 +21,7 @@ from opencode_env.rollout import EVENTS_PATH
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
+    Identity,
     OpenSandboxes,
     ProvidedTools,
     ProxyLaunch,
@@ -146,6 +147,7 @@ class LatencyProxy:
 class LatencySandbox(MemoryFiles):
     backend = "latency"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every sandbox
+    opencode_data_dir = "/home/user/.local/share"
 
     def __init__(
         self, sandbox_id: str, latencies: Latencies, left_behind: AgentRecord, seed: int, registry: OpenSandboxes
@@ -173,7 +175,7 @@ class LatencySandbox(MemoryFiles):
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         keep_background: bool = False,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> CommandResult:
         is_agent = env is not None and "OPENCODE_CONFIG" in env
         low, high = self._latencies.agent if is_agent else self._latencies.command

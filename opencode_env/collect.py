@@ -1,15 +1,24 @@
-"""Collecting what a rollout left behind: the work dir's files (bounded) and log tails."""
+"""Collecting what a rollout left behind: the work dir's files (bounded) and log tails.
+
+Whatever the sandbox made, what is collected serialises: a text file is one that is valid UTF-8 without NUL bytes,
+a path that is not UTF-8 (a backend gives its bytes as lone surrogates, as the os module does) is listed apart with
+its bytes in base64, and log tails are decoded with replacement characters.
+"""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 
+from opencode_env.models import NonUtf8Path
 from opencode_env.sandbox.base import WORKDIR, Sandbox
 from opencode_env.sandbox.output import tail_text
 
 MAX_FILES = 200
 MAX_FILE_BYTES = 256 * 1024
 MAX_TOTAL_BYTES = 4 * 1024 * 1024
+MAX_READ_BYTES = 4 * MAX_TOTAL_BYTES
+"""Bytes read in all, text or not: past it, files are only listed (binary files would otherwise cost 800 reads)."""
 SKIPPED_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv"})
 LOG_TAIL_BYTES = 8192
 
@@ -18,6 +27,7 @@ LOG_TAIL_BYTES = 8192
 class CollectedFiles:
     text: dict[str, str] = field(default_factory=dict)
     extra: list[str] = field(default_factory=list)
+    non_utf8: list[NonUtf8Path] = field(default_factory=list)
 
 
 def _skipped(path: str) -> bool:
@@ -34,21 +44,48 @@ def decode_text(raw: bytes) -> str | None:
         return None
 
 
+def non_utf8_path(path: str) -> NonUtf8Path | None:
+    """The listed form of a path that is not UTF-8; None for a UTF-8 path, which is listed as it is."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = _path_bytes(path)
+        return NonUtf8Path(
+            path_base64=base64.b64encode(raw).decode("ascii"), display=raw.decode("utf-8", "backslashreplace")
+        )
+    return None
+
+
+def _path_bytes(path: str) -> bytes:
+    """The bytes behind a path with lone surrogates: escaped bytes as the os module makes them, else the surrogates
+    themselves (a backend that decoded some other way)."""
+    try:
+        return path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogatepass")
+
+
 async def collect_files(sandbox: Sandbox, root: str = WORKDIR) -> CollectedFiles:
     """Text files up to the size limits go to `text`; binary, oversized or over-budget files are only listed."""
     collected = CollectedFiles()
-    budget = MAX_TOTAL_BYTES
+    budget, read_budget = MAX_TOTAL_BYTES, MAX_READ_BYTES
     for entry in await sandbox.list_files(root, limit=MAX_FILES * 4):
         if _skipped(entry.path):
             continue
-        if len(collected.text) >= MAX_FILES or entry.size > min(MAX_FILE_BYTES, budget):
+        odd = non_utf8_path(entry.path)
+        if odd is not None:
+            collected.non_utf8.append(odd)
+            continue
+        limit = min(MAX_FILE_BYTES, budget, read_budget)
+        if len(collected.text) >= MAX_FILES or entry.size > limit:
             collected.extra.append(entry.path)
             continue
         try:
             raw = await sandbox.read_file(f"{root}/{entry.path}")
         except FileNotFoundError:
             continue
-        text = decode_text(raw)
+        read_budget -= len(raw)
+        text = decode_text(raw) if len(raw) <= limit else None
         if text is None:
             collected.extra.append(entry.path)
             continue

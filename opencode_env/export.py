@@ -2,6 +2,7 @@
 
 trl: one row per rollout (its final sequence; a failed rollout keeps a masked row, see formats.py).
 sequences: one row per training sequence (a rollout with forks gives several), each with its rollout index.
+Calls not tied to OpenCode's session (kind "unattributed") are in no row; the summary on stderr counts them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from opencode_env.formats import training_rows
 from opencode_env.models import RolloutResult
+from opencode_env.training import unattributed_turns
 
 
 def add_export_parser(commands: Any) -> None:
@@ -54,5 +56,7 @@ def run_export(args: argparse.Namespace) -> int:
         with args.output.open("w") as out:
             count = write_rows(results, args.row_format, out, args.filler_token_id)
     unusable = sum(1 for result in results if result.status != "completed")
-    print(f"{count} rows from {len(results)} rollouts ({unusable} not completed)", file=sys.stderr)
+    unattributed = sum(len(unattributed_turns(result)) for result in results)
+    summary = f"{count} rows from {len(results)} rollouts ({unusable} not completed, {unattributed} unattributed calls)"
+    print(summary, file=sys.stderr)
     return 0

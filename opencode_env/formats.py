@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from opencode_env.models import RolloutResult, RolloutStatus, is_infrastructure_failure
-from opencode_env.training import TrainingSequence, TrainingSequences, training_sequences
+from opencode_env.training import TrainingSequence, TrainingSequences, is_trainable_turn, training_sequences
 
 if TYPE_CHECKING:
     from openenv.core.harness import HarnessRolloutResult
@@ -49,11 +49,25 @@ class TrainingRow(BaseModel):
     dropped_turns: list[int] = Field(
         default_factory=list, description="Completed agent turns of the rollout that are not in this row."
     )
+    unattributed_turns: list[int] = Field(
+        default_factory=list,
+        description="Calls of the rollout not tied to OpenCode's session: in no row, listed so coverage adds up.",
+    )
     forks: int = 0
 
 
 TRL_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")
-TRL_EXTRA_KEYS = ("reward", "status", "task_id", "usable", "problem", "dropped_turns", "forks", "rollout_index")
+TRL_EXTRA_KEYS = (
+    "reward",
+    "status",
+    "task_id",
+    "usable",
+    "problem",
+    "dropped_turns",
+    "unattributed_turns",
+    "forks",
+    "rollout_index",
+)
 
 
 def _row(
@@ -64,12 +78,13 @@ def _row(
     rollout_index: int,
     filler_token_id: int,
 ) -> TrainingRow:
-    agent_turns = [t.turn for t in result.proxy_turns if t.kind == "agent" and t.outcome == "complete"]
+    agent_turns = [t.turn for t in result.proxy_turns if is_trainable_turn(t)]
     common = {
         "status": result.status,
         "task_id": result.task_id,
         "rollout_index": rollout_index,
         "forks": len(found.forks),
+        "unattributed_turns": found.unattributed,
     }
     if sequence is None:
         first_prompt = next((t.prompt_token_ids for t in result.proxy_turns if t.prompt_token_ids), [])
@@ -141,7 +156,9 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
     row = _row(result, found, found.final(), rollout_index=0, filler_token_id=0)
     has_sequence = found.final() is not None
     messages: list[dict[str, Any]] = []
-    last_agent = next((i for i in reversed(range(len(result.proxy_turns))) if _is_agent(result, i)), None)
+    last_agent = next(
+        (i for i in reversed(range(len(result.proxy_turns))) if is_trainable_turn(result.proxy_turns[i])), None
+    )
     if last_agent is not None:
         messages = [*result.turn_messages(last_agent), {"role": "assistant", **result.proxy_turns[last_agent].response}]
     tool_trace = [
@@ -172,13 +189,9 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
             "env_mask": row.env_mask if has_sequence else [],
             "forks": len(found.forks),
             "dropped_turns": row.dropped_turns,
+            "unattributed_turns": row.unattributed_turns,
         },
         prompt_ids=row.prompt_ids if has_sequence else [],
         completion_ids=row.completion_ids if has_sequence else [],
         logprobs=row.logprobs if has_sequence else [],
     )
-
-
-def _is_agent(result: RolloutResult, index: int) -> bool:
-    turn = result.proxy_turns[index]
-    return turn.kind == "agent" and turn.outcome == "complete"

@@ -14,10 +14,15 @@ The wire shape of a result (schema_version 2; a result without `schema_version` 
 - `request.messages` holds the messages after the first `messages_base.count` messages of turn `messages_base.turn`
   (a typed field of the turn; version 1 kept it inside `request`), and `tools_sha256` names the tool schemas in
   `RolloutResult.request_tools`. `RolloutResult.turn_messages(i)` rebuilds one turn's messages.
+
+Every result is standard JSON, whatever the sandbox or the model produced: a typed float that is NaN or infinite
+(a -inf logprob) is written as the string "NaN", "Infinity" or "-Infinity" and read back as that float (see
+`WireFloat`); a work-dir path whose bytes are not UTF-8 is listed in `files_non_utf8` with its bytes in base64.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -26,7 +31,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
     StringConstraints,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -64,7 +71,9 @@ def is_infrastructure_failure(status: RolloutStatus) -> bool:
 
 
 RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
-TurnKind = Literal["agent", "auxiliary", "sub_agent"]
+TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
+"""unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
+VerifySandbox = Literal["same", "fresh"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
 
 TOOL_NAME = "run_rollout"
@@ -86,6 +95,22 @@ EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\x00]+$")]
 FileText = Annotated[str, StringConstraints(max_length=MAX_FILE_CHARS)]
+NonFiniteName = Literal["Infinity", "-Infinity", "NaN"]
+
+
+def _float_for_json(value: float) -> float | NonFiniteName:
+    """JSON has no NaN or infinities, and pydantic writes them as null, which does not parse back as a float."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+WireFloat = Annotated[float, PlainSerializer(_float_for_json, return_type=float | NonFiniteName, when_used="json")]
+"""A float that every JSON form of a result carries: NaN, Infinity and -Infinity are written as those strings (by
+`model_dump_json` and `model_dump(mode="json")`, and so in the output schema), and validation reads the strings back
+as the floats. Standard JSON parsers accept it (JavaScript's JSON.parse gives the string; `Number(x)` the number)."""
 
 
 class RolloutRequest(BaseModel):
@@ -139,6 +164,18 @@ class RolloutRequest(BaseModel):
         description="Text files written into the work dir before setup, keyed by path relative to it "
         f"(no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
     )
+    verify_files: dict[FilePath, FileText] = Field(
+        default_factory=dict,
+        max_length=MAX_FILES,
+        description="Protected files (tests, fixtures) the host writes into the work dir right before verify, "
+        "replacing whatever the agent left at those paths; the agent never sees them. Keyed by path relative to the "
+        f"work dir (no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
+    )
+    verify_sandbox: VerifySandbox = Field(
+        "same",
+        description="same: verify runs in the agent's sandbox, under a grader identity with a fresh HOME and /tmp; "
+        "fresh: verify runs in a new sandbox into which only the agent's work dir is copied (stronger, slower).",
+    )
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         max_length=MAX_ENV_VARS,
@@ -184,17 +221,18 @@ class RolloutRequest(BaseModel):
     disk_mb: int = Field(8192, ge=64, le=1_048_576, description="Size of the rollout's writable tree (MiB).")
     cpus: float = Field(2.0, gt=0, le=1024, description="CPU time share, in cores.")
 
-    @field_validator("files")
+    @field_validator("files", "verify_files")
     @classmethod
-    def _files_stay_in_the_work_dir(cls, files: dict[str, str]) -> dict[str, str]:
+    def _files_stay_in_the_work_dir(cls, files: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        name = info.field_name
         for path in files:
             if path.startswith("/"):
-                raise ValueError(f"files: path {path[:80]!r} must be relative to the work dir, not absolute")
-            if ".." in path.replace("\\", "/").split("/"):
-                raise ValueError(f"files: path {path[:80]!r} must stay inside the work dir (no '..' segments)")
+                raise ValueError(f"{name}: path {path[:80]!r} must be relative to the work dir, not absolute")
+            if ".." in path.replace("\\", "/").split("/") or path.strip("/") in ("", "."):
+                raise ValueError(f"{name}: path {path[:80]!r} must name a file inside the work dir (no '..')")
         total = sum(len(text) for text in files.values())
         if total > MAX_FILES_TOTAL_CHARS:
-            raise ValueError(f"files: {total} characters in all, over the limit of {MAX_FILES_TOTAL_CHARS}")
+            raise ValueError(f"{name}: {total} characters in all, over the limit of {MAX_FILES_TOTAL_CHARS}")
         return files
 
     @field_validator("env")
@@ -217,12 +255,12 @@ class CommandResult(BaseModel):
     exit_code: int | None = Field(description="None when the command was killed (timeout) before it exited.")
     stdout: str = ""
     stderr: str = ""
-    duration_s: float = 0.0
+    duration_s: WireFloat = 0.0
     timed_out: bool = False
     output_truncated: bool = False
 
 
-TopLogprob = tuple[str, float, int | None]
+TopLogprob = tuple[str, WireFloat, int | None]
 """One alternative at a position: (token, logprob, token id when the upstream gave one)."""
 
 
@@ -247,9 +285,12 @@ class RolloutTurn(BaseModel):
     finish_reason: str | None = None
     completion_tokens: list[str] = Field(default_factory=list)
     completion_token_ids: list[int] = Field(default_factory=list)
-    per_token_logps: list[float] = Field(default_factory=list)
-    latency_s: float = 0.0
-    timestamp: float = 0.0
+    per_token_logps: list[WireFloat] = Field(
+        default_factory=list,
+        description='One per completion token; -inf, inf and NaN travel as "-Infinity", "Infinity" and "NaN".',
+    )
+    latency_s: WireFloat = 0.0
+    timestamp: WireFloat = 0.0
     upstream_status: int | None = None
     upstream_error: str | None = None
     prompt_token_ids: list[int] = Field(default_factory=list)
@@ -269,13 +310,18 @@ class RolloutTurn(BaseModel):
     )
     response: dict[str, Any] = Field(default_factory=dict)
     usage: dict[str, int] = Field(default_factory=dict)
-    ttft_s: float | None = None
+    ttft_s: WireFloat | None = None
     kind: TurnKind = "agent"
     headers: dict[str, str] = Field(default_factory=dict)
     token_id_source: TokenIdSource = "none"
     aligned: bool = False
     stream: bool = True
     outcome: str = "complete"
+    clamped: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Request fields the proxy overrode before forwarding (e.g. n: 64 sent as 1), with the "
+        "values the agent sent.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -311,15 +357,15 @@ class TokenUsage(BaseModel):
 class PhaseTimings(BaseModel):
     """Seconds spent in each phase; None for a phase that never started."""
 
-    sandbox_s: float | None = None
-    install_s: float | None = None
-    prepare_s: float | None = None
-    setup_s: float | None = None
-    proxy_s: float | None = None
-    agent_s: float | None = None
-    verify_s: float | None = None
-    collect_s: float | None = None
-    close_s: float | None = None
+    sandbox_s: WireFloat | None = None
+    install_s: WireFloat | None = None
+    prepare_s: WireFloat | None = None
+    setup_s: WireFloat | None = None
+    proxy_s: WireFloat | None = None
+    agent_s: WireFloat | None = None
+    verify_s: WireFloat | None = None
+    collect_s: WireFloat | None = None
+    close_s: WireFloat | None = None
 
 
 class UpstreamInfo(BaseModel):
@@ -331,17 +377,30 @@ class UpstreamInfo(BaseModel):
     disable_thinking: bool = False
 
 
+class NonUtf8Path(BaseModel):
+    """A work-dir path whose bytes are not valid UTF-8 (Linux names are bytes; JSON text cannot hold them as such)."""
+
+    path_base64: str = Field(
+        description="The path's exact bytes, relative to the work dir ('/' between components), in standard padded "
+        "base64 (RFC 4648): the one lossless form."
+    )
+    display: str = Field(
+        description="For reading only: the path decoded as UTF-8 with each byte that is not UTF-8 written as \\xNN "
+        "(not unique: a UTF-8 name may read the same)."
+    )
+
+
 class RolloutResult(BaseModel):
     task_id: str = Field("", description="The request's task_id, echoed.")
     sandbox_id: str = Field("", description="The sandbox the rollout ran in (empty when none was created).")
-    reward: float | None = Field(
+    reward: WireFloat | None = Field(
         None,
         description="The verifier's reward (see reward_source); None when there is none or our side failed.",
     )
     agent_exit_code: int | None = Field(
         None, description="OpenCode's exit code; None when the agent never ran or was killed."
     )
-    wall_s: float = Field(0.0, description="Wall-clock seconds of the whole rollout, sandbox creation to close.")
+    wall_s: WireFloat = Field(0.0, description="Wall-clock seconds of the whole rollout, sandbox creation to close.")
     mode: Mode = Field(
         "transparent_proxy", description="How the agent reached the model: through the capture proxy, or directly."
     )
@@ -358,7 +417,14 @@ class RolloutResult(BaseModel):
         default_factory=dict, description="Text files of the work dir after the rollout, by path."
     )
     files_extra: list[str] = Field(
-        default_factory=list, description="Paths in the work dir left out of `files` (caps, binary)."
+        default_factory=list,
+        description="Paths in the work dir left out of `files` (caps, binary). Like the keys of `files`, each is the "
+        "exact path; a path that is not UTF-8 is in neither, but in `files_non_utf8`.",
+    )
+    files_non_utf8: list[NonUtf8Path] = Field(
+        default_factory=list,
+        description="Paths in the work dir whose bytes are not valid UTF-8, each with its bytes in base64 and a "
+        "readable form; their contents are not collected.",
     )
     agent_log_tail: str = Field("", description="The end of OpenCode's own log.")
     proxy_log_tail: str = Field("", description="The end of the capture proxy's log.")

@@ -18,7 +18,9 @@ __all__ = ["AGENT_ENV", "OPENCODE_PACKAGE", "OPENCODE_VERSION", "PROXY_PYTHON_PA
 PROVIDER_ID = "rollout"
 PROXY_MODEL_ALIAS = "policy"
 UPSTREAM_KEY_VAR = "OPENCODE_ENV_UPSTREAM_KEY"
-DISABLED_TOOLS = ("question", "webfetch", "task")
+DENIED_TOOLS = ("question", "webfetch", "task")
+"""Denied by permission (OpenCode 1.18's `tools: {name: false}` is overridden by `permission: allow` and does not
+turn them off): question needs a person, webfetch would fetch as OpenCode itself, task starts sub-agents."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,12 @@ def render_config(
         },
         "model": f"{PROVIDER_ID}/{model_id}",
         "small_model": f"{PROVIDER_ID}/{model_id}",
-        "permission": "allow",
+        "permission": {"*": "allow", **dict.fromkeys(DENIED_TOOLS, "deny")},
         "autoupdate": False,
         "share": "disabled",
-        "tools": dict.fromkeys(DISABLED_TOOLS, False),
+        "snapshot": False,
+        "lsp": False,
+        "formatter": False,
     }
 
 

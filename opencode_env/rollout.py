@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from opencode_env import opencode
+from opencode_env.attribution import attribute_turns
 from opencode_env.collect import collect_files, read_tail
 from opencode_env.deadline import Deadline, DeadlineExceeded, total_budget_s
 from opencode_env.endpoints import EndpointError, Upstream, resolve_upstream
@@ -42,6 +43,7 @@ from opencode_env.reward import read_reward
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     WORKDIR,
+    Identity,
     ProxyHandle,
     Sandbox,
     SandboxBackend,
@@ -49,6 +51,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.local_tools import InstallError
+from opencode_env.workdir_copy import copy_workdir
 
 log = logging.getLogger("opencode_env.rollout")
 ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
@@ -56,7 +59,7 @@ T = TypeVar("T")
 
 EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
-OPENCODE_LOG_DIR = "/home/user/.local/share/opencode/log"
+WORKDIR_COPY_LIMIT = 256 * 2**20
 INSTALL_TIMEOUT_S = 600.0
 INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
@@ -80,6 +83,8 @@ class _Rollout:
     result: RolloutResult
     deadline: Deadline
     progress: ProgressCallback | None
+    backend: SandboxBackend
+    spec: SandboxSpec
     instruction_path: str = ""
 
     async def report(self, phase: Phase, message: str) -> None:
@@ -127,9 +132,10 @@ async def run_rollout(
         result.upstream = upstream.info()
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
-        sandbox = await _create_sandbox(backend, request, result, deadline, progress, model_endpoints=endpoints)
+        spec = _sandbox_spec(request, deadline, endpoints)
+        sandbox = await _create_sandbox(backend, spec, result, deadline, progress)
         try:
-            await _in_sandbox(_Rollout(request, upstream, sandbox, result, deadline, progress))
+            await _in_sandbox(_Rollout(request, upstream, sandbox, result, deadline, progress, backend, spec))
         finally:
             await _close(sandbox, result)
     except (EndpointError, LimitError) as error:
@@ -158,20 +164,10 @@ def _fail(result: RolloutResult, status: RolloutStatus, phase: Phase | None, mes
     result.error = message
 
 
-async def _create_sandbox(
-    backend: SandboxBackend,
-    request: RolloutRequest,
-    result: RolloutResult,
-    deadline: Deadline,
-    progress: ProgressCallback | None,
-    *,
-    model_endpoints: tuple[tuple[str, int], ...],
-) -> Sandbox:
-    if progress is not None:
-        outcome = progress("sandbox", f"creating a {backend.name} sandbox")
-        if outcome is not None:
-            await outcome
-    spec = SandboxSpec(
+def _sandbox_spec(
+    request: RolloutRequest, deadline: Deadline, model_endpoints: tuple[tuple[str, int], ...]
+) -> SandboxSpec:
+    return SandboxSpec(
         task_id=request.task_id,
         template=request.template,
         lifetime_s=deadline.total_s + 120,
@@ -180,6 +176,19 @@ async def _create_sandbox(
         network=request.network,
         model_endpoints=model_endpoints,
     )
+
+
+async def _create_sandbox(
+    backend: SandboxBackend,
+    spec: SandboxSpec,
+    result: RolloutResult,
+    deadline: Deadline,
+    progress: ProgressCallback | None,
+) -> Sandbox:
+    if progress is not None:
+        outcome = progress("sandbox", f"creating a {backend.name} sandbox")
+        if outcome is not None:
+            await outcome
     started = time.monotonic()
     try:
         sandbox = await asyncio.wait_for(backend.create(spec), timeout=deadline.budget(deadline.remaining()))
@@ -197,11 +206,8 @@ async def _create_sandbox(
 
 async def _close(sandbox: Sandbox, result: RolloutResult) -> None:
     started = time.monotonic()
-    closing = asyncio.ensure_future(sandbox.close())
     try:
-        await asyncio.wait_for(asyncio.shield(closing), timeout=CLOSE_TIMEOUT_S)
-    except TimeoutError:
-        log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
+        await _close_quietly(sandbox)
     finally:
         result.timings.close_s = round(time.monotonic() - started, 4)
 
@@ -278,7 +284,9 @@ async def _run_install_step(rollout: _Rollout, step: opencode.InstallStep) -> No
     command = step.command
     for attempt in range(1, INSTALL_ATTEMPTS + 1):
         result = await rollout.sandbox.run(
-            command, timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S), privileged=step.privileged
+            command,
+            timeout_s=rollout.budget("install", INSTALL_TIMEOUT_S),
+            identity="root" if step.privileged else "user",
         )
         if result.exit_code == 0:
             return
@@ -298,16 +306,24 @@ async def _prepare(rollout: _Rollout) -> None:
 
 
 async def _run_commands(
-    rollout: _Rollout, phase: Phase, commands: list[str], timeout_s: float, stop_on_failure: bool
+    rollout: _Rollout,
+    phase: Phase,
+    commands: list[str],
+    timeout_s: float,
+    stop_on_failure: bool,
+    *,
+    sandbox: Sandbox | None = None,
+    identity: Identity = "user",
 ) -> list[CommandResult]:
     results: list[CommandResult] = []
     for index, cmd in enumerate(commands, start=1):
         await rollout.report(phase, f"{phase} command {index}/{len(commands)}")
-        result = await rollout.sandbox.run(
+        result = await (sandbox or rollout.sandbox).run(
             cmd,
             timeout_s=rollout.budget(phase, timeout_s),
             env=rollout.request.env,
             keep_background=phase == "setup",
+            identity=identity,
         )
         results.append(result)
         if stop_on_failure and result.exit_code != 0:
@@ -367,7 +383,7 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
     env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.UPSTREAM_KEY_VAR: agent_key}
     await rollout.report("agent", "running OpenCode")
     timeout_s = rollout.budget("agent", min(request.agent_timeout_s, _after_verify_reserve(rollout)))
-    agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env))
+    agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env, identity="agent"))
     if proxy is not None:
         await _proxy_healthy_or_stop(rollout, proxy, agent)
     outcome = await agent
@@ -402,22 +418,74 @@ async def _proxy_healthy_or_stop(rollout: _Rollout, proxy: ProxyHandle, agent: a
 
 
 async def _verify(rollout: _Rollout) -> None:
-    """The reward comes from verify alone: the agent's processes are gone (they died with its command) and the
-    verifier directory is emptied from outside before the first verify command."""
-    request = rollout.request
-    await rollout.sandbox.reset_verifier_dir()
-    rollout.result.verify_results = await _run_commands(
-        rollout, "verify", request.verify, request.verify_timeout_s, stop_on_failure=False
+    """The reward comes from verify alone, run as the grader: the agent's processes are gone (they died with its
+    command), the work dir is handed to the grader and the protected files written in from outside, and verify
+    runs with a fresh HOME and /tmp, in this sandbox or a fresh one that holds only a copy of the work dir."""
+    if rollout.request.verify_sandbox == "fresh":
+        await fresh_verify(rollout)
+        return
+    await rollout.sandbox.hand_to_grader(rollout.request.verify_files)
+    await _grade(rollout, rollout.sandbox)
+
+
+async def fresh_verify(rollout: _Rollout) -> None:
+    """Verify in a new sandbox of the same spec: the task's setup runs there again, then the agent's work dir (as
+    the grader packed it) replaces its work dir, then the protected files, then verify. Nothing else of the agent's
+    sandbox (HOME, /tmp, processes, planted hooks outside the work dir) exists there."""
+    request, result = rollout.request, rollout.result
+    await rollout.sandbox.hand_to_grader({})
+    await rollout.report("verify", f"creating a fresh {rollout.backend.name} sandbox for verify")
+    try:
+        fresh = await asyncio.wait_for(
+            rollout.backend.create(rollout.spec), timeout=rollout.budget("verify", rollout.deadline.remaining())
+        )
+    except TimeoutError as error:
+        raise PhaseFailure("sandbox_error", "verify", "the fresh verify sandbox ran out of time to start") from error
+    except (SandboxError, InstallError) as error:
+        raise PhaseFailure("sandbox_error", "verify", f"the fresh verify sandbox failed: {error}") from error
+    try:
+        result.enforcement["verify"] = f"fresh sandbox {fresh.sandbox_id}"
+        setup = await _run_commands(rollout, "setup", request.setup, request.setup_timeout_s, True, sandbox=fresh)
+        if setup and setup[-1].exit_code != 0:
+            raise PhaseFailure("setup_failed", "verify", f"setup failed in the fresh verify sandbox: {setup[-1].cmd}")
+        copied = await copy_workdir(
+            rollout.sandbox,
+            fresh,
+            timeout_s=rollout.budget("verify", INSTALL_TIMEOUT_S),
+            limit_bytes=WORKDIR_COPY_LIMIT,
+        )
+        if copied.exit_code != 0:
+            result.verify_results = [copied]
+            result.reward, result.reward_source = 0.0, "verify_pass_rate"
+            return
+        result.enforcement["verify"] += f", work dir copied in ({copied.stdout}, {copied.duration_s} s)"
+        await fresh.hand_to_grader(request.verify_files)
+        await _grade(rollout, fresh)
+    finally:
+        await _close_quietly(fresh)
+
+
+async def _close_quietly(sandbox: Sandbox) -> None:
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(sandbox.close())), timeout=CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
+
+
+async def _grade(rollout: _Rollout, sandbox: Sandbox) -> None:
+    request, result = rollout.request, rollout.result
+    result.verify_results = await _run_commands(
+        rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader"
     )
-
-
-async def _collect(rollout: _Rollout) -> None:
-    result, sandbox = rollout.result, rollout.sandbox
-    await rollout.report("collect", "collecting the reward, files and logs")
     reward = await read_reward(sandbox, result.verify_results)
     result.reward, result.reward_source = reward.value, reward.source
     if reward.problem:
         log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+
+
+async def _collect(rollout: _Rollout) -> None:
+    result, sandbox = rollout.result, rollout.sandbox
+    await rollout.report("collect", "collecting the files and logs")
     files = await collect_files(sandbox)
     result.files, result.files_extra = files.text, files.extra
     await _collect_agent_record(rollout)
@@ -448,19 +516,26 @@ async def _collect_turns(rollout: _Rollout, proxy: ProxyHandle) -> None:
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
     result.proxy_log_tail = await proxy_log_tail(proxy)
-    complete = [turn for turn in trace.turns if turn.outcome == "complete"]
+    unattributed = attribute_turns(trace.turns)
+    if unattributed:
+        log.warning("%s: %d model calls OpenCode did not make (kept as unattributed)", result.sandbox_id, unattributed)
+    own = [turn for turn in trace.turns if turn.kind != "unattributed"]
+    complete = [turn for turn in own if turn.outcome == "complete"]
     result.usage = TokenUsage(
         prompt_tokens=sum(turn.usage.get("prompt_tokens", 0) for turn in complete),
         completion_tokens=sum(turn.usage.get("completion_tokens", 0) for turn in complete),
-        llm_calls=len(trace.turns),
+        llm_calls=len(own),
         source="proxy",
     )
 
 
 def classify_agent_phase(failure: PhaseFailure | None, result: RolloutResult, proxy_died: bool) -> PhaseFailure | None:
-    """What the agent phase really ended with. A rollout that only looks clean (the agent exited 0 without ever
-    calling the model) fails; a timeout or crash caused by the model or the proxy says so."""
-    turns = result.proxy_turns
+    """What the agent phase really ended with, decided from OpenCode's own calls only (a call the proxy could not
+    attribute to OpenCode never makes the rollout an infrastructure failure). A rollout that only looks clean (the
+    agent exited 0 without ever calling the model) fails; a timeout or crash caused by the model or the proxy says
+    so: a deadline that hits while OpenCode retries a failing model is the model's failure, however busy the
+    machine was."""
+    turns = [turn for turn in result.proxy_turns if turn.kind != "unattributed"]
     if failure is not None and failure.status == "proxy_error":
         return failure
     if proxy_died:
@@ -472,11 +547,11 @@ def classify_agent_phase(failure: PhaseFailure | None, result: RolloutResult, pr
     if failure.status not in ("agent_error", "agent_timeout"):
         return failure
     if failure.status == "agent_timeout" and turns and turns[-1].outcome in AGENT_SIDE_CUTS:
-        # Our deadline killed the agent mid-call or mid-read: the model was fine, the turn was cut by us.
+        # Our deadline killed the agent mid-call or mid-read: that turn was cut by us, not failed by the model.
         turns[-1].outcome = "cut_by_deadline"
-        return failure
+        turns = turns[:-1]
     overflow = _context_overflow(turns)
-    last_failed = bool(turns) and turns[-1].outcome not in ("complete", *AGENT_SIDE_CUTS)
+    last_failed = bool(turns) and turns[-1].outcome in MODEL_FAILURES
     if overflow is not None and (not last_failed or _context_overflow(turns[-1:]) is not None):
         return PhaseFailure("agent_error", "agent", f"{failure}; the prompt exceeded the model's context: {overflow}")
     if last_failed:
@@ -494,6 +569,8 @@ def classify_agent_phase(failure: PhaseFailure | None, result: RolloutResult, pr
 
 AGENT_SIDE_CUTS = ("client_disconnected", "undelivered")
 """Turn outcomes where the model answered and the agent's side went away before taking in the whole answer."""
+MODEL_FAILURES = ("upstream_error", "stalled", "unreachable", "upstream_disconnected")
+"""Turn outcomes where the model endpoint failed a call (a 400 on the context is told apart by its words)."""
 
 CONTEXT_OVERFLOW = re.compile(
     r"maximum context length|context length|prompt contains at least \d+ input tokens|context window|too many tokens",
@@ -516,6 +593,7 @@ async def _agent_log_tail(sandbox: Sandbox, errors: list[str]) -> str:
     stderr = await read_tail(sandbox, AGENT_STDERR_PATH)
     if stderr.strip():
         parts.append(stderr)
-    for entry in await sandbox.list_files(OPENCODE_LOG_DIR, limit=10):
-        parts.append(await read_tail(sandbox, f"{OPENCODE_LOG_DIR}/{entry.path}", limit=4096))
+    log_dir = f"{sandbox.opencode_data_dir}/opencode/log"
+    for entry in await sandbox.list_files(log_dir, limit=10):
+        parts.append(await read_tail(sandbox, f"{log_dir}/{entry.path}", limit=4096))
     return "\n".join(parts)[-16384:]

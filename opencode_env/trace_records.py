@@ -54,6 +54,7 @@ class TurnRecord(BaseModel):
     kind: TurnKind = "agent"
     headers: dict[str, str] = Field(default_factory=dict)
     stream: bool = True
+    clamped: dict[str, Any] = Field(default_factory=dict)
     upstream_status: int | None = None
     outcome: TurnOutcome = "complete"
     upstream_error: str | None = None

@@ -77,6 +77,10 @@ class TrainingSequences(BaseModel):
     skipped: list[SkippedTurn] = Field(
         default_factory=list, description="Agent turns in no sequence, with why (not auxiliary or sub-agent turns)."
     )
+    unattributed: list[int] = Field(
+        default_factory=list,
+        description="Turns the proxy could not tie to OpenCode's session (opencode_env.attribution): in no sequence.",
+    )
     no_sequences_reason: str | None = None
 
     def final(self) -> TrainingSequence | None:
@@ -99,6 +103,7 @@ class TrainingSummary(BaseModel):
     usable: bool
     forks: list[Fork]
     skipped: list[SkippedTurn]
+    unattributed: list[int] = Field(description="Turns not tied to OpenCode's session, never trained.")
     no_sequences_reason: str | None
     all_aligned: bool = Field(description="Every completed turn has len(ids) == len(logprobs) == completion tokens.")
     misaligned_turns: list[int]
@@ -119,6 +124,8 @@ class TrainingSummary(BaseModel):
         ]
         if self.skipped:
             lines.append("skipped:    " + ", ".join(f"turn {s.turn} ({s.reason})" for s in self.skipped))
+        if self.unattributed:
+            lines.append(f"unattributed: turns {self.unattributed} (not OpenCode's session, never trained)")
         if self.no_sequences_reason:
             lines.append(f"no sequences: {self.no_sequences_reason}")
         return "\n".join(lines)
@@ -129,6 +136,16 @@ class _Open:
     index: int
     ids: list[int]
     last_position: int = 0
+
+
+def is_trainable_turn(turn: RolloutTurn) -> bool:
+    """A completed call of OpenCode's own agent: the only turns sequences are built from (auxiliary, sub-agent and
+    unattributed calls never are)."""
+    return turn.kind == "agent" and turn.outcome == "complete"
+
+
+def unattributed_turns(result: RolloutResult) -> list[int]:
+    return [turn.turn for turn in result.proxy_turns if turn.kind == "unattributed"]
 
 
 def _unusable_ids(turn: RolloutTurn) -> str | None:
@@ -158,14 +175,14 @@ def _no_ids_reason(turns: list[RolloutTurn]) -> str:
 
 def training_sequences(result: RolloutResult) -> TrainingSequences:
     """The rollout's agent turns as training sequences, with forks and skipped turns recorded."""
-    out = TrainingSequences()
+    out = TrainingSequences(unattributed=unattributed_turns(result))
     positions = {turn.turn: index for index, turn in enumerate(result.proxy_turns)}
-    agent = [turn for turn in result.proxy_turns if turn.kind == "agent" and turn.outcome == "complete"]
+    agent = [turn for turn in result.proxy_turns if is_trainable_turn(turn)]
     if not agent:
         out.no_sequences_reason = (
             "no turns were captured (black_box mode)"
             if not result.proxy_turns
-            else "no agent turn completed (only auxiliary, sub-agent or failed calls)"
+            else "no agent turn completed (only auxiliary, sub-agent, unattributed or failed calls)"
         )
         return _mark(out, result)
     if all(_unusable_ids(turn) for turn in agent):
@@ -258,6 +275,7 @@ def training_summary(result: RolloutResult, sequences: TrainingSequences | None 
         usable=bool(found.sequences) and all(s.usable for s in found.sequences),
         forks=found.forks,
         skipped=found.skipped,
+        unattributed=found.unattributed,
         no_sequences_reason=found.no_sequences_reason,
         all_aligned=not misaligned,
         misaligned_turns=misaligned,

@@ -39,7 +39,7 @@ from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
 from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
-from opencode_env.sandbox.base import HOME, ProvidedTools, SandboxSpec
+from opencode_env.sandbox.base import HOME, Identity, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 from opencode_env.sandbox.local_tools import cached_tools, npm_cache
 
@@ -142,6 +142,13 @@ class FakeCommandHandle:
             pump.cancel()
 
 
+def _identity(user: str | None) -> Identity:
+    """The VM's users as the local sandbox's identities (a VM's root can hand files between user and grader)."""
+    if user == "root":
+        return "root"
+    return "grader" if user == "grader" else "user"
+
+
 class FakeCommands:
     def __init__(self, sandbox: LocalSandbox, cloud: FakeCloud) -> None:
         self._sandbox = sandbox
@@ -167,7 +174,7 @@ class FakeCommands:
             await asyncio.sleep(self._cloud.command_delay_s)
         if self._cloud.command_failure:
             raise SandboxException("the sandbox's agent did not answer (fake outage)")
-        process = await self._sandbox.spawn(cmd, env=envs, cwd=cwd or HOME, privileged=user == "root")
+        process = await self._sandbox.spawn(cmd, env=envs, cwd=cwd or HOME, identity=_identity(user))
         handle = FakeCommandHandle(process, on_stdout, on_stderr, retain_output)
         self._handles[handle.pid] = handle
         if timeout:
@@ -199,7 +206,7 @@ class FakeFilesystem:
         use_octet_stream: bool | None = None,
         metadata: dict[str, str] | None = None,
     ) -> WriteInfo:
-        await self._sandbox.write_file(path, data, privileged=user == "root")
+        await self._sandbox.write_file(path, data, identity=_identity(user))
         return WriteInfo(name=os.path.basename(path), type=FileType.FILE, path=path)
 
     async def read(

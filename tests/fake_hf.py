@@ -8,7 +8,7 @@ names and signatures (a test compares them with the installed SDK) and raises th
 `SandboxError` (no token, a sandbox that does not start, a connection lost when the sandbox is killed under a
 command), `SandboxCommandError` (check=True), `HfHubHTTPError` with the status the Jobs API answers (401, 402,
 429) and httpx2's `ConnectError` when the API is unreachable. Its "images" are directories of stand-ins for what
-the fake cannot do for real in bubblewrap (switching uid): see tests/fake_hf_image.
+nothing: the local sandbox's root maps the VM's users, so the backend's drops to them are real.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from huggingface_hub import JobInfo
 from huggingface_hub._sandbox import DEFAULT_IMAGE, RESERVED_SANDBOX_LABELS, SandboxCommandResult
 from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
 
-from opencode_env.sandbox.base import ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.base import Identity, ProvidedTools, SandboxSpec
+from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 from opencode_env.sandbox.local_tools import cached_tools
 from tests.fake_hf_plain import PlainMachine
 
 T = TypeVar("T")
-IMAGE_BIN = str(Path(__file__).parent / "fake_hf_image")
 # The fake cannot write /opt: where the backend keeps its root-owned tools and control files in a fake sandbox.
 FAKE_TOOLS_DIR = "/tmp/opencode-env"
 OWNER = {"id": "0123456789abcdef", "name": "fake-user", "type": "user"}
@@ -116,7 +115,7 @@ class FakeHfCloud:
         for box in list(self.alive.values()):
             box.kill()
 
-    async def machine(self, with_opencode: bool) -> Machine:
+    async def machine(self, with_opencode: bool, *, user_image: bool = False) -> Machine:
         if self.plain_processes:
             return PlainMachine(os.environ)
 
@@ -125,8 +124,30 @@ class FakeHfCloud:
             return ProvidedTools(opencode=provided.opencode if with_opencode else None)
 
         venv_bin = str(Path(sys.executable).parent)
-        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(IMAGE_BIN, venv_bin), own_network=False)
-        return await backend.create(SandboxSpec())
+        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(venv_bin,), own_network=False)
+        return ServerMachine(await backend.create(SandboxSpec()), identity="user" if user_image else "root")
+
+
+class ServerMachine:
+    """A local sandbox as an HF sandbox's VM: its server's commands run as the VM's root (the local sandbox's root,
+    which maps `user` and `grader` too, so setpriv really drops to them), or as `user` for an image whose server
+    runs unprivileged."""
+
+    def __init__(self, sandbox: LocalSandbox, *, identity: Identity) -> None:
+        self.sandbox = sandbox
+        self._identity: Identity = identity
+
+    async def spawn(self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = "/") -> LocalProcess:
+        return await self.sandbox.spawn(cmd, env=env, cwd=cwd, identity=self._identity)
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        await self.sandbox.write_file(path, data, identity=self._identity)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.sandbox.read_file(path)
+
+    async def close(self) -> None:
+        await self.sandbox.close()
 
 
 @dataclass
@@ -220,8 +241,8 @@ class FakeSandbox:
             )
         if cloud.create_delay_s:
             time.sleep(cloud.create_delay_s)
-        machine = cloud.remote(cloud.machine(with_opencode=cloud.images[image]))
-        box = cls(job_id, machine, {"FAKE_HF_RUN_AS": "user"} if image in cloud.user_images else {})
+        machine = cloud.remote(cloud.machine(with_opencode=cloud.images[image], user_image=image in cloud.user_images))
+        box = cls(job_id, machine, {})
         cloud.alive[job_id] = box
         cloud.jobs[job_id] = JobInfo(
             id=job_id,

@@ -11,7 +11,7 @@ from opencode_env.rollout import PhaseFailure, classify_agent_phase
 OVERFLOW = "This model's maximum context length is 32768 tokens. Your prompt contains at least 40000 input tokens."
 
 
-def turns(*outcomes: str, error: str | None = None, status: int = 200) -> list[RolloutTurn]:
+def turns(*outcomes: str, error: str | None = None, status: int | None = 200) -> list[RolloutTurn]:
     return [
         RolloutTurn(turn=n, outcome=o, upstream_status=status, upstream_error=error) for n, o in enumerate(outcomes)
     ]
@@ -118,6 +118,42 @@ CASES: list[tuple[str, PhaseFailure | None, RolloutResult, bool, RolloutStatus |
     ),
     ("no turn, plain crash", AGENT_EXIT, result([], log_tail="segfault"), False, "agent_error", "exited 1", None),
     ("plain timeout", AGENT_LATE, result(turns("complete")), False, "agent_timeout", "past its", "complete"),
+    (
+        "deadline cut a retry of a failing model",
+        AGENT_LATE,
+        result(turns("upstream_error", "upstream_error", "client_disconnected", error="HTTP 500", status=500)),
+        False,
+        "upstream_error",
+        "the last model call failed (upstream_error, HTTP 500)",
+        "cut_by_deadline",
+    ),
+    (
+        "deadline cut a retry of an unreachable model",
+        AGENT_LATE,
+        result(turns("unreachable", "undelivered", error="refused", status=None)),
+        False,
+        "upstream_error",
+        "(unreachable",
+        "cut_by_deadline",
+    ),
+    (
+        "a forged call's failure is not the model's",
+        AGENT_EXIT,
+        result([*turns("complete"), RolloutTurn(turn=1, outcome="upstream_error", kind="unattributed")]),
+        False,
+        "agent_error",
+        "OpenCode exited 1",
+        "upstream_error",
+    ),
+    (
+        "a request the proxy could not read is not the model's failure",
+        AGENT_EXIT,
+        result(turns("complete", "bad_request", error="not JSON", status=None)),
+        False,
+        "agent_error",
+        "OpenCode exited 1",
+        "bad_request",
+    ),
 ]
 
 

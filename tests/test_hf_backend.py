@@ -76,10 +76,12 @@ async def test_task_commands_run_as_user_and_privileged_ones_as_root(hf_fake: HF
     box = await hf_fake.create(SandboxSpec())
     try:
         assert isinstance(box, HFSandbox)
-        as_user = await box.run("echo ${FAKE_HF_RUN_AS:-root}; env", timeout_s=10)
-        as_root = await box.run("echo ${FAKE_HF_RUN_AS:-root}", timeout_s=10, privileged=True)
+        as_user = await box.run("id -un; env", timeout_s=10)
+        as_root = await box.run("id -un", timeout_s=10, identity="root")
+        as_grader = await box.run("id -un; echo $HOME; grep CapEff /proc/self/status", timeout_s=10, identity="grader")
         assert as_user.stdout.splitlines()[0] == "user"
         assert as_root.stdout.strip() == "root"
+        assert as_grader.stdout.split() == ["grader", "/home/grader/home", "CapEff:", "0000000000000000"]
         assert "SBX_" not in as_user.stdout
         assert "HOME=/home/user" in as_user.stdout
     finally:

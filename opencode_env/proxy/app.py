@@ -25,6 +25,7 @@ from opencode_env.proxy.capture import (
     Fold,
     RewriteConfig,
     TraceCompactor,
+    clamped_fields,
     fold_response,
     fold_stream,
     neutral_error,
@@ -34,6 +35,7 @@ from opencode_env.proxy.capture import (
 )
 from opencode_env.proxy.delivery import Client, Deliveries, Relayed
 from opencode_env.proxy.json_values import loads
+from opencode_env.proxy.peers import PeerOwners
 from opencode_env.proxy.upstream import (
     Origin,
     UpstreamDisconnected,
@@ -60,6 +62,8 @@ class ProxySettings:
     access_token: str = ""
     max_unreachable: int = 3
     max_server_errors: int = 20
+    peers: PeerOwners | None = None
+    """Where set, a call from a socket any other uid owns is refused (403): only OpenCode itself calls the model."""
 
     def __repr__(self) -> str:
         return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"
@@ -197,6 +201,9 @@ class CaptureProxy:
             await send_json(send, 400, {"error": {"message": str(error), "type": "invalid_request_error"}})
             return
         sent = rewrite_request(body, self.settings.rewrite)
+        clamped = clamped_fields(body)
+        if clamped:
+            log.warning("turn %s: sent upstream as one completion, overriding %.200r", turn, clamped)
         pending = Pending(
             turn,
             started,
@@ -207,6 +214,7 @@ class CaptureProxy:
                 "kind": turn_kind(body, incoming),
                 "headers": recorded_headers(incoming),
                 "stream": bool(sent.get("stream")),
+                "clamped": clamped,
             },
         )
         payload = _request_bytes(sent)
@@ -417,9 +425,23 @@ class ProxyApp:
                 return hmac.compare_digest(scheme.lower() + b" " + credential.strip(), self._expected)
         return False
 
+    def _from_opencode(self, scope: Scope) -> bool:
+        """Every TCP caller is checked; the admin's unix socket (no client address) is the server's alone."""
+        peers, client = self.proxy.settings.peers, scope.get("client")
+        if peers is None or client is None or peers.allowed(client, scope.get("server")):
+            return True
+        log.warning(
+            "refused a call from %s: its socket is not OpenCode's (uid %d)", scope.get("client"), peers.allowed_uid
+        )
+        return False
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._authorized(scope):
             await send_json(send, 401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
+            return
+        if scope["type"] == "http" and not self._from_opencode(scope):
+            message = "only OpenCode itself may call the model"
+            await send_json(send, 403, {"error": {"message": message, "type": "invalid_request_error"}})
             return
         if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
             await self.proxy(scope, receive, send)

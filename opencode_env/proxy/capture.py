@@ -34,14 +34,64 @@ class RewriteConfig:
     disable_thinking: bool = False
 
 
+@dataclass(frozen=True)
+class Clamp:
+    """A request knob held to one completion: a value other than `neutral` (or null) is sent as `neutral`, or
+    removed when `remove` (the upstream's default is then one completion)."""
+
+    neutral: int | bool
+    remove: bool
+
+    def allows(self, value: Any) -> bool:
+        return value is None or (type(value) is type(self.neutral) and value == self.neutral)
+
+
+ONE_COMPLETION = {
+    "n": Clamp(neutral=1, remove=False),
+    "best_of": Clamp(neutral=1, remove=True),
+    "use_beam_search": Clamp(neutral=False, remove=True),
+}
+"""The knobs that make one call cost several completions or return one that was not sampled, so its record would
+be wrong (vLLM's ChatCompletionRequest and SamplingParams, OpenAI's chat completions).
+
+- `n` (OpenAI, vLLM, SGLang, the router's providers): n choices, each generated and billed on the server's key;
+  the fold records choice 0 only. Sent as 1.
+- `best_of` (vLLM, SGLang): best_of candidates generated server-side and the highest-logprob one returned: a
+  selection, not a sample of the policy, at best_of times the cost. Removed.
+- `use_beam_search` (vLLM, SGLang): beam search of width n (or best_of): a search result whose per-token logprobs
+  describe no sampling. Removed.
+
+There is no `num_beams` or `beam_width` field in these chat APIs (vLLM derives its beam width from `n`). Knobs that
+reshape the distribution but still return the sampled tokens with their ids and logprobs (temperature, top_p,
+logit_bias, guided decoding, response_format) are forwarded: they are the agent's sampling choices, and OpenCode's
+own features depend on some of them.
+"""
+
+
+def clamped_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The knobs of ONE_COMPLETION that `rewrite_request` overrides in `body`, with the values the agent sent."""
+    return {name: body[name] for name, clamp in ONE_COMPLETION.items() if name in body and not clamp.allows(body[name])}
+
+
+def _hold_to_one_completion(out: dict[str, Any]) -> None:
+    for name in clamped_fields(out):
+        clamp = ONE_COMPLETION[name]
+        if clamp.remove:
+            del out[name]
+        else:
+            out[name] = clamp.neutral
+
+
 def uses_max_completion_tokens(model: str) -> bool:
     """o-series and gpt-5 models reject `max_tokens` and refuse logprobs."""
     return bool(_MAX_COMPLETION_TOKENS_MODELS.search(model))
 
 
 def rewrite_request(body: dict[str, Any], config: RewriteConfig) -> dict[str, Any]:
-    """The request as sent upstream: the real model, logprobs asked for, max tokens capped, thinking as configured."""
+    """The request as sent upstream: the real model, one completion, logprobs asked for, max tokens capped, thinking
+    as configured."""
     out = dict(body)
+    _hold_to_one_completion(out)
     if config.model_override:
         out["model"] = config.model_override
     model = str(out.get("model", ""))

@@ -23,6 +23,9 @@ REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
 AGENT_LOG_DIR = f"{LOGS_DIR}/agent"
 ROLLOUT_DIR = f"{HOME}/.rollout"
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
+PRIVATE_ENV_PREFIX = "OPENCODE_ENV_"
+"""Variables so named, given to an `agent` command, are OpenCode's alone: where the backend separates OpenCode from
+its tools, the tools never see them (the proxy's token travels in one)."""
 
 
 class SandboxError(Exception):
@@ -30,6 +33,11 @@ class SandboxError(Exception):
 
 
 Network = Literal["internet", "model_only"]
+Identity = Literal["user", "root", "agent", "grader"]
+"""Who a sandbox command runs as: `user` (setup, the agent's tools), `root` (the sandbox's root: install steps),
+`agent` (OpenCode itself; where the backend can, its tools' shell drops to `user` and loses PRIVATE_ENV_PREFIX
+variables, so only OpenCode holds the proxy's token), `grader` (verify: an identity the agent never ran as, with a
+fresh HOME and /tmp)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,8 @@ class Sandbox(Protocol):
     tools: ProvidedTools
     enforcement: dict[str, str]
     """What isolation and limits are active (for the result): e.g. {"limits": "cgroup v1", "disk": "loop ext4"}."""
+    opencode_data_dir: str
+    """Where OpenCode keeps its sessions and logs (its XDG_DATA_HOME)."""
 
     async def run(
         self,
@@ -126,11 +136,10 @@ class Sandbox(Protocol):
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         keep_background: bool = False,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> CommandResult:
-        """Run as the unprivileged `user`; `privileged` runs as the sandbox's root (install steps). Processes the
-        command leaves in the background die with it, unless `keep_background` (setup's services), then they live
-        until the sandbox closes."""
+        """Run as `identity` (see Identity). Processes the command leaves in the background die with it, unless
+        `keep_background` (setup's services, as `user`), then they live until the sandbox closes."""
         ...
 
     async def start(
@@ -147,8 +156,10 @@ class Sandbox(Protocol):
         """The file's last `limit` bytes; raises FileNotFoundError when it does not exist or is not a plain file."""
         ...
 
-    async def reset_verifier_dir(self) -> None:
-        """Empty the verifier directory (nothing the agent planted there survives into verify)."""
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
+        """Once the agent's processes are gone: the work dir becomes the grader's, the verifier directory an empty
+        one of the grader's, and each protected file (path relative to the work dir: text) is written in, replacing
+        whatever the agent left at its path. Nothing the agent left in the way (links, files, odd names) fails it."""
         ...
 
     async def start_proxy(self, launch: ProxyLaunch) -> ProxyHandle:

@@ -36,16 +36,18 @@ from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
-    VERIFIER_DIR,
+    HOME,
     WORKDIR,
     CloseOnce,
     FileEntry,
+    Identity,
     OpenSandboxes,
     ProvidedTools,
     ProxyLaunch,
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.grader import GRADER_ENV, GRADER_USER, handoff_script
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
 
@@ -133,7 +135,11 @@ class E2BSandbox:
         self._env = dict(env)
         self._release = release
         self._processes: set[E2BProcess] = set()
-        self.enforcement = {"isolation": "E2B microVM; task commands as user, the proxy as root"}
+        self.enforcement = {
+            "isolation": "E2B microVM; task commands as user, the proxy as root",
+            "verify": "as grader (a second user), fresh HOME and TMPDIR; OpenCode and its tools both as user",
+        }
+        self.opencode_data_dir = f"{HOME}/.local/share"
         self._closer = CloseOnce(self._close)
 
     def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -148,9 +154,10 @@ class E2BSandbox:
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         keep_background: bool = False,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> CommandResult:
-        """Task commands run as `user` (the template gives it no sudo); privileged ones (install steps) as root.
+        """Task commands run as `user` (the template gives it no sudo), install steps as root, verify as `grader`
+        with a fresh HOME and TMPDIR; OpenCode (`agent`) runs as `user` too: E2B gives no second user namespace.
         A command's own process is killed when it ends; what it left in the background lives on in the VM until
         the sandbox closes, as E2B does (setup's services rely on it)."""
         if self._closer.started:
@@ -161,9 +168,9 @@ class E2BSandbox:
             handle = await self._sandbox.commands.run(
                 cmd,
                 background=True,
-                envs=self._envs(env),
+                envs={**self._envs(env), **(GRADER_ENV if identity == "grader" else {})},
                 cwd=cwd,
-                user="root" if privileged else TASK_USER,
+                user={"root": "root", "grader": GRADER_USER}.get(identity, TASK_USER),
                 timeout=0,
                 on_stdout=lambda text: stdout.feed(text.encode()),
                 on_stderr=lambda text: stderr.feed(text.encode()),
@@ -204,7 +211,7 @@ class E2BSandbox:
         return process
 
     async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:
-        result = await self.run(cmd, timeout_s=timeout_s, cwd="/", privileged=True, max_output_bytes=64 * 2**20)
+        result = await self.run(cmd, timeout_s=timeout_s, cwd="/", identity="root", max_output_bytes=64 * 2**20)
         return result.exit_code, result.stdout if result.exit_code == 0 else result.stderr
 
     async def write_root_file(self, path: str, data: str) -> None:
@@ -234,9 +241,15 @@ class E2BSandbox:
     async def read_tail(self, path: str, limit: int) -> bytes:
         return (await self.read_file(path))[-limit:]
 
-    async def reset_verifier_dir(self) -> None:
-        quoted = shlex.quote(VERIFIER_DIR)
-        await self.run_root(f"rm -rf {quoted} && mkdir -p {quoted} && chown {TASK_USER}: {quoted}", 60)
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
+        """Root makes the work dir and the verifier directory the grader's (never following a link the agent left);
+        the grader then writes each protected file itself, so no path the agent planted can make root write."""
+        exit_code, output = await self.run_root(handoff_script(protected), 120)
+        if exit_code != 0:
+            raise SandboxError(f"could not hand the work dir to the grader in {self.sandbox_id}: {output[-500:]}")
+        for path, text in protected.items():
+            with _mapped(self.sandbox_id, "writing a protected file"):
+                await self._sandbox.files.write(f"{WORKDIR}/{path}", text, user=GRADER_USER)
 
     def limits_hit(self) -> list[str]:
         return []

@@ -33,16 +33,18 @@ from opencode_env.sandbox import hf_shell
 from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
-    VERIFIER_DIR,
+    HOME,
     WORKDIR,
     CloseOnce,
     FileEntry,
+    Identity,
     OpenSandboxes,
     ProvidedTools,
     ProxyLaunch,
     SandboxError,
     SandboxSpec,
 )
+from opencode_env.sandbox.grader import handoff_script
 from opencode_env.sandbox.hf_sdk import (
     CALL_TIMEOUT_S,
     MAX_SANDBOXES_VAR,
@@ -71,6 +73,7 @@ TRANSIENT_POLL_FAILURES = 3
 ENFORCEMENT = {
     "isolation": "Hugging Face Job (a dedicated VM); task commands as user (setpriv, no capabilities, "
     "no new privileges), the capture proxy as root",
+    "verify": "as grader (a second user), fresh HOME and TMPDIR; OpenCode and its tools both as user",
     "network": "the Job's own: the internet, unfiltered",
     "limits": "the Job's hardware flavor, not the per-rollout limits",
 }
@@ -144,6 +147,7 @@ class HFSandbox:
         self._release = release
         self._closer = CloseOnce(self._close)
         self.enforcement = dict(ENFORCEMENT)
+        self.opencode_data_dir = f"{HOME}/.local/share"
 
     @property
     def closed(self) -> bool:
@@ -162,12 +166,13 @@ class HFSandbox:
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         keep_background: bool = False,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> CommandResult:
-        """Task commands run as `user` (setpriv, no capabilities, no new privileges); privileged ones as root. A
+        """Task commands run as `user` (setpriv, no capabilities, no new privileges), install steps as root, verify
+        as `grader`. A
         timeout kills the command's process group; what it left in the background otherwise lives on in the VM
         until the sandbox closes (as on E2B), so `keep_background` changes nothing here."""
-        argv = hf_shell.as_root(cmd) if privileged else hf_shell.as_user(cmd)
+        argv = hf_shell.as_identity(identity, cmd)
         return await self._run(cmd, argv, timeout_s=timeout_s, env=env, cwd=cwd, max_output_bytes=max_output_bytes)
 
     async def _run(
@@ -222,11 +227,11 @@ class HFSandbox:
     ) -> HFProcess:
         directory = shlex.quote(os.path.dirname(log_path))
         logged = f"mkdir -p {directory} && exec >> {shlex.quote(log_path)} 2>&1; {cmd}"
-        return await self._start(logged, env=env, cwd=cwd, privileged=False)
+        return await self._start(logged, env=env, cwd=cwd, identity="user")
 
-    async def _start(self, cmd: str, *, env: Mapping[str, str] | None, cwd: str, privileged: bool) -> HFProcess:
+    async def _start(self, cmd: str, *, env: Mapping[str, str] | None, cwd: str, identity: Identity) -> HFProcess:
         self._check_open()
-        argv = hf_shell.as_root(cmd) if privileged else hf_shell.as_user(cmd)
+        argv = hf_shell.as_identity(identity, cmd)
         call = functools.partial(
             self.sdk.run, argv, shell=False, env={**self._env, **(env or {})}, cwd=cwd, background=True
         )
@@ -234,11 +239,11 @@ class HFSandbox:
         return HFProcess(self, handle)
 
     async def _file_command(
-        self, script: str, action: str, stdin: str | None = None, *, privileged: bool = False
+        self, script: str, action: str, stdin: str | None = None, *, identity: Identity = "user"
     ) -> CommandResult:
         result = await self._run(
             script,
-            hf_shell.as_root(script) if privileged else hf_shell.as_user(script),
+            hf_shell.as_identity(identity, script),
             timeout_s=CALL_TIMEOUT_S,
             env=None,
             cwd="/",
@@ -272,29 +277,30 @@ class HFSandbox:
         them."""
         path = f"{self._control_dir}/{name}"
         payload = base64.b64encode(data.encode()).decode()
-        await self._file_command(hf_shell.write_control_file(path), f"write {path}", stdin=payload, privileged=True)
+        await self._file_command(hf_shell.write_control_file(path), f"write {path}", stdin=payload, identity="root")
         return path
 
-    async def reset_verifier_dir(self) -> None:
-        quoted = shlex.quote(VERIFIER_DIR)
-        result = await self._file_command(
-            f"rm -rf {quoted} && mkdir -p {quoted} && chown {hf_shell.USER}:{hf_shell.USER} {quoted}",
-            "reset the verifier directory",
-            privileged=True,
-        )
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
+        """Root makes the work dir and the verifier directory the grader's (never following a link the agent left);
+        the grader then writes each protected file itself."""
+        result = await self._file_command(handoff_script(protected), "hand the work dir to the grader", identity="root")
         if result.exit_code != 0:
-            raise SandboxError(f"could not reset {VERIFIER_DIR}: {result.stderr.strip()[-500:]}")
+            raise SandboxError(f"could not hand the work dir to the grader: {result.stderr.strip()[-500:]}")
+        for path, text in protected.items():
+            payload = base64.b64encode(text.encode()).decode()
+            target = f"{WORKDIR}/{path}"
+            await self._file_command(hf_shell.write_file(target), f"write {target}", stdin=payload, identity="grader")
 
     async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:
-        result = await self.run(cmd, timeout_s=timeout_s, cwd="/", privileged=True, max_output_bytes=64 * 2**20)
+        result = await self.run(cmd, timeout_s=timeout_s, cwd="/", identity="root", max_output_bytes=64 * 2**20)
         return result.exit_code, result.stdout if result.exit_code == 0 else result.stderr
 
     async def write_root_file(self, path: str, data: str) -> None:
         payload = base64.b64encode(data.encode()).decode()
-        await self._file_command(hf_shell.write_file(path), f"write {path}", stdin=payload, privileged=True)
+        await self._file_command(hf_shell.write_file(path), f"write {path}", stdin=payload, identity="root")
 
     async def start_root(self, cmd: str, env: dict[str, str]) -> HFProcess:
-        return await self._start(cmd, env=env, cwd="/", privileged=True)
+        return await self._start(cmd, env=env, cwd="/", identity="root")
 
     async def start_proxy(self, launch: ProxyLaunch) -> RootProxy:
         """As root, from a directory only root can open: `user` cannot read its key, its trace or its memory."""
@@ -428,7 +434,7 @@ class HFBackend:
     async def _probe(probe: HFSandbox) -> tuple[str | None, bool]:
         """What the image has: OpenCode as `user` runs it, the proxy's packages as root imports them."""
         opencode = await probe.run(hf_shell.OPENCODE_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/")
-        proxy = await probe.run(hf_shell.PROXY_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", privileged=True)
+        proxy = await probe.run(hf_shell.PROXY_PROBE, timeout_s=CALL_TIMEOUT_S, cwd="/", identity="root")
         return hf_shell.parse_probe(opencode.stdout + proxy.stdout)
 
     async def _prepare(self, sdk: Any, spec: SandboxSpec) -> ProvidedTools:
@@ -436,7 +442,7 @@ class HFBackend:
         probe = HFSandbox(
             sdk, ProvidedTools(), env={}, calls=self._calls, tools_dir=self._tools_dir, release=lambda: None
         )
-        prepared = await probe.run(hf_shell.prepare_image(), timeout_s=PREPARE_TIMEOUT_S, cwd="/", privileged=True)
+        prepared = await probe.run(hf_shell.prepare_image(), timeout_s=PREPARE_TIMEOUT_S, cwd="/", identity="root")
         if prepared.exit_code != 0:
             raise SandboxError(f"preparing HF sandbox {sdk.id} failed: {prepared.stderr.strip()[-800:]}")
         await probe.start_root(hf_shell.watchdog(spec.lifetime_s + LIFETIME_MARGIN_S), {})
@@ -447,7 +453,7 @@ class HFBackend:
         ):
             if not missing:
                 continue
-            installed = await probe.run(script, timeout_s=INSTALL_TIMEOUT_S, cwd="/", privileged=True)
+            installed = await probe.run(script, timeout_s=INSTALL_TIMEOUT_S, cwd="/", identity="root")
             if installed.exit_code != 0:
                 raise SandboxError(f"installing in HF sandbox {sdk.id} failed: {installed.stderr.strip()[-800:]}")
         if version is None or not proxy_ready:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import shlex
 
 from opencode_env.pins import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
-from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry
+from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry, Identity
+from opencode_env.sandbox.grader import GRADER_ENV, GRADER_USER
 
 USER = "user"
 USER_NPM_PREFIX = f"{HOME}/.npm-global"
@@ -36,12 +37,27 @@ exec /bin/bash -c "$1"
 """
 
 
+_AS_GRADER = f"""{_DROP_SERVER_VARS}
+export {" ".join(f"{name}={value}" for name, value in GRADER_ENV.items())}
+export PATH="$OPENCODE_ENV_TOOLS_BIN:$PATH"
+unset OPENCODE_ENV_TOOLS_BIN
+exec setpriv --reuid={GRADER_USER} --regid={GRADER_USER} --clear-groups --no-new-privs --inh-caps=-all \
+  -- /bin/bash -c "$1"
+"""
+
+
 def as_user(cmd: str) -> list[str]:
     return ["/bin/sh", "-c", _AS_USER, "opencode-env", cmd]
 
 
 def as_root(cmd: str) -> list[str]:
     return ["/bin/sh", "-c", _AS_ROOT, "opencode-env", cmd]
+
+
+def as_identity(identity: Identity, cmd: str) -> list[str]:
+    """`agent` is `user` here: HF's containers give no second user namespace to separate OpenCode's tools."""
+    shell = {"root": _AS_ROOT, "grader": _AS_GRADER}.get(identity, _AS_USER)
+    return ["/bin/sh", "-c", shell, "opencode-env", cmd]
 
 
 def prepare_image() -> str:

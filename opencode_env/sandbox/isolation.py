@@ -19,31 +19,54 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR
+from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR, Identity
 
 SANDBOX_UID = 1000
+GRADER_UID = 1001
 UID_BASE = 2_000_000_000
 UID_SLOTS = 1_000_000
+UIDS_PER_SLOT = 4
 UID_REGISTRY = Path("/run/opencode-env/uids")
 SOCKETS_DIR = Path("/run/opencode-env/proxies")
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
 CONTROL_MOUNT = "/run/opencode-env"
-PASSWD = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
-GROUP = "root:x:0:\nuser:x:1000:\n"
+PASSWD = (
+    "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
+    "grader:x:1001:1001:grader:/home/grader/home:/bin/bash\n"
+)
+GROUP = "root:x:0:\nuser:x:1000:\ngrader:x:1001:\n"
+GRADER_DIR = "/home/grader"
+GRADER_HOME = f"{GRADER_DIR}/home"
+AGENT_HOME = "/home/opencode"
+AGENT_ONLY_ENV = {
+    "XDG_DATA_HOME": f"{AGENT_HOME}/data",
+    "XDG_STATE_HOME": f"{AGENT_HOME}/state",
+    "XDG_CACHE_HOME": f"{AGENT_HOME}/cache",
+    # OpenCode runs git on the work dir as itself: no configuration the tools can write may name a program for it.
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_COUNT": "2",
+    "GIT_CONFIG_KEY_0": "core.fsmonitor",
+    "GIT_CONFIG_VALUE_0": "false",
+    "GIT_CONFIG_KEY_1": "core.hooksPath",
+    "GIT_CONFIG_VALUE_1": "/dev/null",
+}
 HOLDER_SCRIPT = "mount -t proc proc /proc && echo ready && exec sleep infinity"
 
 
 @dataclass(frozen=True)
 class HostIds:
-    """The two unprivileged host uids of one rollout: its `user` and its proxy / in-sandbox root."""
+    """The unprivileged host uids of one rollout: its `user`, its proxy / in-sandbox root, OpenCode, the grader."""
 
     user: int
     root: int
+    agent: int
+    grader: int
 
 
 class UidLease:
-    """A pair of host uids held for one rollout; a lock file makes it exclusive on the machine, and it is released
-    when the process holding it ends, however it ends."""
+    """Four host uids held for one rollout; a lock file makes them exclusive on the machine, and they are released
+    when the process holding them ends, however it ends."""
 
     def __init__(self, registry: Path = UID_REGISTRY) -> None:
         registry.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -56,7 +79,8 @@ class UidLease:
                 handle.close()
                 continue
             self._handle = handle
-            self.ids = HostIds(user=UID_BASE + 2 * slot, root=UID_BASE + 2 * slot + 1)
+            first = UID_BASE + UIDS_PER_SLOT * slot
+            self.ids = HostIds(user=first, root=first + 1, agent=first + 2, grader=first + 3)
             return
         raise RuntimeError("no free host uid pair for a sandbox")
 
@@ -83,6 +107,16 @@ class Layout:
     @property
     def tmp(self) -> Path:
         return self.fs / "tmp"
+
+    @property
+    def agent_home(self) -> Path:
+        """OpenCode's own directory (its sessions, logs, caches), which its tools can neither read nor replace."""
+        return self.fs / "opencode"
+
+    @property
+    def grader_dir(self) -> Path:
+        """The grader's own directory (its HOME is made afresh there before verify); the agent cannot enter it."""
+        return self.fs / "grader"
 
     @property
     def control(self) -> Path:
@@ -172,6 +206,12 @@ def holder_argv(
         "--bind",
         str(layout.tmp),
         "/tmp",
+        "--bind",
+        str(layout.agent_home),
+        AGENT_HOME,
+        "--bind",
+        str(layout.grader_dir),
+        GRADER_DIR,
         *_config_deps_binds(config_deps),
         "--ro-bind",
         str(layout.control),
@@ -201,44 +241,116 @@ def _config_deps_binds(config_deps: str | None) -> list[str]:
     return binds
 
 
+AGENT_CAPS = "+setuid,+setgid,+dac_override,+kill"
+"""What OpenCode keeps, inside its own user namespace only: switching its tools' shell to `user`, reading and
+writing the files of the sandbox's two identities (its own and `user`'s), as the agent's edit tools must, and
+stopping a tool command that ran past its timeout."""
+TOOL_SHELL = f"{CONTROL_MOUNT}/shell/bash"
+AGENT_UMASK = "002"
+
+
+@dataclass(frozen=True)
+class Helpers:
+    """Host programs every sandbox command may start with: a Python and the user-namespace starter (userns.py)."""
+
+    python: str
+    userns: str
+
+
 def command_argv(
-    holder_pid: int, ids: HostIds, cmd: str, cwd: str, *, own_pid_namespace: bool, privileged: bool
+    holder_pid: int,
+    ids: HostIds,
+    cmd: str,
+    cwd: str,
+    *,
+    own_pid_namespace: bool,
+    identity: Identity,
+    helpers: Helpers,
+    tmp_mb: int = 1024,
 ) -> list[str]:
-    """Enter the holder's namespaces, drop to the rollout's host uid, run `cmd` as `user` (or as root of a user
-    namespace that maps to the rollout's second uid, for privileged steps)."""
-    host_uid = ids.root if privileged else ids.user
-    inner = ["--map-root-user"] if privileged else [f"--map-user={SANDBOX_UID}", f"--map-group={SANDBOX_UID}"]
-    pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []
+    """Enter the holder's namespaces, then run `cmd` as `identity` (see Identity) with no capability over any host
+    resource: `user` through setpriv + unshare (one mapped uid); `root`, `agent` and `grader` through userns.py,
+    whose maps (several uids) this still-privileged process writes. The sandbox's root maps `user` and `grader`
+    too, so it can hand files between them as a VM's root would; OpenCode's namespace maps only itself and `user`;
+    the grader's only itself (and the root that mounts its fresh /tmp before dropping to it)."""
+    enter = ["nsenter", f"--target={holder_pid}", "--mount", "--pid", "--net", "--ipc", "--uts", "--root"]
+    enter += [f"--wdns={cwd}", "--"]
     # Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
     # within (the agent's own tools), reaps orphans and passes the command's exit status on.
     init = ["/bin/sh", "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
+    command = [*init, "/bin/bash", "-c", cmd]
+    pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []
+    if identity == "agent":
+        mapped = _userns(helpers, {0: ids.agent, SANDBOX_UID: ids.user}, gid=SANDBOX_UID)
+        return [*enter, *mapped, *pid_namespace, "--", *_agent(command)]
+    if identity == "grader":
+        mapped = _userns(helpers, {0: ids.root, GRADER_UID: ids.grader}, gid=0)
+        return [*enter, *mapped, *pid_namespace, "--", *_grader(command, tmp_mb)]
+    if identity == "root":
+        mapped = _userns(helpers, {0: ids.root, SANDBOX_UID: ids.user, GRADER_UID: ids.grader}, gid=0)
+        return [*enter, *mapped, *pid_namespace, "--", *command]
     return [
-        "nsenter",
-        f"--target={holder_pid}",
-        "--mount",
-        "--pid",
-        "--net",
-        "--ipc",
-        "--uts",
-        "--root",
-        f"--wdns={cwd}",
-        "--",
+        *enter,
         "setpriv",
-        f"--reuid={host_uid}",
-        f"--regid={host_uid}",
+        f"--reuid={ids.user}",
+        f"--regid={ids.user}",
         "--clear-groups",
         "--no-new-privs",
         "--inh-caps=-all",
         "--bounding-set=-all",
         "unshare",
-        *inner,
+        f"--map-user={SANDBOX_UID}",
+        f"--map-group={SANDBOX_UID}",
         *pid_namespace,
         "--",
-        *init,
-        "/bin/bash",
-        "-c",
-        cmd,
+        *command,
     ]
+
+
+def _userns(helpers: Helpers, mapping: dict[int, int], *, gid: int) -> list[str]:
+    maps = [f"--map={inside}:{outside}" for inside, outside in mapping.items()]
+    return [helpers.python, "-I", "-S", helpers.userns, *maps, f"--gid={gid}", "--", "unshare"]
+
+
+def _drop_to(uid: int) -> list[str]:
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
+
+
+def _agent(command: list[str]) -> list[str]:
+    """OpenCode as its namespace's root, holding only AGENT_CAPS; the umask lets its tools change what it writes."""
+    caps = f"-all,{AGENT_CAPS}"
+    keep = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--"]
+    return ["/bin/sh", "-c", f'umask {AGENT_UMASK} && exec "$@"', "agent", *keep, *command]
+
+
+def _grader(command: list[str], tmp_mb: int) -> list[str]:
+    """A fresh /tmp, mounted while still root of the namespace, then the grader's uid with no capability at all
+    (its HOME, made empty by the host before verify, is in its own directory, which the agent could not enter)."""
+    fresh = f'mount -t tmpfs -o mode=1777,nosuid,nodev,size={tmp_mb}m verify-tmp /tmp && exec "$@"'
+    return ["/bin/sh", "-c", fresh, "grader", *_drop_to(GRADER_UID), *command]
+
+
+def tool_shell_script(private_prefix: str, agent_vars: Sequence[str]) -> str:
+    """The shell OpenCode starts its tools with (named bash, given as SHELL): the tools run as `user`, without
+    OpenCode's private variables (every name starting with `private_prefix`: its key) and directories, before the
+    real bash starts."""
+    names = f"s/^\\({private_prefix}[A-Za-z0-9_]*\\)=.*/\\1/p"
+    unset = " ".join(f"-u {name}" for name in agent_vars)
+    drop = " ".join(_drop_to(SANDBOX_UID))
+    return (
+        "#!/bin/sh\numask 022\n"
+        f"for name in $(env | sed -n '{names}'); do unset \"$name\"; done\n"
+        f'exec env {unset} SHELL=/bin/bash {drop} /bin/bash "$@"\n'
+    )
 
 
 def proxy_argv(layout: Layout, ids: HostIds, runtime_paths: Sequence[str], program: Sequence[str]) -> list[str]:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from opencode_env.models import CommandResult
-from opencode_env.sandbox import hostfs, netns
+from opencode_env.sandbox import hostfs, netns, userns
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     HOME,
@@ -31,6 +31,7 @@ from opencode_env.sandbox.base import (
     WORKDIR,
     CloseOnce,
     FileEntry,
+    Identity,
     OpenSandboxes,
     ProvidedTools,
     ProxyLaunch,
@@ -47,7 +48,12 @@ from opencode_env.sandbox.egress import (
     trusted_hosts_from_env,
 )
 from opencode_env.sandbox.isolation import (
+    AGENT_HOME,
+    AGENT_ONLY_ENV,
     CONTROL_MOUNT,
+    GRADER_HOME,
+    TOOL_SHELL,
+    Helpers,
     Layout,
     UidLease,
     command_argv,
@@ -85,6 +91,7 @@ PREFLIGHT_HINT = (
 )
 
 ToolsResolver = Callable[[], Awaitable[ProvidedTools]]
+HELPERS = Helpers(python=sys.executable, userns=str(Path(userns.__file__).resolve()))
 
 
 class LocalProcess:
@@ -173,6 +180,7 @@ class LocalSandbox:
         self._egress: EgressProxy | None = None
         self._relays: list[LoopbackRelay] = []
         self.enforcement: dict[str, str] = {}
+        self.opencode_data_dir = AGENT_ONLY_ENV["XDG_DATA_HOME"]
         self.on_close: Callable[[LocalSandbox], None] | None = None
         self._closer = CloseOnce(self._close)
 
@@ -188,7 +196,9 @@ class LocalSandbox:
             return self.layout.home, os.path.relpath(normal, HOME)
         if normal == "/tmp" or normal.startswith("/tmp/"):
             return self.layout.tmp, os.path.relpath(normal, "/tmp")
-        raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME} and /tmp)")
+        if normal == AGENT_HOME or normal.startswith(AGENT_HOME + "/"):
+            return self.layout.agent_home, os.path.relpath(normal, AGENT_HOME)
+        raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME}, /tmp and {AGENT_HOME})")
 
     def host_path(self, path: str) -> Path:
         """Where a sandbox path lives on the host (for test doubles only: never open it without hostfs)."""
@@ -258,11 +268,12 @@ class LocalSandbox:
     def _join(self) -> list[str]:
         return self._cgroup.join_prefix() if self._cgroup is not None else []
 
-    def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+    def _environment(self, extra: Mapping[str, str] | None, identity: Identity) -> dict[str, str]:
         path = ":".join([*self._extra_path, BASE_PATH])
         if self.tools.opencode:
             path = f"{Path(self.tools.opencode).parent}:{path}"
-        env = {"PATH": path, "HOME": HOME, "USER": "user", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
+        home = GRADER_HOME if identity == "grader" else HOME
+        env = {"PATH": path, "HOME": home, "USER": "user", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
         if self._own_network:
             proxy = f"http://127.0.0.1:{EGRESS_PORT}"
             for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
@@ -271,6 +282,8 @@ class LocalSandbox:
         env.update(trust_settings(os.environ))
         env.update(self._base_env)
         env.update(extra or {})
+        if identity == "agent":
+            env.update(AGENT_ONLY_ENV, SHELL=TOOL_SHELL)
         return env
 
     async def _spawn(
@@ -282,17 +295,24 @@ class LocalSandbox:
         stderr: int,
         *,
         own_pid_namespace: bool = True,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> asyncio.subprocess.Process:
         if self._closer.started:
             raise SandboxError(f"sandbox {self.sandbox_id} is closed")
         argv = command_argv(
-            self._holder_pid, self._ids, cmd, cwd, own_pid_namespace=own_pid_namespace, privileged=privileged
+            self._holder_pid,
+            self._ids,
+            cmd,
+            cwd,
+            own_pid_namespace=own_pid_namespace,
+            identity=identity,
+            helpers=HELPERS,
+            tmp_mb=self._spec.limits.disk_mb,
         )
         return await asyncio.create_subprocess_exec(
             *self._join(),
             *argv,
-            env=self._environment(env),
+            env=self._environment(env, identity),
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
@@ -308,7 +328,7 @@ class LocalSandbox:
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         keep_background: bool = False,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> CommandResult:
         started = time.monotonic()
         process = await self._spawn(
@@ -318,7 +338,7 @@ class LocalSandbox:
             subprocess.PIPE,
             subprocess.PIPE,
             own_pid_namespace=not keep_background,
-            privileged=privileged,
+            identity=identity,
         )
         handle = LocalProcess(process)
         self._processes.add(handle)
@@ -353,10 +373,10 @@ class LocalSandbox:
         )
 
     async def spawn(
-        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, privileged: bool = False
+        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, identity: Identity = "user"
     ) -> LocalProcess:
         """A process with piped stdout and stderr, owned (and killed on close) by the sandbox."""
-        process = await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE, privileged=privileged)
+        process = await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE, identity=identity)
         handle = LocalProcess(process)
         self._processes.add(handle)
         return handle
@@ -372,11 +392,14 @@ class LocalSandbox:
         self._processes.add(handle)
         return handle
 
-    async def write_file(self, path: str, data: str | bytes, *, privileged: bool = False) -> None:
-        """Written as `user` (or as the sandbox's root, mode 0600, when privileged)."""
+    async def write_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
+        """Written as `identity` (the sandbox's root writes mode 0600, the others 0644)."""
         base, relative = self._relative(path)
         raw = data.encode("utf-8") if isinstance(data, str) else data
-        owner, mode = ((self._ids.root, self._ids.root), 0o600) if privileged else (self.owner, 0o644)
+        uid = {"root": self._ids.root, "grader": self._ids.grader, "agent": self._ids.agent}.get(
+            identity, self._ids.user
+        )
+        owner, mode = (uid, uid), 0o600 if identity == "root" else 0o644
         try:
             await asyncio.to_thread(hostfs.write_file, base, relative, raw, owner=owner, mode=mode)
         except hostfs.UnsafePath as error:
@@ -406,15 +429,25 @@ class LocalSandbox:
         entries = await asyncio.to_thread(hostfs.list_files, base, relative, limit=limit)
         return [FileEntry(entry.path, entry.size) for entry in entries]
 
-    async def reset_verifier_dir(self) -> None:
-        """An empty verifier directory, made from the host side: nothing planted before verify survives."""
-        base, relative = self._relative(VERIFIER_DIR)
-        await asyncio.to_thread(hostfs.remove_tree, base / relative)
-        await asyncio.to_thread(hostfs.make_dirs, base, relative, owner=self.owner)
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
+        """From the host side, never following a link the agent left: the work dir becomes the grader's, the
+        verifier directory an empty one of the grader's, and each protected file is written in, replacing whatever
+        the agent left at its path (a directory in the way of one is replaced too)."""
+        grader = (self._ids.grader, self._ids.grader)
+        home = self.layout.home
+        await asyncio.to_thread(hostfs.chown_tree, home, WORKDIR.removeprefix(HOME + "/"), owner=grader)
+        await asyncio.to_thread(hostfs.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
+        await asyncio.to_thread(hostfs.reset_dir, self.layout.grader_dir, "home", owner=grader, mode=0o700)
+        for path, text in protected.items():
+            base, relative = self._relative(f"{WORKDIR}/{path}")
+            await asyncio.to_thread(hostfs.place_file, base, relative, text.encode("utf-8"), owner=grader)
 
     async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
         """The capture proxy, in its own compartment outside the sandbox, listening on 127.0.0.1 inside it."""
         listener = netns.listen_in(self._holder_pid)
+        # The sandbox's TCP table, opened here (as root, from the host's user namespace: its uids are host uids),
+        # read by the proxy for each call to check that OpenCode's own uid owns the calling socket.
+        peer_table = os.open(f"/proc/{self._holder_pid}/net/tcp", os.O_RDONLY | os.O_CLOEXEC)
         try:
             token = secrets.token_urlsafe(24)
             program = [
@@ -431,6 +464,10 @@ class LocalSandbox:
                 str(self.layout.private / "trace.jsonl"),
                 "--token-env",
                 "OPENCODE_ENV_PROXY_TOKEN",
+                "--peer-table-fd",
+                str(peer_table),
+                "--peer-uid",
+                str(self._ids.agent),
             ]
             argv = proxy_argv(self.layout, self._ids, runtime_paths(self.tools), program)
             log_file = self.layout.private / "proxy.log"
@@ -443,11 +480,12 @@ class LocalSandbox:
                     stdout=log_handle.fileno(),
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    pass_fds=(listener.fileno(),),
+                    pass_fds=(listener.fileno(), peer_table),
                 )
             port = listener.getsockname()[1]
         finally:
             listener.close()
+            os.close(peer_table)
         handle = LocalProcess(process)
         self._processes.add(handle)
         return LocalProxy(handle, self.layout.private, self.layout.sockets / "admin.sock", port=port, token=token)
@@ -558,7 +596,7 @@ class LocalBackend:
         layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb)
         try:
             lease = await asyncio.to_thread(UidLease)
-            await asyncio.to_thread(own_tree, layout, lease.ids.user, lease.ids.root)
+            await asyncio.to_thread(own_tree, layout, lease.ids)
         except BaseException:
             await asyncio.to_thread(remove_rollout, layout)
             owner_lock.release()

@@ -12,9 +12,18 @@ import tempfile
 from pathlib import Path
 
 from opencode_env.sandbox import hostfs
-from opencode_env.sandbox.base import AGENT_LOG_DIR, OPENCODE_CONFIG_DIR, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.base import AGENT_LOG_DIR, OPENCODE_CONFIG_DIR, PRIVATE_ENV_PREFIX, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.cgroup import Cgroup, detect
-from opencode_env.sandbox.isolation import GROUP, PASSWD, Layout
+from opencode_env.sandbox.isolation import (
+    AGENT_ONLY_ENV,
+    CONTROL_MOUNT,
+    GROUP,
+    PASSWD,
+    TOOL_SHELL,
+    HostIds,
+    Layout,
+    tool_shell_script,
+)
 
 log = logging.getLogger("opencode_env.local")
 PREFIX = "opencode-env-"
@@ -47,18 +56,24 @@ def make_layout(base_dir: Path | None, disk_mb: int) -> tuple[Layout, OwnerLock]
         directory.mkdir()
     (layout.control / "passwd").write_text(PASSWD)
     (layout.control / "group").write_text(GROUP)
+    shell = layout.control / os.path.relpath(TOOL_SHELL, CONTROL_MOUNT)
+    shell.parent.mkdir()
+    shell.write_text(tool_shell_script(PRIVATE_ENV_PREFIX, tuple(AGENT_ONLY_ENV)))
+    shell.chmod(0o755)
     return layout, lock
 
 
 def _mount_disk(layout: Layout, disk_mb: int) -> None:
     """The rollout's writable tree on a file system of its own, so its size is bounded (and removal is one
-    unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so."""
+    unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so.
+    1% of it is kept for the host's root: an agent that fills its disk still gets verify's protected files
+    written in and its verifier directory made (then verify fails for want of space: the agent's doing)."""
     if shutil.which("mkfs.ext4") is None or not Path("/dev/loop-control").exists():
         return
     with layout.disk_image.open("wb") as image:
         image.truncate(disk_mb * 2**20)
     made = subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1", str(layout.disk_image)],
+        ["mkfs.ext4", "-q", "-F", "-m", "1", "-O", "^has_journal", "-E", "lazy_itable_init=1", str(layout.disk_image)],
         capture_output=True,
         check=False,
     )
@@ -77,9 +92,14 @@ def _mount_disk(layout: Layout, disk_mb: int) -> None:
     shutil.rmtree(layout.fs / "lost+found", ignore_errors=True)
 
 
-def own_tree(layout: Layout, user: int, root: int) -> None:
+def own_tree(layout: Layout, ids: HostIds) -> None:
+    user, root = ids.user, ids.root
     for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, OPENCODE_CONFIG_DIR):
         hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
+    layout.agent_home.mkdir(mode=0o700)
+    os.chown(layout.agent_home, ids.agent, user)
+    layout.grader_dir.mkdir(mode=0o700)
+    os.chown(layout.grader_dir, ids.grader, ids.grader)
     hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
     (layout.tmp).chmod(0o1777)
     layout.sockets.mkdir(parents=True, mode=0o700)

@@ -16,6 +16,7 @@ from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
     FileEntry,
+    Identity,
     ProvidedTools,
     ProxyLaunch,
     SandboxBackend,
@@ -76,8 +77,10 @@ class MemoryFiles:
     async def read_tail(self, path: str, limit: int) -> bytes:
         return (await self.read_file(path))[-limit:]
 
-    async def reset_verifier_dir(self) -> None:
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
         await self.pause("file")
+        for path, text in protected.items():
+            self.files[f"{WORKDIR}/{path}"] = text.encode()
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
         await self.pause("file")
@@ -89,6 +92,7 @@ class MemoryFiles:
 class StubSandbox(MemoryFiles):
     backend = "stub"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every stub
+    opencode_data_dir = "/home/user/.local/share"
 
     def __init__(self, sandbox_id: str, command_s: float, registry: set[str]) -> None:
         self.sandbox_id = sandbox_id
@@ -106,7 +110,7 @@ class StubSandbox(MemoryFiles):
         cwd: str = WORKDIR,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         keep_background: bool = False,
-        privileged: bool = False,
+        identity: Identity = "user",
     ) -> CommandResult:
         await asyncio.sleep(min(self._command_s, timeout_s))
         return CommandResult(cmd=cmd, exit_code=0, duration_s=self._command_s)

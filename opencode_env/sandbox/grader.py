@@ -1,0 +1,73 @@
+"""The grader on the cloud backends (E2B, Hugging Face): a second Linux user the agent never ran as, and the root
+script that hands the agent's work over to it before verify.
+
+The script runs as the VM's or container's root, over a tree the agent may have filled with links and odd names, so
+it never lets root follow one: a path component that is a link or not a directory is removed (the link itself)
+before anything is made there; ownership changes use `chown -h` (the link, not its target); protected files are then
+written by the grader, never by root. Processes the agent left behind still run as `user`: once the work dir and
+the verifier directory are the grader's they can no longer change either.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Iterable
+
+from opencode_env.sandbox.base import HOME, LOGS_DIR, VERIFIER_DIR, WORKDIR
+
+GRADER_USER = "grader"
+GRADER_UID = 1001
+GRADER_ROOT = "/home/grader"
+GRADER_ENV = {
+    "HOME": f"{GRADER_ROOT}/home",
+    "TMPDIR": f"{GRADER_ROOT}/tmp",
+    "USER": GRADER_USER,
+    "LOGNAME": GRADER_USER,
+    "PYTHONNOUSERSITE": "1",
+}
+
+
+def _plain_dir(path: str) -> str:
+    quoted = shlex.quote(path)
+    return f"{{ if [ -L {quoted} ] || {{ [ -e {quoted} ] && [ ! -d {quoted} ]; }}; then rm -f -- {quoted}; fi; }}"
+
+
+def handoff_script(protected: Iterable[str]) -> str:
+    """Root's part of the hand-over; `protected` are paths relative to the work dir (validated by the request)."""
+    grader = f"{GRADER_USER}:{GRADER_USER}"
+    lines = [
+        "set -eu",
+        f"if ! id -u {GRADER_USER} >/dev/null 2>&1; then",
+        f"  echo '{GRADER_USER}:x:{GRADER_UID}:{GRADER_UID}:{GRADER_USER}:{GRADER_ROOT}:/bin/bash' >> /etc/passwd",
+        f"  echo '{GRADER_USER}:x:{GRADER_UID}:' >> /etc/group",
+        "fi",
+        f"mkdir -p -m 0700 {GRADER_ROOT}",
+        f"find {GRADER_ROOT} -mindepth 1 -delete",
+        f"mkdir -m 0700 {GRADER_ROOT}/home {GRADER_ROOT}/tmp",
+        f"chown -R {grader} {GRADER_ROOT}",
+    ]
+    # Root owns HOME and the logs directory from here on: a process the agent left behind can no longer rename
+    # or replace anything on the paths below while root works on them, nor after.
+    lines += [f"chown -h root:root -- {shlex.quote(HOME)}", f"chmod 0755 -- {shlex.quote(HOME)}"]
+    for directory in (WORKDIR, LOGS_DIR):
+        lines += [_plain_dir(directory), f"mkdir -p -- {shlex.quote(directory)}"]
+    lines += [f"chown -h root:root -- {shlex.quote(LOGS_DIR)}", f"chmod 0755 -- {shlex.quote(LOGS_DIR)}"]
+    lines += [f"chown -R -h {grader} -- {shlex.quote(WORKDIR)}"]
+    lines += [f"rm -rf -- {shlex.quote(VERIFIER_DIR)}", f"mkdir -- {shlex.quote(VERIFIER_DIR)}"]
+    lines += [f"chown {grader} -- {shlex.quote(VERIFIER_DIR)}"]
+    for relative in protected:
+        lines += _clear_path(posixpath.join(WORKDIR, relative), grader)
+    return "\n".join(lines) + "\n"
+
+
+def _clear_path(target: str, grader: str) -> list[str]:
+    """Every directory on the way to `target` a real directory of the grader's; `target` itself gone."""
+    lines = []
+    parts = posixpath.relpath(posixpath.normpath(target), WORKDIR).split("/")
+    for depth in range(1, len(parts)):
+        directory = posixpath.join(WORKDIR, *parts[:depth])
+        quoted = shlex.quote(directory)
+        lines += [_plain_dir(directory), f"mkdir -p -- {quoted}", f"chown -h {grader} -- {quoted}"]
+    lines.append(f"rm -rf -- {shlex.quote(target)}")
+    return lines
