@@ -74,7 +74,9 @@ def proxy_admitting(uid: int, upstream: str, directory: Path) -> Iterator[str]:
 
 def call_as(uid: int, url: str, token: str) -> str:
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    done = subprocess.run([*drop, "/usr/bin/python3", "-c", CALL, url, token], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*drop, "/usr/bin/python3", "-c", CALL, url, token], capture_output=True, text=True, check=False
+    )
     return done.stdout.strip() or done.stderr
 
 
