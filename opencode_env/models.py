@@ -108,9 +108,10 @@ def _float_for_json(value: float) -> float | NonFiniteName:
 
 
 WireFloat = Annotated[float, PlainSerializer(_float_for_json, return_type=float | NonFiniteName, when_used="json")]
-"""A float that every JSON form of a result carries: NaN, Infinity and -Infinity are written as those strings (by
-`model_dump_json` and `model_dump(mode="json")`, and so in the output schema), and validation reads the strings back
-as the floats. Standard JSON parsers accept it (JavaScript's JSON.parse gives the string; `Number(x)` the number)."""
+"""A float that every JSON form of a result carries: `model_dump_json` and `model_dump(mode="json")` write NaN,
+Infinity and -Infinity as those strings (the serialization schema, which MCP clients check, allows them), and
+validation reads the strings back as the floats. Standard JSON parsers accept it: JavaScript's JSON.parse gives the
+string, and `Number(x)` the number."""
 
 
 class RolloutRequest(BaseModel):

@@ -487,7 +487,7 @@ async def _collect(rollout: _Rollout) -> None:
     result, sandbox = rollout.result, rollout.sandbox
     await rollout.report("collect", "collecting the files and logs")
     files = await collect_files(sandbox)
-    result.files, result.files_extra = files.text, files.extra
+    result.files, result.files_extra, result.files_non_utf8 = files.text, files.extra, files.non_utf8
     await _collect_agent_record(rollout)
 
 

@@ -42,7 +42,10 @@ def test_the_spliced_frame_is_the_frame_the_result_would_have_made() -> None:
     splices = Splices()
     spliced = splices.splice(frame(splices.hold(session_tool_result_json(result))))
     assert json.loads(spliced) == json.loads(frame(session_tool_result(result)))
-    assert json.loads(spliced)["data"]["observation"]["result"]["data"]["proxy_turns"][0]["per_token_logps"][4] is None
+    assert (
+        json.loads(spliced)["data"]["observation"]["result"]["data"]["proxy_turns"][0]["per_token_logps"][4]
+        == "-Infinity"
+    )
 
 
 def test_a_frame_gets_its_held_text_once_and_nothing_else() -> None:

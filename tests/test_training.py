@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from opencode_env.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind
+from opencode_env.sandbox.e2b import E2BBackend
 from opencode_env.sandbox.local import LocalBackend
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, demo_script, say
 from opencode_env.training import training_sequences, training_summary
@@ -222,8 +223,9 @@ async def test_a_template_that_drops_reasoning_forks_at_the_right_turn(backend: 
     assert len(found.sequences[1].turns) == 2
 
 
-async def test_a_call_without_tools_stays_out_of_the_sequence(backend: LocalBackend, no_leaks: None) -> None:
+async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBackend, no_leaks: None) -> None:
     # The agent's own command calls the model it was configured with (with its token), without tools: auxiliary.
+    # On E2B the tools run as OpenCode's user and hold its token; the local backend refuses such a call.
     call = (
         "python3 -c \"import json,os,urllib.request as u; c=json.load(open(os.environ['OPENCODE_CONFIG'])); "
         "p=next(iter(c['provider'].values())); "
@@ -232,7 +234,7 @@ async def test_a_call_without_tools_stays_out_of_the_sequence(backend: LocalBack
         "{'content-type':'application/json',"
         "'authorization':'Bearer '+os.environ['OPENCODE_ENV_UPSTREAM_KEY']})).read()[-30:])\""
     )
-    outcome = await rollout(backend, Script(steps=[bash(call), say("done")]), verify=[])
+    outcome = await rollout(e2b_fake, Script(steps=[bash(call), say("done")]), verify=[])
     result = outcome.result
     assert result.status == "completed", result.error
     kinds = [t.kind for t in result.proxy_turns]

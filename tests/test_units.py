@@ -86,8 +86,9 @@ def test_config_references_the_key_by_env_var_only() -> None:
     text = json.dumps(config)
     assert "{env:OPENCODE_ENV_UPSTREAM_KEY}" in text
     assert config["provider"]["rollout"]["models"]["policy"]["limit"]["output"] == 512
-    assert config["tools"] == {"question": False, "webfetch": False, "task": False}
-    assert config["permission"] == "allow"
+    assert "tools" not in config
+    assert config["permission"] == {"*": "allow", "question": "deny", "webfetch": "deny", "task": "deny"}
+    assert (config["snapshot"], config["lsp"], config["formatter"]) == (False, False, False)
 
 
 def test_events_are_summarized() -> None:

@@ -10,7 +10,7 @@
     "proxy_turns", "files", "files_extra", "agent_log_tail", "proxy_log_tail", "error", "status", "failed_phase",
     "timings", "reward_source", "usage", "backend", "opencode_version", "upstream", "tool_calls", "agent_final_text",
     "request_tools", "oracle", "solution_results", "training_sequences", "sequences",
-    "limits_hit", "enforcement", "schema_version",
+    "limits_hit", "enforcement", "schema_version", "files_non_utf8",
   ]);
   const TOKENS_PER_CHUNK = 2000;
   let closePopup = () => {};
@@ -34,6 +34,8 @@
   }
 
   const isNum = (x) => typeof x === "number" && Number.isFinite(x);
+  // Non-finite floats travel as the strings "Infinity", "-Infinity" and "NaN" (standard JSON has no literal for them).
+  const wireFloat = (x) => (x === "Infinity" || x === "-Infinity" || x === "NaN" ? Number(x) : x);
   const secs = (x) => (isNum(x) ? x.toFixed(x < 10 ? 2 : 1) + " s" : "–");
   const text = (x) => (typeof x === "string" ? x : x === undefined || x === null ? "" : JSON.stringify(x, null, 2));
   const arr = (x) => (Array.isArray(x) ? x : []);
@@ -196,7 +198,7 @@
   }
 
   function turnHead(turn, index) {
-    const logps = arr(turn.per_token_logps).filter(isNum);
+    const logps = arr(turn.per_token_logps).map(wireFloat).filter(isNum);
     const mean = logps.length ? logps.reduce((a, b) => a + b, 0) / logps.length : null;
     const outcome = String(turn.outcome || "complete");
     return el("div", { class: "turn-head" },
@@ -249,11 +251,12 @@
     const show = (span, anchor) => {
       const turn = obj(arr(result.proxy_turns)[Number(span.dataset.turn)]);
       const pos = Number(span.dataset.pos);
-      const lp = arr(turn.per_token_logps)[pos];
+      const lp = wireFloat(arr(turn.per_token_logps)[pos]);
       const id = arr(turn.completion_token_ids)[pos];
       const token = arr(turn.completion_tokens)[pos];
       const rows = arr(arr(turn.top_logprobs)[pos]).map((alt) => {
-        const [t, l, tid] = arr(alt);
+        const [t, rawL, tid] = arr(alt);
+        const l = wireFloat(rawL);
         const chosen = (tid !== null && tid !== undefined && tid === id) || t === token;
         return el("tr", { class: chosen ? "chosen" : null },
           el("td", { text: JSON.stringify(text(t)) }), el("td", { text: isNum(l) ? l.toFixed(4) : "–" }),
@@ -319,7 +322,7 @@
       }))];
   }
 
-  function filesView(files, extra) {
+  function filesView(files, extra, nonUtf8) {
     const names = Object.keys(files);
     const parts = names.map((name) => {
       const details = el("details", {}, el("summary", {}, el("code", { text: name }), " · " + text(files[name]).length + " chars"));
@@ -327,6 +330,7 @@
       return details;
     });
     if (extra.length) parts.push(el("p", { class: "muted", text: "also present, not collected: " + extra.map(text).join(", ") }));
+    if (nonUtf8.length) parts.push(el("p", { class: "muted", text: "names that are not UTF-8 (bad bytes as \\xNN): " + nonUtf8.map((n) => text(obj(n).display)).join(", ") }));
     return parts.length ? parts : [el("p", { class: "muted", text: "none" })];
   }
 
@@ -384,7 +388,7 @@
       block("Turns (" + turns.length + ")", true, (b) => b.append(...turnsView(turns)), "turns-block"),
       block("Tool calls (" + arr(r.tool_calls).length + ")", true, (b) => b.append(...toolCallsView(arr(r.tool_calls))), "tools"),
       block("Verify commands (" + arr(r.verify_results).length + ")", true, (b) => b.append(...commandsView(arr(r.verify_results))), "verify"),
-      block("Files (" + Object.keys(obj(r.files)).length + ")", false, (b) => b.append(...filesView(obj(r.files), arr(r.files_extra))), "files"),
+      block("Files (" + Object.keys(obj(r.files)).length + ")", false, (b) => b.append(...filesView(obj(r.files), arr(r.files_extra), arr(r.files_non_utf8))), "files"),
     );
     if (r.agent_final_text) root.append(block("Agent's final text", false, (b) => b.append(el("pre", { text: text(r.agent_final_text) })), "final"));
     const sequences = sequencesOf(r);
