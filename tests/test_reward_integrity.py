@@ -9,6 +9,7 @@ make, and killing OpenCode; planting tests the task restores; verify in a fresh 
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -109,6 +110,8 @@ async def test_odd_file_names_leave_a_result_that_serialises(backend: LocalBacke
     assert result.reward == 1.0
     assert "new\nline.txt" in result.files
     assert "n" * 255 in result.files
+    assert [base64.b64decode(name.path_base64) for name in result.files_non_utf8] == [b"bin\xe9.txt"]
+    assert not any("bin" in name for name in [*result.files, *result.files_extra])
 
 
 FORGE = """python3 - <<'EOF'
