@@ -17,7 +17,7 @@ import pytest
 from opencode_env.models import RolloutResult
 from opencode_env.sandbox.local import LocalBackend
 from opencode_env.testing.demo import DEMO_VERIFY
-from opencode_env.testing.script import Script, bash, say, write
+from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, write
 from tests.helpers import Outcome, rollout
 
 REWARD = "/home/user/logs/verifier/reward.txt"
@@ -233,3 +233,13 @@ async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks
     assert result.status in ("completed", "agent_error"), result.error
     assert (result.reward, result.reward_source) == (1.0, "verify_pass_rate")
     assert "fill" in result.files_extra
+
+
+async def test_opencode_still_stops_a_tool_command_past_its_timeout(backend: LocalBackend, no_leaks: None) -> None:
+    """OpenCode and its tools are two uids now: its own tool timeout must still end the command (it holds kill)."""
+    arguments = {"command": "sleep 90", "description": "wait", "timeout": 2000}
+    slow = Step(tool_calls=[ToolCallStep(name="bash", arguments=arguments)])
+    outcome = await rollout(backend, Script(steps=[slow, say("done")]), verify=FAILING_VERIFY)
+    assert outcome.result.status == "completed", outcome.result.error
+    assert "terminated command after exceeding timeout 2000 ms" in tool_outputs(outcome)
+    assert (outcome.result.timings.agent_s or 0) < 80
