@@ -16,6 +16,7 @@ from opencode_env.models import RolloutRequest, RolloutResult, is_infrastructure
 from opencode_env.rollout import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.sandbox.registry import EMBEDDED, backend_names
 
 Verdict = Literal["ok", "broken", "inconclusive"]
 EXIT_CODES: dict[Verdict, int] = {"ok": 0, "broken": 1, "inconclusive": 2}
@@ -91,6 +92,6 @@ def add_check_task_parser(subparsers: Any) -> None:
         "check-task", help="run a task's oracle (must reach 1.0) and a do-nothing agent (must score below 1.0)"
     )
     check.add_argument("task", type=Path, metavar="TASK.json", help="a RolloutRequest in JSON, with a solution")
-    check.add_argument("--backend", choices=["local", "e2b"], default="local")
+    check.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help="where the two rollouts run")
     check.add_argument("--save", type=Path, default=None, metavar="DIR", help="write both results as JSON here")
     check.set_defaults(handler=_cmd_check_task)

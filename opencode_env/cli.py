@@ -16,7 +16,17 @@ from opencode_env.check_task import add_check_task_parser
 from opencode_env.export import add_export_parser
 from opencode_env.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.rollout import run_rollout
-from opencode_env.sandbox import make_backend
+from opencode_env.sandbox import (
+    AUTO,
+    AUTO_RULE,
+    BACKENDS,
+    EMBEDDED,
+    backend_names,
+    default_backend,
+    make_backend,
+    reap_sandboxes,
+    reapable_names,
+)
 from opencode_env.sandbox.base import SandboxError
 from opencode_env.sandbox.local_tools import InstallError
 from opencode_env.viewer.cli import add_view_parser
@@ -54,8 +64,18 @@ def summarize(result: RolloutResult) -> str:
     return "\n".join(lines)
 
 
+def _needs(names: Sequence[str]) -> str:
+    return "; ".join(f"{name} needs {BACKENDS[name].needs}" for name in names)
+
+
+def _add_serving_backend_argument(parser: argparse.ArgumentParser) -> None:
+    help_text = f"where rollouts run ({_needs(backend_names())}; {AUTO_RULE})"
+    parser.add_argument("--backend", choices=[AUTO, *backend_names()], default=AUTO, help=help_text)
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=["local", "e2b", "hf"], default="local")
+    help_text = f"where the rollout runs ({_needs(backend_names())})"
+    parser.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help=help_text)
     parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
     parser.add_argument("--base-url", default="")
     parser.add_argument("--model", default="")
@@ -123,7 +143,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print("Starting the scripted model on loopback and running OpenCode in a local sandbox...", file=sys.stderr)
     with ScriptedModelServer(demo_script()) as model:
         request = demo_request(model.base_url, mode=args.mode)
-        result = asyncio.run(run_rollout(request, make_backend("local"), progress=_progress))
+        result = asyncio.run(run_rollout(request, default_backend(), progress=_progress))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     path = args.output_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(result.model_dump_json(indent=2))
@@ -162,12 +182,7 @@ def _cmd_build_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_reap(args: argparse.Namespace) -> int:
-    if args.backend == "hf":
-        from opencode_env.sandbox.hf import reap
-    else:
-        from opencode_env.sandbox.e2b import reap  # type: ignore[assignment]
-
-    killed = asyncio.run(reap(older_than_s=args.older_than * 60))
+    killed = asyncio.run(reap_sandboxes(args.backend, older_than_s=args.older_than * 60))
     for sandbox_id in killed:
         print(sandbox_id)
     print(f"killed {len(killed)} sandbox(es) older than {args.older_than} min", file=sys.stderr)
@@ -201,10 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback (set a token first)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
+    _add_serving_backend_argument(serve)
     serve.set_defaults(handler=_cmd_serve)
     mcp = commands.add_parser("mcp", help="serve the MCP tool over stdio (for desktop MCP clients)")
-    mcp.add_argument("--backend", choices=["auto", "local", "e2b", "hf"], default="auto")
+    _add_serving_backend_argument(mcp)
     mcp.set_defaults(handler=_cmd_mcp)
     build = commands.add_parser("build-template", help="build the E2B template (OpenCode and the proxy baked in)")
     build.add_argument("--name", default="opencode-env")
@@ -214,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(handler=_cmd_build_template)
     reap = commands.add_parser("reap", help="kill cloud sandboxes tagged by opencode-env that outlived their rollout")
     reap.add_argument("--older-than", type=float, default=60.0, metavar="MIN")
-    reap.add_argument("--backend", choices=["e2b", "hf"], default="e2b")
+    reapers = reapable_names()
+    reap.add_argument("--backend", choices=reapers, default=reapers[0], help=f"whose sandboxes ({_needs(reapers)})")
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)

@@ -118,10 +118,9 @@ async def run_rollout(
     that may cancel the rollout passes `result` and keeps it: the pipeline fills it as it goes, so after a
     cancellation it still holds everything captured so far, with status `cancelled`."""
     if backend is None:
-        from opencode_env.sandbox.local import LocalBackend
-        from opencode_env.sandbox.local_tools import cached_tools
+        from opencode_env.sandbox import default_backend
 
-        backend = LocalBackend(cached_tools)
+        backend = default_backend()
     started = time.monotonic()
     if result is None:
         result = RolloutResult()

@@ -25,7 +25,7 @@ from pydantic import Field, ValidationError
 
 from opencode_env.deadline import total_budget_s
 from opencode_env.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
-from opencode_env.sandbox import BackendName, make_backend, resolve_backend_name
+from opencode_env.sandbox import AUTO, UnknownBackend, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.version import VERSION
 from server.app import SHUTDOWN_GRACE_S
@@ -37,6 +37,7 @@ log = logging.getLogger("opencode_env.server")
 # openenv-core reads FastMCP's renamed Tool.inputSchema on every tools/list; the schema it gets is right.
 warnings.filterwarnings("ignore", message="Accessing `Tool.inputSchema` is deprecated")
 SERVER_MARGIN_S = 60.0
+BACKEND_VAR = "OPENCODE_ENV_BACKEND"
 PHASES: tuple[Phase, ...] = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect")
 TOOL_DESCRIPTION = (
     "Run one OpenCode coding-agent episode in a fresh sandbox: run the setup commands, the agent on the "
@@ -119,13 +120,13 @@ def build_mcp(rollouts: Rollouts) -> FastMCP:
 
 
 def configure(
-    backend: SandboxBackend | None = None, backend_name: BackendName | None = None, max_rollouts: int | None = None
+    backend: SandboxBackend | None = None, backend_name: str | None = None, max_rollouts: int | None = None
 ) -> Runtime:
-    """Set the backend every session uses (by default from OPENCODE_ENV_BACKEND, `auto`) and the rollout cap."""
+    """Set the backend every session uses (by default the one OPENCODE_ENV_BACKEND names, `auto` when unset) and the
+    rollout cap; an unknown backend name raises UnknownBackend."""
     if backend is None:
-        requested: BackendName = backend_name or os.environ.get("OPENCODE_ENV_BACKEND", "auto")  # type: ignore[assignment]
-        backend = make_backend(requested)
-    rollouts = Rollouts(backend, max_rollouts or max_concurrent_rollouts())
+        backend = make_backend(backend_name) if backend_name else backend_from_environment()
+    rollouts = Rollouts(backend, max_rollouts or max_concurrent_rollouts(backend))
     _Current.runtime = Runtime(backend, backend.name, build_mcp(rollouts), rollouts)
     log.info(
         "opencode-env %s serving rollouts on the %s backend, at most %d at once", VERSION, backend.name, rollouts.limit
@@ -137,13 +138,20 @@ def runtime() -> Runtime:
     return _Current.runtime if _Current.runtime is not None else configure()
 
 
-def max_concurrent_rollouts() -> int:
-    """The one cap on rollouts running at once, over every transport (MAX_CONCURRENT_ENVS)."""
+def backend_from_environment() -> SandboxBackend:
+    requested = os.environ.get(BACKEND_VAR, AUTO)
+    try:
+        return make_backend(requested)
+    except UnknownBackend as error:
+        raise UnknownBackend(requested, named_by=BACKEND_VAR) from error
+
+
+def max_concurrent_rollouts(backend: SandboxBackend) -> int:
+    """The one cap on rollouts running at once, over every transport: MAX_CONCURRENT_ENVS, else the backend's."""
     configured = os.environ.get("MAX_CONCURRENT_ENVS")
     if configured:
         return int(configured)
-    backend = resolve_backend_name(os.environ.get("OPENCODE_ENV_BACKEND", "auto"))  # type: ignore[arg-type]
-    return 16 if backend == "e2b" else max(2, (os.cpu_count() or 2) * 2)
+    return default_concurrency(backend)
 
 
 def max_sessions(rollout_cap: int) -> int:

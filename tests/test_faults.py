@@ -203,11 +203,16 @@ async def test_16_concurrent_rollouts_with_random_faults(
     chooser = random.Random(16)
     plan = [(chooser.choice(list(FAULTS)), chooser.choice([backend, e2b_fake])) for _ in range(16)]
 
+    def expected(fault: str, chosen: SandboxBackend) -> str:
+        # The local backend's tools run as another uid than OpenCode and cannot kill it (test_opencode_crashes).
+        return "completed" if fault == "agent crashes" and chosen is backend else FAULTS[fault][2]
+
     async def one(fault: str, chosen: SandboxBackend) -> tuple[str, str]:
         script, overrides, _ = FAULTS[fault]
         result = (await rollout(chosen, script, agent_timeout_s=240, **overrides)).result
-        return fault, f"{result.status}" if result.status == FAULTS[fault][2] else f"{result.status} ({result.timings})"
+        wanted = expected(fault, chosen)
+        return wanted, f"{result.status}" if result.status == wanted else f"{result.status} ({result.timings})"
 
     outcomes = await asyncio.gather(*(one(fault, chosen) for fault, chosen in plan))
-    assert [status for _, status in outcomes] == [FAULTS[fault][2] for fault, _ in outcomes], outcomes
-    assert len({fault for fault, _ in outcomes}) >= 4
+    assert [status for _, status in outcomes] == [wanted for wanted, _ in outcomes], outcomes
+    assert len({fault for fault, _ in plan}) >= 4

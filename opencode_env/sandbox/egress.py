@@ -3,9 +3,12 @@
 It listens inside the namespace (see netns.py) and runs in the server's event loop. HTTP `CONNECT host:port` and
 absolute-URI requests (what pip, npm, curl and OpenCode send with HTTPS_PROXY / HTTP_PROXY set) are allowed to
 public addresses when the rollout has internet, and always to the exact host:port pairs named in the policy (the
-model in black_box mode). Loopback, private, link-local (the cloud metadata address included), multicast and
-reserved addresses are refused. The name is resolved once and the vetted address is the one connected to, so a
-DNS answer cannot change between the check and the connection. Every attempt is logged.
+model in black_box mode). Without internet, anything else is refused before its name is looked up: a DNS query is
+itself a way out. Every address a name resolves to is judged by class (addresses.py: private, loopback,
+link-local, multicast, reserved, documentation, forms that embed such an IPv4 address, and this machine's own
+addresses are refused) unless the operator's trusted-hosts list names the host. The name is resolved once and the
+vetted address is the one connected to, so a DNS answer cannot change between the check and the connection.
+Every attempt is logged.
 """
 
 from __future__ import annotations
@@ -16,8 +19,18 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from opencode_env.sandbox.addresses import (
+    ALWAYS_LOCAL,
+    IPAddress,
+    IPNetwork,
+    local_ipv4_networks,
+    local_ipv6_networks,
+    refusal,
+)
 
 log = logging.getLogger("opencode_env.egress")
 HEADER_LIMIT = 64 * 1024
@@ -26,6 +39,11 @@ MAX_ATTEMPTS_RECORDED = 1000
 
 
 TRUSTED_HOSTS_VAR = "OPENCODE_ENV_EGRESS_TRUSTED_HOSTS"
+NO_INTERNET = "this rollout has no internet access (network='model_only')"
+FIB_TRIE = Path("/proc/self/net/fib_trie")
+IF_INET6 = Path("/proc/self/net/if_inet6")
+
+Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 
 
 @dataclass(frozen=True)
@@ -33,11 +51,33 @@ class EgressPolicy:
     internet: bool
     allowed: frozenset[tuple[str, int]] = frozenset()
     trusted_hosts: frozenset[str] = frozenset()
-    """Names the operator trusts even on private addresses (a package mirror on the local network), with internet."""
+    """Names the operator trusts even on private addresses (a package mirror on the local network, a model on the
+    host's network): reachable with internet, and as an allowed endpoint without it."""
 
 
 def trusted_hosts_from_env(environ: Mapping[str, str]) -> frozenset[str]:
     return frozenset(name.strip().lower() for name in environ.get(TRUSTED_HOSTS_VAR, "").split(",") if name.strip())
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(info[4][0]) for info in infos]
+
+
+def read_host_networks() -> frozenset[IPNetwork]:
+    """This machine's own addresses in the server's network namespace, the one the proxy connects from."""
+    try:
+        ipv6 = IF_INET6.read_text()
+    except FileNotFoundError:
+        ipv6 = ""  # IPv6 is disabled in this kernel: the machine has no IPv6 address
+    return ALWAYS_LOCAL | local_ipv4_networks(FIB_TRIE.read_text()) | local_ipv6_networks(ipv6)
+
+
+def literal_address(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -54,10 +94,15 @@ class EgressProxy:
     policy: EgressPolicy
     rollout: str
     attempts: list[Attempt] = field(default_factory=list)
+    resolve: Resolver = system_resolver
+    host_networks: frozenset[IPNetwork] | None = None
+    """This machine's addresses, read at start unless given."""
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def serve(self, listener: socket.socket) -> None:
+        if self.host_networks is None:
+            self.host_networks = await asyncio.to_thread(read_host_networks)
         listener.setblocking(False)
         self._server = await asyncio.start_server(self._handle, sock=listener)
 
@@ -94,12 +139,16 @@ class EgressProxy:
             forward = f"{method} {path} {version}\r\n".encode("latin-1") + rest
         address, reason = await self._vet(host, port)
         if address is None:
-            writer.write(f"HTTP/1.1 403 Forbidden\r\ncontent-length: {len(reason)}\r\n\r\n{reason}".encode())
-            await writer.drain()
+            await _answer(writer, "403 Forbidden", reason)
             return
-        upstream_reader, upstream_writer = await asyncio.wait_for(
-            asyncio.open_connection(address, port), timeout=CONNECT_TIMEOUT_S
-        )
+        try:
+            upstream_reader, upstream_writer = await asyncio.wait_for(
+                asyncio.open_connection(address, port), timeout=CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as error:
+            log.info("%s egress %s:%d via %s failed: %s", self.rollout, host, port, address, error)
+            await _answer(writer, "502 Bad Gateway", f"cannot connect to {address}: {error}")
+            return
         try:
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -111,22 +160,33 @@ class EgressProxy:
             upstream_writer.close()
 
     async def _vet(self, host: str, port: int) -> tuple[str | None, str]:
-        named = (host.lower(), port) in self.policy.allowed
+        """The one address to connect to (as a literal, never resolved again), or None, and why."""
+        name = host.lower()
+        endpoint = (name, port) in self.policy.allowed
+        if not endpoint and not self.policy.internet:
+            return self._record(host, port, None, NO_INTERNET)
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = await self._addresses(host, port)
         except OSError as error:
             return self._record(host, port, None, f"cannot resolve: {error}")
-        addresses = [str(info[4][0]) for info in infos]
-        if named:
-            return self._record(host, port, addresses[0], "the configured model endpoint")
-        if not self.policy.internet:
-            return self._record(host, port, None, "this rollout has no internet access (network='model_only')")
-        if host.lower() in self.policy.trusted_hosts:
-            return self._record(host, port, addresses[0], f"trusted by the operator ({TRUSTED_HOSTS_VAR})")
+        if not addresses:
+            return self._record(host, port, None, "cannot resolve: no address")
+        if name in self.policy.trusted_hosts:
+            return self._record(host, port, str(addresses[0]), f"trusted by the operator ({TRUSTED_HOSTS_VAR})")
         for address in addresses:
-            if not ipaddress.ip_address(address.split("%")[0]).is_global:
-                return self._record(host, port, None, f"{address} is not a public address")
-        return self._record(host, port, addresses[0], "public")
+            reason = refusal(address, self._host_networks())
+            if reason is not None:
+                return self._record(host, port, None, reason)
+        return self._record(host, port, str(addresses[0]), "the configured model endpoint" if endpoint else "public")
+
+    async def _addresses(self, host: str, port: int) -> Sequence[IPAddress]:
+        literal = literal_address(host)
+        return [literal] if literal is not None else await self.resolve(host, port)
+
+    def _host_networks(self) -> frozenset[IPNetwork]:
+        if self.host_networks is None:
+            self.host_networks = read_host_networks()
+        return self.host_networks
 
     def _record(self, host: str, port: int, address: str | None, reason: str) -> tuple[str | None, str]:
         allowed = address is not None
@@ -175,11 +235,18 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 def _split_host_port(target: str, default_port: int) -> tuple[str, int]:
     if target.startswith("["):
         host, _, port = target[1:].partition("]")
-        return host, int(port.lstrip(":") or default_port)
+        return host, _port(port.lstrip(":") or str(default_port))
     host, _, port = target.rpartition(":")
     if not host:
         return target, default_port
-    return host, int(port)
+    return host, _port(port)
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    return port
 
 
 def _absolute_target(target: str) -> tuple[str, int, str]:
@@ -188,6 +255,12 @@ def _absolute_target(target: str) -> tuple[str, int, str]:
     authority, _, path = target[len("http://") :].partition("/")
     host, port = _split_host_port(authority, 80)
     return host, port, "/" + path
+
+
+async def _answer(writer: asyncio.StreamWriter, status: str, reason: str) -> None:
+    body = reason.encode()
+    writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
 
 
 async def _pipe_both(
