@@ -21,8 +21,8 @@ COPY openenv.yaml ./
 # Bytecode only for the modules the server and the proxy import (compiling every package would add ~150 MB).
 RUN --mount=type=secret,id=ca eval "$TRUST" \
     && /opt/uv/bin/uv sync --frozen --no-dev --no-editable \
-    && /opt/app/.venv/bin/python -m opencode_env.sandbox.hf_shell install-opencode /opt/opencode-env | sh -e \
-    && version=$(/opt/app/.venv/bin/python -c "from opencode_env.opencode import OPENCODE_VERSION; print(OPENCODE_VERSION)") \
+    && /opt/app/.venv/bin/python -m opencode_env.sandbox.cloud.hf_shell install-opencode /opt/opencode-env | sh -e \
+    && version=$(/opt/app/.venv/bin/python -c "from opencode_env.rollout.opencode import OPENCODE_VERSION; print(OPENCODE_VERSION)") \
     && cache=/opt/opencode-env/cache/opencode-$version \
     && mkdir -p $cache/node_modules/.bin \
     && ln -s /opt/opencode-env/opencode-$version/package/bin/opencode $cache/node_modules/.bin/opencode \

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
 
 BWRAP = ["bwrap", "--unshare-pid", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--", "true"]
 

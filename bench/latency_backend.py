@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opencode_env.models import CommandResult
-from opencode_env.rollout import EVENTS_PATH
+from opencode_env.rollout.pipeline import EVENTS_PATH
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
@@ -30,6 +29,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
+from opencode_env.wire.models import CommandResult
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opencode_env import opencode
-from opencode_env.sandbox.local_tools import install_cached
+from opencode_env.rollout import opencode
+from opencode_env.sandbox.local.tools import install_cached
 from opencode_env.testing.demo import DEMO_INSTRUCTION
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer

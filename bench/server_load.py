@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 
 from bench.serving import free_port, running_server
-from opencode_env.models import TOOL_NAME
+from opencode_env.client.ws_session import OpenEnvSession
 from opencode_env.testing.demo import demo_request
-from opencode_env.ws_session import OpenEnvSession
+from opencode_env.wire.models import TOOL_NAME
 
 TARGET_HEALTH_P99_S = 0.100
 TARGET_MAX_LAG_S = 0.050

@@ -35,7 +35,8 @@ started = time.perf_counter()
 from opencode_env import OpenCodeEnv
 OpenCodeEnv
 elapsed = time.perf_counter() - started
-heavy = ["gradio", "pandas", "opencode_env.rollout", "opencode_env.proxy_session", "opencode_env.opencode"]
+heavy = ["gradio", "pandas", "opencode_env.rollout.pipeline", "opencode_env.rollout.proxy_session",
+         "opencode_env.rollout.opencode"]
 print(json.dumps({"s": elapsed, "modules": len(sys.modules), "heavy": [m for m in heavy if m in sys.modules]}))
 """
 

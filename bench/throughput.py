@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving import free_port, running_server
-from opencode_env.client import OpenCodeEnv
-from opencode_env.models import RolloutRequest, RolloutResult
-from opencode_env.rollout import run_rollout
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools, install_cached
+from opencode_env.client.client import OpenCodeEnv
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools, install_cached
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 
 PHASES = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect", "close")
 Runner = Callable[[list[RolloutRequest], int], Coroutine[Any, Any, list[RolloutResult]]]

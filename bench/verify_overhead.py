@@ -14,11 +14,11 @@ import argparse
 import asyncio
 import statistics
 
-from opencode_env.models import RolloutRequest, VerifySandbox
-from opencode_env.rollout import run_rollout
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
+from opencode_env.wire.models import RolloutRequest, VerifySandbox
 
 SOLUTION = "printf 'def add(a, b):\\n    return a + b\\n' > add.py"
 

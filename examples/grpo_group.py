@@ -17,11 +17,11 @@ import os
 from collections.abc import Iterator, Sequence
 
 from opencode_env import OpenCodeEnv, RolloutRequest, RolloutResult
-from opencode_env.formats import rollout_reward, trl_batch
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.training import training_sequences, training_summary
+from opencode_env.training.formats import rollout_reward, trl_batch
+from opencode_env.training.sequences import training_sequences, training_summary
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 

@@ -18,7 +18,7 @@ from opencode_env import OpenCodeEnv
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.training import training_summary
+from opencode_env.training.sequences import training_summary
 
 
 @contextlib.contextmanager

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opencode_env.version import VERSION as __version__
+from opencode_env.wire.version import VERSION as __version__
 
 if TYPE_CHECKING:
-    from opencode_env.client import OpenCodeEnv
-    from opencode_env.models import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
-    from opencode_env.rollout import run_rollout
+    from opencode_env.client.client import OpenCodeEnv
+    from opencode_env.rollout.pipeline import run_rollout
+    from opencode_env.wire.models import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
 
 __all__ = [
     "CommandResult",
@@ -29,15 +29,15 @@ def __getattr__(name: str) -> Any:
     # Each on first use: a client never loads the pipeline, the pipeline never loads the client, and the capture
     # proxy (a process per rollout, importing opencode_env.proxy) loads neither the models nor pydantic.
     if name in MODELS:
-        from opencode_env import models
+        from opencode_env.wire import models
 
         return getattr(models, name)
     if name == "OpenCodeEnv":
-        from opencode_env.client import OpenCodeEnv
+        from opencode_env.client.client import OpenCodeEnv
 
         return OpenCodeEnv
     if name == "run_rollout":
-        from opencode_env.rollout import run_rollout
+        from opencode_env.rollout.pipeline import run_rollout
 
         return run_rollout
     raise AttributeError(f"module 'opencode_env' has no attribute {name!r}")

@@ -12,10 +12,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from opencode_env.check_task import add_check_task_parser
-from opencode_env.export import add_export_parser
-from opencode_env.models import Phase, RolloutRequest, RolloutResult
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.check_task import add_check_task_parser
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import (
     AUTO,
     AUTO_RULE,
@@ -28,8 +26,10 @@ from opencode_env.sandbox import (
     reapable_names,
 )
 from opencode_env.sandbox.base import SandboxError
-from opencode_env.sandbox.local_tools import InstallError
+from opencode_env.sandbox.local.tools import InstallError
+from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
+from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
 MCP clients, OpenEnv's /ws, /step and JSON-RPC at /mcp for OpenEnv clients, /health and /metadata.
@@ -172,7 +172,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_template(args: argparse.Namespace) -> int:
-    from opencode_env.sandbox import template
+    from opencode_env.sandbox.cloud import template
 
     if args.dry_run:
         print(template.dockerfile())
@@ -190,8 +190,8 @@ def _cmd_reap(args: argparse.Namespace) -> int:
 
 
 def _cmd_install(_: argparse.Namespace) -> int:
-    from opencode_env.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
-    from opencode_env.sandbox.local_tools import install_cached, install_config_deps
+    from opencode_env.sandbox.local.tools import install_cached, install_config_deps
+    from opencode_env.wire.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
 
     print(f"OpenCode {OPENCODE_VERSION}: {install_cached()}")
     print(f"{PLUGIN_PACKAGE} {OPENCODE_VERSION} (for each rollout's config directory): {install_config_deps()}")

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from opencode_env.access import TOKEN_VAR
-from opencode_env.version import VERSION
 from opencode_env.viewer.web import web_router
+from opencode_env.wire.access import TOKEN_VAR
+from opencode_env.wire.version import VERSION
 from server import heap
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
 from server.preflight import RunsPreflight

@@ -18,7 +18,7 @@ from typing import Any
 from openenv.core.env_server.mcp_types import CallToolObservation, ToolError, ToolErrorType
 from pydantic import ValidationError
 
-from opencode_env.models import TOOL_NAME, RolloutRequest
+from opencode_env.wire.models import TOOL_NAME, RolloutRequest
 from server import spliced
 from server.rollouts import Rollouts
 from server.tool_result import session_tool_result, session_tool_result_json

@@ -23,11 +23,11 @@ from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservatio
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field, ValidationError
 
-from opencode_env.deadline import total_budget_s
-from opencode_env.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
 from opencode_env.sandbox import AUTO, UnknownBackend, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.version import VERSION
+from opencode_env.wire.deadline import total_budget_s
+from opencode_env.wire.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.version import VERSION
 from server.app import SHUTDOWN_GRACE_S
 from server.direct_call import call_run_rollout
 from server.rollouts import Rollouts

@@ -16,10 +16,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from opencode_env.deadline import total_budget_s
-from opencode_env.models import Phase, RolloutRequest, RolloutResult
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.wire.deadline import total_budget_s
+from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from server.preflight import Preflighted
 
 log = logging.getLogger("opencode_env.server")

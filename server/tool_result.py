@@ -13,8 +13,8 @@ from typing import Any
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
 
-from opencode_env.models import RolloutResult
-from opencode_env.version import VERSION
+from opencode_env.wire.models import RolloutResult
+from opencode_env.wire.version import VERSION
 
 SERVER_NAME = "opencode_env"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"

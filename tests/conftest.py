@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
-from opencode_env.sandbox.e2b import E2BBackend
-from opencode_env.sandbox.hf import HFBackend
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cache_root, cached_tools, install_cached, npm_cache
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.cloud.hf import HFBackend
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
+from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
 from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 

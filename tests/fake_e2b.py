@@ -38,10 +38,10 @@ from e2b.api.client.models.sandbox_state import SandboxState
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
-from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 from opencode_env.sandbox.base import HOME, Identity, ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
-from opencode_env.sandbox.local_tools import cached_tools, npm_cache
+from opencode_env.sandbox.local.backend import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local.tools import cached_tools, npm_cache
+from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
 NPM_GLOBAL = f"{HOME}/.npm-global"

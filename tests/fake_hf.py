@@ -33,8 +33,8 @@ from huggingface_hub._sandbox import DEFAULT_IMAGE, RESERVED_SANDBOX_LABELS, San
 from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
 
 from opencode_env.sandbox.base import Identity, ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.backend import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local.tools import cached_tools
 from tests.fake_hf_plain import PlainMachine
 
 T = TypeVar("T")

@@ -3,12 +3,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from opencode_env.models import RolloutResult
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
+from opencode_env.wire.models import RolloutResult
 
 RUN_MARK = f"{secrets.randbelow(10**6):06d}"
 """Fractional digits that make this test run's sleeping commands its own: a leak check looks for them across the

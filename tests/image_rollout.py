@@ -18,12 +18,12 @@ from pathlib import Path
 
 from fastmcp import Client
 
-from opencode_env.models import RolloutResult
-from opencode_env.sandbox.hf import HFBackend
+from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.wire.models import RolloutResult
 from server.app import build_app
 from server.environment import configure
 from tests.fake_hf import FakeHfCloud

@@ -16,7 +16,7 @@ import pytest
 from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 
-from opencode_env.client import OpenCodeEnv
+from opencode_env.client.client import OpenCodeEnv
 from server.app import build_app
 from tests.stub_server import StubServer, stub_server
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from opencode_env.attribution import attribute_turns
 from opencode_env.cli import main
-from opencode_env.formats import harness_result, training_rows, trl_batch
-from opencode_env.models import RolloutTurn, TurnKind
-from opencode_env.training import training_sequences, training_summary
+from opencode_env.training.attribution import attribute_turns
+from opencode_env.training.formats import harness_result, training_rows, trl_batch
+from opencode_env.training.sequences import training_sequences, training_summary
+from opencode_env.wire.models import RolloutTurn, TurnKind
 from tests.test_training import history, result_of, turn
 
 EOS = 99

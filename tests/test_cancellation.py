@@ -14,7 +14,7 @@ import pytest
 from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer

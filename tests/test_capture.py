@@ -8,7 +8,6 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opencode_env.models import RolloutResult
 from opencode_env.proxy.capture import (
     RewriteConfig,
     TraceCompactor,
@@ -22,7 +21,8 @@ from opencode_env.proxy.capture import (
     shared_prefix,
     turn_kind,
 )
-from opencode_env.proxy_session import parse_trace
+from opencode_env.rollout.proxy_session import parse_trace
+from opencode_env.wire.models import RolloutResult
 
 
 def sse(*chunks: dict[str, Any] | str, separator: str = "\n\n") -> bytes:

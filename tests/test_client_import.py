@@ -6,7 +6,15 @@ import json
 import subprocess
 import sys
 
-HEAVY = ["gradio", "pandas", "fastapi", "fastmcp", "openenv", "opencode_env.rollout", "opencode_env.proxy_session"]
+HEAVY = [
+    "gradio",
+    "pandas",
+    "fastapi",
+    "fastmcp",
+    "openenv",
+    "opencode_env.rollout.pipeline",
+    "opencode_env.rollout.proxy_session",
+]
 
 
 def test_importing_the_client_loads_nothing_heavy() -> None:
@@ -22,7 +30,7 @@ def test_importing_the_client_loads_nothing_heavy() -> None:
 
 def test_the_pipeline_is_still_one_attribute_away() -> None:
     import opencode_env
-    from opencode_env.rollout import run_rollout
+    from opencode_env.rollout.pipeline import run_rollout
 
     assert opencode_env.run_rollout is run_rollout
     assert opencode_env.__version__
@@ -36,7 +44,7 @@ def test_the_capture_proxy_starts_without_a_web_framework_or_the_models() -> Non
         "from opencode_env.proxy.app import ProxySettings, create_app\n"
         "from opencode_env.proxy.delivery import delivery_aware_protocol\n"
         "create_app(ProxySettings(upstream_url='http://127.0.0.1:9/v1', trace_path='/dev/null'))\n"
-        "heavy = ['fastapi', 'starlette', 'pydantic', 'httpx', 'opencode_env.models']\n"
+        "heavy = ['fastapi', 'starlette', 'pydantic', 'httpx', 'opencode_env.wire.models']\n"
         "print(json.dumps([name for name in heavy if name in sys.modules]))\n"
     )
     completed = subprocess.run(

@@ -15,10 +15,10 @@ from e2b.sandbox_async.commands.command import Commands
 from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
 from e2b.sandbox_async.filesystem.filesystem import Filesystem
 
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.e2b import E2BBackend, reap
-from opencode_env.sandbox.template import dockerfile
+from opencode_env.sandbox.cloud.e2b import E2BBackend, reap
+from opencode_env.sandbox.cloud.template import dockerfile
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from fastmcp import Client
 
-from opencode_env.client import parse_result
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.client.client import parse_result
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer

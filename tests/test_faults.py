@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import ProvidedTools, SandboxBackend
-from opencode_env.sandbox.e2b import E2BBackend
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer

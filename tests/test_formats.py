@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from opencode_env.cli import main
-from opencode_env.formats import harness_result, rollout_reward, training_rows, trl_batch
-from opencode_env.models import RolloutRequest
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.trl_rollout import InProcess, make_rollout_func
+from opencode_env.training.formats import harness_result, rollout_reward, training_rows, trl_batch
+from opencode_env.training.trl_rollout import InProcess, make_rollout_func
+from opencode_env.wire.models import RolloutRequest
 from tests.test_training import history, result_of, turn
 
 EOS = 99

@@ -15,11 +15,11 @@ import pytest
 from huggingface_hub import HfApi, Sandbox
 from huggingface_hub._sandbox import SandboxFiles, SandboxProcess
 
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import resolve_backend_name
 from opencode_env.sandbox.base import SandboxError, SandboxSpec
-from opencode_env.sandbox.hf import HFBackend, HFSandbox, default_image, reap
-from opencode_env.sandbox.hf_shell import parse_listing, parse_probe
+from opencode_env.sandbox.cloud.hf import HFBackend, HFSandbox, default_image, reap
+from opencode_env.sandbox.cloud.hf_shell import parse_listing, parse_probe
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer

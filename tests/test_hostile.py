@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.endpoints import EndpointError, resolve_upstream
-from opencode_env.models import RolloutRequest
+from opencode_env.rollout.endpoints import EndpointError, resolve_upstream
 from opencode_env.sandbox.base import REWARD_TXT, ResourceLimits, SandboxSpec
-from opencode_env.sandbox.egress import EgressPolicy, EgressProxy
-from opencode_env.sandbox.local import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
 from opencode_env.testing.script import Script, bash, say
+from opencode_env.wire.models import RolloutRequest
 from tests.helpers import rollout
 
 CANARY_KEY = "sk-hostile-canary-5e1d9b"

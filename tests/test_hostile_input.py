@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opencode_env.models import RolloutRequest, RolloutResult
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 from server.app import build_app
 from server.environment import configure
 

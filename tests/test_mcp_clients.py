@@ -15,8 +15,8 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
-from opencode_env.models import RolloutResult
-from opencode_env.version import VERSION
+from opencode_env.wire.models import RolloutResult
+from opencode_env.wire.version import VERSION
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@0.15.0"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from opencode_env.models import RolloutResult
-from opencode_env.sandbox.e2b import E2BBackend
-from opencode_env.version import VERSION
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.wire.models import RolloutResult
+from opencode_env.wire.version import VERSION
 from server.app import build_app
 from server.environment import configure
 from tests.stub_server import CountingBackend

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opencode_env.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
 from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR, Sandbox, SandboxSpec
-from opencode_env.sandbox.local import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import DEMO_VERIFY
 from opencode_env.testing.script import demo_script
+from opencode_env.wire.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
 from tests.helpers import rollout
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.check_task import judge
 from opencode_env.cli import main
-from opencode_env.models import MAX_COMMANDS, RolloutRequest, RolloutResult
-from opencode_env.rollout import run_rollout
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.rollout.check_task import judge
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.wire.models import MAX_COMMANDS, RolloutRequest, RolloutResult
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "task_hello.json"
 WORKDIR = "/home/user/workdir"

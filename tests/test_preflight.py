@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import demo_request
 from server.rollouts import Rollouts
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from opencode_env.sandbox.base import ProvidedTools
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.script import Script, bash, demo_script, fail, say
 from tests.helpers import rollout
 
@@ -68,13 +68,12 @@ async def test_a_500_then_success_is_retried_by_opencode(backend: LocalBackend, 
     assert result.reward == 1.0
 
 
-async def test_a_400_stops_the_agent_quickly_with_an_upstream_error(backend: LocalBackend, no_leaks: None) -> None:
+async def test_a_400_stops_the_agent_at_its_first_call_with_an_upstream_error(backend: LocalBackend, no_leaks: None) -> None:
     outcome = await rollout(backend, Script(steps=[fail(400, message="context too long")]), mode="transparent_proxy")
     result = outcome.result
     assert (result.status, result.failed_phase) == ("upstream_error", "agent")
     assert "context too long" in (result.error or "")
     assert len(outcome.exchanges) == 1
-    assert (result.timings.agent_s or 0) < 20
     assert [r.exit_code for r in result.verify_results] == [1, 1]
 
 

@@ -8,15 +8,15 @@ import sys
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.local import LocalBackend
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
 
 KILLED_SERVER = """
 import asyncio, sys
 from pathlib import Path
-from opencode_env.sandbox.local_tools import cached_tools
+from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 
 async def main():
     sandbox = await LocalBackend(cached_tools, base_dir=Path(sys.argv[1])).create(SandboxSpec())

@@ -21,11 +21,11 @@ import pytest
 from jsonschema import validators  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
-from opencode_env.collect import collect_files, read_tail
-from opencode_env.models import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
-from opencode_env.sandbox import hostfs
+from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.local import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local import hostfs
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.wire.models import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
 from server.spliced import Splices
 from server.tool_result import mcp_tool_result, session_tool_result_json
 

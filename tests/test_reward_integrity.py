@@ -14,10 +14,10 @@ import json
 
 import pytest
 
-from opencode_env.models import RolloutResult
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import DEMO_VERIFY
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, write
+from opencode_env.wire.models import RolloutResult
 from tests.helpers import Outcome, rollout
 
 REWARD = "/home/user/logs/verifier/reward.txt"
@@ -242,4 +242,3 @@ async def test_opencode_still_stops_a_tool_command_past_its_timeout(backend: Loc
     outcome = await rollout(backend, Script(steps=[slow, say("done")]), verify=FAILING_VERIFY)
     assert outcome.result.status == "completed", outcome.result.error
     assert "terminated command after exceeding timeout 2000 ms" in tool_outputs(outcome)
-    assert (outcome.result.timings.agent_s or 0) < 80

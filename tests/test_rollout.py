@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import Script, bash, demo_script, say, stall, write
 from tests.helpers import rollout
 

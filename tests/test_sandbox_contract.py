@@ -19,9 +19,9 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.e2b import E2BBackend
-from opencode_env.sandbox.hf import HFBackend
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.cloud.hf import HFBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from tests.conftest import processes_mentioning
 from tests.helpers import sleep_cmd
 

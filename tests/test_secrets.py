@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.client import OpenCodeEnv
-from opencode_env.models import Mode
+from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.local import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, bash, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.wire.models import Mode
 from server.app import build_app
 from server.environment import configure
 

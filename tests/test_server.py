@@ -12,13 +12,13 @@ import pytest
 from fastmcp import Client
 from openenv.core.mcp_client import MCPToolClient
 
-from opencode_env.client import OpenCodeEnv
-from opencode_env.models import RolloutRequest, RolloutResult
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.client.client import OpenCodeEnv
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 from server.app import build_app
 from server.environment import configure
 

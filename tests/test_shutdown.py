@@ -19,13 +19,13 @@ from mcp.client.client import Client as SdkClient
 from starlette.types import Message, Receive, Scope, Send
 from websockets.asyncio.client import connect as ws_connect
 
-from opencode_env.client import OpenCodeEnv
-from opencode_env.models import RolloutResult
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.client.client import OpenCodeEnv
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.wire.models import RolloutResult
 from server.app import build_app
 from server.disconnect import PendingReplies
 from server.environment import configure

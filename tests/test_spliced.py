@@ -9,7 +9,7 @@ from openenv.core.env_server.mcp_types import CallToolObservation
 from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import WSObservationResponse
 
-from opencode_env.models import CommandResult, RolloutResult, RolloutTurn
+from opencode_env.wire.models import CommandResult, RolloutResult, RolloutTurn
 from server.spliced import PLACEHOLDER_PREFIX, Splices
 from server.tool_result import session_tool_result, session_tool_result_json
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from opencode_env.client import OpenCodeEnv
+from opencode_env.client.client import OpenCodeEnv
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from server.app import build_app

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from opencode_env.collect import decode_text
-from opencode_env.endpoints import EndpointError, resolve_upstream
-from opencode_env.models import CommandResult, RolloutRequest
-from opencode_env.opencode import parse_events, render_config
-from opencode_env.reward import parse_reward_json, parse_reward_txt, pass_rate
-from opencode_env.sandbox.local import trust_settings
+from opencode_env.rollout.collect import decode_text
+from opencode_env.rollout.endpoints import EndpointError, resolve_upstream
+from opencode_env.rollout.opencode import parse_events, render_config
+from opencode_env.rollout.reward import parse_reward_json, parse_reward_txt, pass_rate
+from opencode_env.sandbox.local.backend import trust_settings
 from opencode_env.sandbox.output import BoundedOutput
+from opencode_env.wire.models import CommandResult, RolloutRequest
 
 
 def request(**fields: object) -> RolloutRequest:

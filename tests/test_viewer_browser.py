@@ -12,10 +12,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from opencode_env.models import CommandResult, RolloutResult, RolloutTurn
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import demo_script
 from opencode_env.viewer import render_page
+from opencode_env.wire.models import CommandResult, RolloutResult, RolloutTurn
 from tests.browser import NETWORK_SCHEMES, chromium, requested_urls, rgb, save_screenshot
 from tests.helpers import rollout
 
@@ -186,7 +186,10 @@ def test_training_sequences_and_unknown_fields_are_shown_when_present(browser: W
     open_page(browser, result, tmp_path)
     block = browser.find_element(By.ID, "sequences")
     block.find_element(By.TAG_NAME, "summary").click()
+    # The block fills itself when opened; on a busy machine that can take a moment.
+    WebDriverWait(browser, 20).until(lambda _: block.find_elements(By.CSS_SELECTOR, "details.sequence > summary"))
     block.find_element(By.CSS_SELECTOR, "details.sequence > summary").click()
+    WebDriverWait(browser, 20).until(lambda _: "started: first" in block.text)
     assert "3 prompt ids · 4 completion ids (2 model, 2 environment)" in block.text
     assert "started: first" in block.text
     strip = block.find_elements(By.CSS_SELECTOR, ".seq-strip span")

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from opencode_env.cli import main
-from opencode_env.models import CommandResult, RolloutResult, RolloutTurn
 from opencode_env.viewer import render_page
+from opencode_env.wire.models import CommandResult, RolloutResult, RolloutTurn
 
 HOSTILE = "</script><script>alert(1)</script><!-- <img src=x onerror=alert(2)> & \u2028"
 

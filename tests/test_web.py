@@ -13,14 +13,14 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from opencode_env.models import Phase, RolloutRequest, RolloutResult
-from opencode_env.sandbox.local import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.runs import Progress, Runs
 from opencode_env.viewer.web import runs_router
+from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from server.app import build_app
 from server.environment import configure
 from tests.browser import chromium, network_requests, requested_urls, save_screenshot

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.client import parse_result
-from opencode_env.models import MessagesBase, RolloutResult, RolloutTurn
-from opencode_env.proxy_session import parse_trace
-from opencode_env.training import training_sequences
+from opencode_env.client.client import parse_result
+from opencode_env.rollout.proxy_session import parse_trace
+from opencode_env.training.sequences import training_sequences
+from opencode_env.wire.models import MessagesBase, RolloutResult, RolloutTurn
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V0_DEMO = FIXTURES / "result_v0_demo.json"

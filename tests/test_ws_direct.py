@@ -13,9 +13,9 @@ import pytest
 from fastmcp import Client
 from websockets.asyncio.client import connect
 
-from opencode_env.models import RolloutResult
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.version import VERSION
+from opencode_env.wire.models import RolloutResult
+from opencode_env.wire.version import VERSION
 from server.direct_call import call_run_rollout
 from server.rollouts import Rollouts
 from tests.stub_server import StubServer, stub_arguments, stub_server

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from opencode_env.models import CommandResult
+from opencode_env.wire.models import CommandResult
 
 HOME = "/home/user"
 WORKDIR = f"{HOME}/workdir"

@@ -75,26 +75,26 @@ def per_cpu_concurrency() -> int:
 
 
 def _build_local() -> SandboxBackend:
-    from opencode_env.sandbox.local import LocalBackend
-    from opencode_env.sandbox.local_tools import cached_tools
+    from opencode_env.sandbox.local.backend import LocalBackend
+    from opencode_env.sandbox.local.tools import cached_tools
 
     return LocalBackend(cached_tools)
 
 
 def _build_e2b() -> SandboxBackend:
-    from opencode_env.sandbox.e2b import E2BBackend
+    from opencode_env.sandbox.cloud.e2b import E2BBackend
 
     return E2BBackend()
 
 
 def _build_hf() -> SandboxBackend:
-    from opencode_env.sandbox.hf import HFBackend
+    from opencode_env.sandbox.cloud.hf import HFBackend
 
     return HFBackend()
 
 
 def _local_problem() -> str | None:
-    from opencode_env.sandbox.local import INSTALL_HINT, ROOT_HINT
+    from opencode_env.sandbox.local.backend import INSTALL_HINT, ROOT_HINT
 
     if shutil.which("bwrap") is None:
         return INSTALL_HINT
@@ -114,13 +114,13 @@ def _hf_problem() -> str | None:
 
 
 async def _reap_e2b(older_than_s: float) -> list[str]:
-    from opencode_env.sandbox.e2b import reap
+    from opencode_env.sandbox.cloud.e2b import reap
 
     return await reap(older_than_s=older_than_s)
 
 
 async def _reap_hf(older_than_s: float) -> list[str]:
-    from opencode_env.sandbox.hf import reap
+    from opencode_env.sandbox.cloud.hf import reap
 
     return await reap(older_than_s=older_than_s)
 

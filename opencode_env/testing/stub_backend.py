@@ -11,7 +11,6 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from opencode_env.models import CommandResult
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
@@ -22,6 +21,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from opencode_env.wire.models import CommandResult
 
 
 class StubProcess:

@@ -7,7 +7,7 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-from opencode_env.models import RolloutResult
+from opencode_env.wire.models import RolloutResult
 
 # Inside <script type="application/json"> the HTML parser only stops at "</script" (or changes state at "<!--"),
 # so escaping every "<" (and ">", "&" for good measure) as a JSON \u escape makes hostile text inert; U+2028/9

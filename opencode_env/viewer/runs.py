@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from opencode_env.models import Phase, RolloutRequest, RolloutResult, RolloutStatus
+from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult, RolloutStatus
 
 log = logging.getLogger("opencode_env.viewer")
 Progress = Callable[[Phase, str], Awaitable[None]]

@@ -12,9 +12,9 @@ import os
 from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from opencode_env.models import RolloutRequest, RolloutResult
 from opencode_env.viewer.page import asset, content_security_policy, html_document
 from opencode_env.viewer.runs import Runner, Runs, RunsFull, RunView
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})

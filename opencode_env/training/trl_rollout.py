@@ -15,10 +15,10 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from opencode_env.formats import trl_batch
-from opencode_env.models import RolloutRequest, RolloutResult
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.training.formats import trl_batch
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 
 
 class RolloutRunner(Protocol):

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from opencode_env.models import RolloutResult, RolloutStatus, is_infrastructure_failure
-from opencode_env.training import TrainingSequence, TrainingSequences, is_trainable_turn, training_sequences
+from opencode_env.training.sequences import TrainingSequence, TrainingSequences, is_trainable_turn, training_sequences
+from opencode_env.wire.models import RolloutResult, RolloutStatus, is_infrastructure_failure
 
 if TYPE_CHECKING:
     from openenv.core.harness import HarnessRolloutResult

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from opencode_env.pins import (
+from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, OPENCODE_CONFIG_DIR, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.cloud.e2b import DEFAULT_TEMPLATE
+from opencode_env.wire.pins import (
     AGENT_ENV,
     OPENCODE_PACKAGE,
     OPENCODE_VERSION,
@@ -18,8 +20,6 @@ from opencode_env.pins import (
     TEMPLATE_FORMAT,
     TEMPLATE_FORMAT_VAR,
 )
-from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, OPENCODE_CONFIG_DIR, VERIFIER_DIR, WORKDIR
-from opencode_env.sandbox.e2b import DEFAULT_TEMPLATE
 
 NO_SUDO_FOR_USER = (
     "rm -f /etc/sudoers.d/user* && (deluser user sudo 2>/dev/null || true)"

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from opencode_env.models import (
+from opencode_env.wire.models import (
     RolloutResult,
     RolloutStatus,
     RolloutTurn,
@@ -79,7 +79,7 @@ class TrainingSequences(BaseModel):
     )
     unattributed: list[int] = Field(
         default_factory=list,
-        description="Turns the proxy could not tie to OpenCode's session (opencode_env.attribution): in no sequence.",
+        description="Turns the proxy could not tie to OpenCode's session (training.attribution): in no sequence.",
     )
     no_sequences_reason: str | None = None
 

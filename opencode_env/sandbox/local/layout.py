@@ -11,10 +11,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from opencode_env.sandbox import hostfs
 from opencode_env.sandbox.base import AGENT_LOG_DIR, OPENCODE_CONFIG_DIR, PRIVATE_ENV_PREFIX, VERIFIER_DIR, WORKDIR
-from opencode_env.sandbox.cgroup import Cgroup, detect
-from opencode_env.sandbox.isolation import (
+from opencode_env.sandbox.local import hostfs
+from opencode_env.sandbox.local.cgroup import Cgroup, detect
+from opencode_env.sandbox.local.isolation import (
     AGENT_ONLY_ENV,
     CONTROL_MOUNT,
     GROUP,

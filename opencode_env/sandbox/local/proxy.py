@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from opencode_env.sandbox import hostfs
 from opencode_env.sandbox.base import BackgroundProcess
+from opencode_env.sandbox.local import hostfs
 
 
 class LocalProxy:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from opencode_env.models import RolloutRequest
+from opencode_env.wire.models import RolloutRequest
 
 SANDBOX_MARGIN_S = 120.0
 INSTALL_MARGIN_S = 600.0

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from opencode_env.models import PromptBase, TokenIdSource, TopLogprob, TurnKind
+from opencode_env.wire.models import PromptBase, TokenIdSource, TopLogprob, TurnKind
 
 TurnOutcome = Literal[
     "complete",

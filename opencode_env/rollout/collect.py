@@ -10,9 +10,9 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 
-from opencode_env.models import NonUtf8Path
 from opencode_env.sandbox.base import WORKDIR, Sandbox
 from opencode_env.sandbox.output import tail_text
+from opencode_env.wire.models import NonUtf8Path
 
 MAX_FILES = 200
 MAX_FILE_BYTES = 256 * 1024

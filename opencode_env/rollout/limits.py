@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from opencode_env.models import RolloutRequest
 from opencode_env.sandbox.base import ResourceLimits
+from opencode_env.wire.models import RolloutRequest
 
 SERVER_MAXIMA = {
     "memory_mb": ("OPENCODE_ENV_MAX_MEMORY_MB", 16384),

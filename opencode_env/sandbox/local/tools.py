@@ -12,8 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from opencode_env.pins import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
 from opencode_env.sandbox.base import ProvidedTools
+from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
 
 log = logging.getLogger("opencode_env.local_tools")
 

@@ -11,8 +11,8 @@ import base64
 import binascii
 import time
 
-from opencode_env.models import CommandResult
 from opencode_env.sandbox.base import WORKDIR, Sandbox
+from opencode_env.wire.models import CommandResult
 
 COPY_LABEL = "copy the work dir into a fresh sandbox"
 ARCHIVE = "/tmp/.opencode-env-workdir.tar.gz"

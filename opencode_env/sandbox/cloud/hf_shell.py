@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import shlex
 
-from opencode_env.pins import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry, Identity
-from opencode_env.sandbox.grader import GRADER_ENV, GRADER_USER
+from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
+from opencode_env.wire.pins import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 
 USER = "user"
 USER_NPM_PREFIX = f"{HOME}/.npm-global"
@@ -126,11 +126,11 @@ test -x {tools_dir}/bin/opencode
 
 
 def main() -> None:
-    """`python -m opencode_env.sandbox.hf_shell install-opencode DIR`: the install script, for the image build."""
+    """`python -m opencode_env.sandbox.cloud.hf_shell install-opencode DIR`: the install script, for the image build."""
     import sys
 
     if sys.argv[1:2] != ["install-opencode"] or len(sys.argv) != 3:
-        raise SystemExit("usage: python -m opencode_env.sandbox.hf_shell install-opencode DIR")
+        raise SystemExit("usage: python -m opencode_env.sandbox.cloud.hf_shell install-opencode DIR")
     print(install_opencode(sys.argv[2], portable=True))
 
 

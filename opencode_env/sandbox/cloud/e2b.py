@@ -31,9 +31,6 @@ from e2b import (
 )
 from e2b.sandbox.filesystem.filesystem import FileType
 
-from opencode_env.models import CommandResult
-from opencode_env.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
-from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     HOME,
@@ -47,9 +44,12 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.grader import GRADER_ENV, GRADER_USER, handoff_script
+from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
+from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER, handoff_script
+from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
+from opencode_env.wire.models import CommandResult
+from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 
 log = logging.getLogger("opencode_env.e2b")
 DEFAULT_TEMPLATE = "opencode-env"

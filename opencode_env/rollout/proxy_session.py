@@ -9,12 +9,12 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from opencode_env.endpoints import Upstream
-from opencode_env.models import RolloutRequest, RolloutTurn
-from opencode_env.opencode import UPSTREAM_KEY_VAR
+from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.opencode import UPSTREAM_KEY_VAR
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, Sandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
-from opencode_env.trace_records import DeliveryRecord, ToolsRecord, TurnRecord
+from opencode_env.wire.models import RolloutRequest, RolloutTurn
+from opencode_env.wire.trace_records import DeliveryRecord, ToolsRecord, TurnRecord
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
@@ -28,7 +28,7 @@ class ProxyStartError(Exception):
 
 def proxy_sources() -> dict[str, str]:
     """The proxy package's files, uploaded as they are next to an empty `opencode_env` package."""
-    here = Path(__file__).parent / "proxy"
+    here = Path(__file__).resolve().parents[1] / "proxy"
     files = {f"opencode_env/proxy/{path.name}": path.read_text() for path in sorted(here.glob("*.py"))}
     files["opencode_env/__init__.py"] = ""
     return files

@@ -14,9 +14,9 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from opencode_env.formats import training_rows
-from opencode_env.models import RolloutResult
-from opencode_env.training import unattributed_turns
+from opencode_env.training.formats import training_rows
+from opencode_env.training.sequences import unattributed_turns
+from opencode_env.wire.models import RolloutResult
 
 
 def add_export_parser(commands: Any) -> None:

@@ -28,9 +28,6 @@ from typing import Any
 
 from huggingface_hub import Sandbox, get_token
 
-from opencode_env.models import CommandResult
-from opencode_env.sandbox import hf_shell
-from opencode_env.sandbox.admission import Admission, limit_from_env
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     HOME,
@@ -44,8 +41,10 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.grader import handoff_script
-from opencode_env.sandbox.hf_sdk import (
+from opencode_env.sandbox.cloud import hf_shell
+from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
+from opencode_env.sandbox.cloud.grader import handoff_script
+from opencode_env.sandbox.cloud.hf_sdk import (
     CALL_TIMEOUT_S,
     MAX_SANDBOXES_VAR,
     NAMESPACE_VAR,
@@ -54,8 +53,9 @@ from opencode_env.sandbox.hf_sdk import (
     reap,
     sdk_error,
 )
+from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.sandbox.root_proxy import RootProxy, start_root_proxy
+from opencode_env.wire.models import CommandResult
 
 log = logging.getLogger("opencode_env.hf")
 IMAGE_VAR = "OPENCODE_ENV_HF_IMAGE"

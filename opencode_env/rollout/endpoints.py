@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from opencode_env.models import EndpointName, RolloutRequest, UpstreamInfo
+from opencode_env.wire.models import EndpointName, RolloutRequest, UpstreamInfo
 
 
 class EndpointError(ValueError):

@@ -22,8 +22,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
-from opencode_env.models import CommandResult
-from opencode_env.sandbox import hostfs, netns, userns
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     HOME,
@@ -39,15 +37,16 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.cgroup import Cgroup, Limits, detect
-from opencode_env.sandbox.egress import (
+from opencode_env.sandbox.local import hostfs, netns, userns
+from opencode_env.sandbox.local.cgroup import Cgroup, Limits, detect
+from opencode_env.sandbox.local.egress import (
     LOOPBACK_NAMES,
     EgressPolicy,
     EgressProxy,
     LoopbackRelay,
     trusted_hosts_from_env,
 )
-from opencode_env.sandbox.isolation import (
+from opencode_env.sandbox.local.isolation import (
     AGENT_HOME,
     AGENT_ONLY_ENV,
     CONTROL_MOUNT,
@@ -60,9 +59,10 @@ from opencode_env.sandbox.isolation import (
     holder_argv,
     proxy_argv,
 )
-from opencode_env.sandbox.local_layout import OwnerLock, make_layout, own_tree, reap_orphans, remove_rollout
-from opencode_env.sandbox.local_proxy import LocalProxy
+from opencode_env.sandbox.local.layout import OwnerLock, make_layout, own_tree, reap_orphans, remove_rollout
+from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.output import BoundedOutput
+from opencode_env.wire.models import CommandResult
 
 log = logging.getLogger("opencode_env.local")
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -120,7 +120,7 @@ class LocalProcess:
 
 def runtime_paths(tools: ProvidedTools) -> list[str]:
     """Host paths a sandbox needs to see even when they live under a hidden root (interpreters, OpenCode)."""
-    paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[2])}
+    paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[3])}
     if tools.python:
         paths.add(str(Path(tools.python).parent.parent))
     if tools.opencode:

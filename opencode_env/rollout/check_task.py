@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from opencode_env.models import RolloutRequest, RolloutResult, is_infrastructure_failure
-from opencode_env.rollout import run_rollout
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.sandbox.registry import EMBEDDED, backend_names
+from opencode_env.wire.models import RolloutRequest, RolloutResult, is_infrastructure_failure
 
 Verdict = Literal["ok", "broken", "inconclusive"]
 EXIT_CODES: dict[Verdict, int] = {"ok": 0, "broken": 1, "inconclusive": 2}

@@ -7,7 +7,7 @@ session, came from something else in the sandbox (a tool, a script the agent wro
 
 from __future__ import annotations
 
-from opencode_env.models import RolloutTurn
+from opencode_env.wire.models import RolloutTurn
 
 SESSION_HEADER = "x-session-id"
 

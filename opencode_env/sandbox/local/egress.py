@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opencode_env.sandbox.addresses import (
+from opencode_env.sandbox.local.addresses import (
     ALWAYS_LOCAL,
     IPAddress,
     IPNetwork,

@@ -15,23 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from opencode_env import opencode
-from opencode_env.attribution import attribute_turns
-from opencode_env.collect import collect_files, read_tail
-from opencode_env.deadline import Deadline, DeadlineExceeded, total_budget_s
-from opencode_env.endpoints import EndpointError, Upstream, resolve_upstream
-from opencode_env.limits import LimitError, sandbox_limits
-from opencode_env.models import (
-    CommandResult,
-    Phase,
-    RolloutRequest,
-    RolloutResult,
-    RolloutStatus,
-    RolloutTurn,
-    TokenUsage,
-    is_infrastructure_failure,
-)
-from opencode_env.proxy_session import (
+from opencode_env.rollout import opencode
+from opencode_env.rollout.collect import collect_files, read_tail
+from opencode_env.rollout.endpoints import EndpointError, Upstream, resolve_upstream
+from opencode_env.rollout.limits import LimitError, sandbox_limits
+from opencode_env.rollout.proxy_session import (
     ProxyStartError,
     proxy_log_tail,
     read_trace,
@@ -39,7 +27,8 @@ from opencode_env.proxy_session import (
     stop_proxy,
     wait_healthy,
 )
-from opencode_env.reward import read_reward
+from opencode_env.rollout.reward import read_reward
+from opencode_env.rollout.workdir_copy import copy_workdir
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     WORKDIR,
@@ -50,10 +39,21 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.local_tools import InstallError
-from opencode_env.workdir_copy import copy_workdir
+from opencode_env.sandbox.local.tools import InstallError
+from opencode_env.training.attribution import attribute_turns
+from opencode_env.wire.deadline import Deadline, DeadlineExceeded, total_budget_s
+from opencode_env.wire.models import (
+    CommandResult,
+    Phase,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    RolloutTurn,
+    TokenUsage,
+    is_infrastructure_failure,
+)
 
-log = logging.getLogger("opencode_env.rollout")
+log = logging.getLogger("opencode_env.rollout.pipeline")
 ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
 T = TypeVar("T")
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opencode_env.models import ToolCallSummary
-from opencode_env.pins import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 from opencode_env.sandbox.base import ProvidedTools
+from opencode_env.wire.models import ToolCallSummary
+from opencode_env.wire.pins import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 
 __all__ = ["AGENT_ENV", "OPENCODE_PACKAGE", "OPENCODE_VERSION", "PROXY_PYTHON_PACKAGES"]
 

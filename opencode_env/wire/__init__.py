@@ -1,0 +1,2 @@
+"""The wire types and the leaf modules everything may import: models, trace records, pins, version,
+deadline, the access-token variable. They import nothing else of ours."""
