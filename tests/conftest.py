@@ -19,8 +19,33 @@ from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
 from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 
+QUICK_MODULES = frozenset(
+    {
+        "test_units.py",
+        "test_wire.py",
+        "test_classify.py",
+        "test_capture.py",
+        "test_dechunk.py",
+        "test_json_values.py",
+        "test_attribution.py",
+        "test_backend_registry.py",
+        "test_egress_vetting.py",
+        "test_hostfs_hostile.py",
+        "test_proxy_clamp.py",
+        "test_proxy_peers.py",
+        "test_sandbox_contract.py",
+    }
+)
+"""The quick tier (`./dev test --quick`, `-m quick`): the unit tests, the contract suite over every backend, and one
+real rollout (QUICK_TESTS), for the inner loop. The full suite is still the gate."""
+QUICK_TESTS = frozenset({"test_rollout.py::test_demo_task_completes_with_full_reward"})
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        if module in QUICK_MODULES or f"{module}::{item.name}" in QUICK_TESTS:
+            item.add_marker(pytest.mark.quick)
     live = {"e2b": ("E2B_API_KEY", "a live E2B account"), "hf": ("HF_TOKEN", "a Hugging Face token with Jobs access")}
     for marker, (variable, what) in live.items():
         if os.environ.get(variable):

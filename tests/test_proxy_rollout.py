@@ -68,7 +68,9 @@ async def test_a_500_then_success_is_retried_by_opencode(backend: LocalBackend, 
     assert result.reward == 1.0
 
 
-async def test_a_400_stops_the_agent_at_its_first_call_with_an_upstream_error(backend: LocalBackend, no_leaks: None) -> None:
+async def test_a_400_stops_the_agent_at_its_first_call_with_an_upstream_error(
+    backend: LocalBackend, no_leaks: None
+) -> None:
     outcome = await rollout(backend, Script(steps=[fail(400, message="context too long")]), mode="transparent_proxy")
     result = outcome.result
     assert (result.status, result.failed_phase) == ("upstream_error", "agent")
