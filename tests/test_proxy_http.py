@@ -274,3 +274,29 @@ async def test_a_drain_waits_for_a_relay_whose_agent_is_still_going_away(tmp_pat
                 answer = await asyncio.wait_for(drain, 10)
         assert answer.json()["turns_written"] == 1
         assert proxy.trace().turns[0].outcome == "client_disconnected"
+
+
+async def test_a_body_over_the_limit_is_refused_unread_and_recorded_as_the_agents(tmp_path: Path) -> None:
+    """A chunked body of 64 MB against a 1 MB limit: 413 without reading it all, a bad_request turn, and the model
+    never called; the next request of normal size goes through."""
+    limit = ("--max-request-bytes", str(2**20))
+
+    async def flood() -> Any:
+        yield b'{"model": "policy", "messages": [{"role": "user", "content": "'
+        for _ in range(64):
+            yield b"x" * 2**20
+
+    with (
+        ScriptedModelServer(Script(steps=[say("fine")])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, *limit) as proxy,
+    ):
+        async with httpx.AsyncClient(timeout=30) as client:
+            refused = await client.post(f"{proxy.url}/chat/completions", content=flood())
+        response, _ = await post(proxy.url, body(stream=False))
+        trace = proxy.wait_for_turns(2)
+    assert refused.status_code == 413
+    assert response.status_code == 200
+    assert [exchange.request["messages"][-1]["content"] for exchange in model.exchanges] == ["hi"]
+    refused_turn = trace.turns[0] if trace.turns[0].outcome == "bad_request" else trace.turns[1]
+    assert refused_turn.outcome == "bad_request"
+    assert "over the proxy's limit of 1048576 bytes" in (refused_turn.upstream_error or "")

@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited listening socket")
     parser.add_argument("--admin-socket", default="", help="also serve on this unix socket (health, drain)")
     parser.add_argument("--token-env", default="", help="env var holding the bearer token every caller must send")
+    parser.add_argument("--max-request-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
     parser.add_argument("--peer-uid", type=int, default=-1, help="with --peer-table-fd: the one uid that may call")
     return parser.parse_args(argv)
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         access_token=os.environ.get(args.token_env, "") if args.token_env else "",
         max_unreachable=args.max_unreachable,
         max_server_errors=args.max_server_errors,
+        max_request_bytes=args.max_request_bytes,
         peers=PeerOwners(args.peer_table_fd, args.peer_uid) if args.peer_table_fd >= 0 else None,
     )
     app = create_app(settings)

@@ -62,6 +62,8 @@ class ProxySettings:
     access_token: str = ""
     max_unreachable: int = 3
     max_server_errors: int = 20
+    max_request_bytes: int = 32 * 2**20
+    """A request body over this is answered 413 and recorded as the agent's doing, read no further."""
     peers: PeerOwners | None = None
     """Where set, a call from a socket any other uid owns is refused (403): only OpenCode itself calls the model."""
 
@@ -187,10 +189,11 @@ class CaptureProxy:
         self.deliveries.request_started(client)
         incoming = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         try:
-            body = loads(await _read_body(receive))
+            body = loads(await _read_body(receive, self.settings.max_request_bytes))
             if not isinstance(body, dict):
                 raise ValueError("the request body must be a JSON object")
         except ValueError as error:
+            status = 413 if isinstance(error, RequestTooLarge) else 400
             rejected = Pending(
                 turn,
                 started,
@@ -198,7 +201,7 @@ class CaptureProxy:
                 {"turn": turn, "timestamp": started_wall, "outcome": "bad_request", "upstream_error": str(error)},
             )
             self._schedule(self._record(rejected, None))
-            await send_json(send, 400, {"error": {"message": str(error), "type": "invalid_request_error"}})
+            await send_json(send, status, {"error": {"message": str(error), "type": "invalid_request_error"}})
             return
         sent = rewrite_request(body, self.settings.rewrite)
         clamped = clamped_fields(body)
@@ -386,13 +389,21 @@ def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:
     return {name: upstream.headers[name] for name in FORWARDED_RESPONSE_HEADERS if name in upstream.headers}
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
+class RequestTooLarge(ValueError):
+    """The agent sent a request body over the proxy's limit (its doing: recorded as a bad request)."""
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ValueError("the client disconnected before sending the whole body")
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"the request body is over the proxy's limit of {limit} bytes")
+        chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
 
