@@ -340,15 +340,20 @@ def _entries(fd: int) -> list[tuple[str, bool]]:
         return [(child.name, child.is_dir(follow_symlinks=False)) for child in listing]
 
 
+def _subdirs(fd: int, visitor: _TreeVisitor) -> list[str]:
+    """The directory's subdirectories, after handing each of its other entries to the visitor."""
+    subdirs = []
+    for name, is_dir in _entries(fd):
+        if is_dir:
+            subdirs.append(name)
+        else:
+            visitor.not_a_dir(fd, name)
+    return subdirs
+
+
 class _Remover:
     def enter(self, fd: int) -> list[str]:
-        subdirs = []
-        for name, is_dir in _entries(fd):
-            if is_dir:
-                subdirs.append(name)
-            else:
-                self.not_a_dir(fd, name)
-        return subdirs
+        return _subdirs(fd, self)
 
     def not_a_dir(self, parent: int, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -366,13 +371,7 @@ class _Chowner:
 
     def enter(self, fd: int) -> list[str]:
         os.fchown(fd, *self.owner)
-        subdirs = []
-        for name, is_dir in _entries(fd):
-            if is_dir:
-                subdirs.append(name)
-            else:
-                self.not_a_dir(fd, name)
-        return subdirs
+        return _subdirs(fd, self)
 
     def not_a_dir(self, parent: int, name: str) -> None:
         try:
