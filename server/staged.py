@@ -2,8 +2,9 @@
 
 Building the real app imports openenv-core's server side (FastAPI, FastMCP, Gradio, pandas: seconds, more on a busy
 or cold machine). A Space, a container health check or a supervisor only needs to know the process is alive, so
-`/health` answers at once; every other request gets 503 with a Retry-After until the app is ready, and the reason
-if building it failed.
+`/health` answers at once. Every other request waits for the app (up to `ready_wait_s`), so a script that starts
+the server, sees `/health` and calls the tool just works with any client; one that waits longer than that gets 503
+with a Retry-After, and every request gets the reason if building the app failed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("opencode_env.server")
 STARTING = "the server is starting (loading its dependencies): retry in a few seconds"
+READY_WAIT_S = 120.0
 TRY_AGAIN_LATER = 1013
 DENIAL_EXTENSION = "websocket.http.response"
 
@@ -28,23 +30,37 @@ def _headers(body: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class StagedApp:
-    def __init__(self, build: Callable[[], Any], built: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, build: Callable[[], Any], built: Callable[[], None] | None = None, *, ready_wait_s: float = READY_WAIT_S
+    ) -> None:
         self._build = build
         self._built = built
+        self._ready_wait_s = ready_wait_s
         self._app: ASGIApp | None = None
         self._failure: str | None = None
+        self._settled = asyncio.Event()
         self._stop = asyncio.Event()
         self._running: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
-        elif self._app is not None:
+            return
+        if self._app is None and scope.get("path") != "/health":
+            await self._wait_until_settled()
+        if self._app is not None:
             await self._app(scope, receive, send)
         elif scope["type"] == "http":
             await self._answer_while_starting(scope, send)
         elif scope["type"] == "websocket":
             await self._refuse_websocket(scope, receive, send)
+
+    async def _wait_until_settled(self) -> None:
+        """Until the app is built or its build failed, at most `ready_wait_s`."""
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout=self._ready_wait_s)
+        except TimeoutError:
+            log.warning("a request waited %.0f s for the server to start and got 503", self._ready_wait_s)
 
     async def _answer_while_starting(self, scope: Scope, send: Send) -> None:
         if scope["path"] == "/health" and self._failure is None:
@@ -71,6 +87,7 @@ class StagedApp:
         await send({"type": "lifespan.startup.complete"})
         message = await receive()
         self._stop.set()
+        self._settled.set()
         await self._running
         await send({"type": "lifespan.shutdown.complete"})
 
@@ -83,8 +100,10 @@ class StagedApp:
         except Exception as error:
             log.exception("the server could not be built")
             self._failure = f"the server could not start: {type(error).__name__}: {error}"
+            self._settled.set()
             return
         async with app.router.lifespan_context(app):
             self._app = app
+            self._settled.set()
             log.info("the server is ready")
             await self._stop.wait()

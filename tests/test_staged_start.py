@@ -1,7 +1,9 @@
-"""The served app answers /health from its first moment; other requests hear that it is starting, or why it failed."""
+"""The served app answers /health from its first moment; other requests wait for it (a bounded time, then hear
+that it is starting), or hear why it failed."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -37,8 +39,38 @@ async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it()
     server = ThreadedServer(StagedApp(slow_build))
     server.start()
     try:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=60) as http:
             assert (await http.get(f"{server.url}/health")).status_code == 200
+            waiting = asyncio.ensure_future(http.get(f"{server.url}/metadata"))
+            listing = asyncio.ensure_future(_tool_names(server.url))
+            await asyncio.sleep(1.0)
+            assert not waiting.done()
+            assert not listing.done()
+            release.set()
+            assert (await waiting).json()["backend"] == "stub"
+        assert await listing == ["run_rollout"]
+    finally:
+        release.set()
+        server.stop()
+
+
+async def _tool_names(url: str) -> list[str]:
+    async with OpenCodeEnv(url) as env:
+        return [tool.name for tool in await env.list_tools()]
+
+
+async def test_a_request_that_waits_too_long_hears_that_the_server_is_starting() -> None:
+    release = threading.Event()
+
+    def slow_build() -> Any:
+        release.wait(60)
+        configure(StubBackend())
+        return build_app(token="")
+
+    server = ThreadedServer(StagedApp(slow_build, ready_wait_s=0.3))
+    server.start()
+    try:
+        async with httpx.AsyncClient() as http:
             starting = await http.get(f"{server.url}/metadata")
         assert starting.status_code == 503
         assert "starting" in starting.json()["error"]
@@ -46,10 +78,6 @@ async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it()
         with pytest.raises(ConnectionError, match="starting"):
             async with OpenCodeEnv(server.url) as env:
                 await env.list_tools()
-        release.set()
-        assert wait_for_status(f"{server.url}/metadata", 200).json()["backend"] == "stub"
-        async with OpenCodeEnv(server.url) as env:
-            assert [tool.name for tool in await env.list_tools()] == ["run_rollout"]
     finally:
         release.set()
         server.stop()
