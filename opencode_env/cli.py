@@ -30,6 +30,8 @@ from opencode_env.sandbox.local.tools import InstallError
 from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.pins import OPENCODE_VERSION
+from opencode_env.wire.version import VERSION
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
 MCP clients, OpenEnv's /ws, /step and JSON-RPC at /mcp for OpenEnv clients, /health and /metadata.
@@ -191,7 +193,7 @@ def _cmd_reap(args: argparse.Namespace) -> int:
 
 def _cmd_install(_: argparse.Namespace) -> int:
     from opencode_env.sandbox.local.tools import install_cached, install_config_deps
-    from opencode_env.wire.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
+    from opencode_env.wire.pins import PLUGIN_PACKAGE
 
     print(f"OpenCode {OPENCODE_VERSION}: {install_cached()}")
     print(f"{PLUGIN_PACKAGE} {OPENCODE_VERSION} (for each rollout's config directory): {install_config_deps()}")
@@ -200,6 +202,7 @@ def _cmd_install(_: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opencode-env", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"opencode-env {VERSION} (OpenCode {OPENCODE_VERSION})")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one rollout and print the RolloutResult JSON")
     _add_run_arguments(run)
