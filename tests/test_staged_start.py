@@ -4,6 +4,7 @@ that it is starting), or hear why it failed."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from typing import Any
@@ -113,3 +114,12 @@ def test_the_built_hook_runs_once_after_the_build() -> None:
         assert order == ["built", "hook"]
     finally:
         server.stop()
+
+
+async def test_a_client_with_no_server_to_talk_to_is_told_how_to_start_one() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ConnectionError, match="Start one with `opencode-env serve`"):
+        async with OpenCodeEnv(f"http://127.0.0.1:{port}") as env:
+            await env.list_tools()

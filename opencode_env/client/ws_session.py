@@ -72,6 +72,11 @@ class OpenEnvSession:
             )
         except InvalidStatus as refused:
             raise ConnectionError(f"{self._ws_url} refused the connection: {refusal_reason(refused)}") from refused
+        except ConnectionRefusedError as error:
+            raise ConnectionError(
+                f"nothing answers at {self._ws_url}: is a server running there? Start one with `opencode-env serve` "
+                "(or run rollouts in-process with opencode_env.run_rollout, no server needed)"
+            ) from error
         except (OSError, InvalidHandshake, TimeoutError) as error:
             raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
         return self
