@@ -197,6 +197,7 @@ async def test_the_disk_limit_bounds_the_whole_writable_tree(backend: LocalBacke
         assert result.exit_code != 0
         assert "No space left" in result.stderr
         assert sandbox.enforcement["disk"] == "loop ext4"
+        assert "disk" in sandbox.limits_hit()
     finally:
         await sandbox.close()
 
@@ -323,3 +324,18 @@ async def test_the_egress_policy_refuses_private_names_unless_the_operator_trust
     assert (await trusted._vet("localhost", 443))[0] == "127.0.0.1"
     assert (await offline._vet("localhost", 443))[0] is None
     assert [attempt.allowed for attempt in plain.attempts + trusted.attempts + offline.attempts] == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    ("limits", "attack", "hit"),
+    [
+        ({"max_processes": 32}, "for i in $(seq 200); do sleep 30 & done; wait", "processes"),
+        ({"memory_mb": 128}, "python3 -c 'x = bytearray(600 * 2**20); print(len(x))'", "memory"),
+    ],
+)
+async def test_a_limit_the_kernel_enforced_in_setup_is_reported(
+    backend: LocalBackend, no_leaks: None, limits: dict[str, int], attack: str, hit: str
+) -> None:
+    outcome = await rollout(backend, Script(steps=[say("never asked")]), setup=[attack], **limits)
+    assert outcome.result.status == "setup_failed", outcome.result.error
+    assert hit in outcome.result.limits_hit

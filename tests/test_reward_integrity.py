@@ -233,6 +233,7 @@ async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks
     assert result.status in ("completed", "agent_error"), result.error
     assert (result.reward, result.reward_source) == (1.0, "verify_pass_rate")
     assert "fill" in result.files_extra
+    assert "disk" in result.limits_hit
 
 
 async def test_opencode_still_stops_a_tool_command_past_its_timeout(backend: LocalBackend, no_leaks: None) -> None:

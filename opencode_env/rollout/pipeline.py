@@ -136,6 +136,8 @@ async def run_rollout(
         try:
             await _in_sandbox(_Rollout(request, upstream, sandbox, result, deadline, progress, backend, spec))
         finally:
+            # Whatever phase ended the rollout (a fork bomb in setup included), before the sandbox is gone.
+            result.limits_hit = sandbox.limits_hit()
             await _close(sandbox, result)
     except (EndpointError, LimitError) as error:
         _fail(result, "invalid_request", "validate", str(error))
@@ -231,7 +233,6 @@ async def _in_sandbox(rollout: _Rollout) -> None:
         await rollout.timed("collect", _collect(rollout))
         collected = True
     finally:
-        rollout.result.limits_hit = rollout.sandbox.limits_hit()
         if not _cancelling():
             if not collected:
                 await _collect_agent_record(rollout)

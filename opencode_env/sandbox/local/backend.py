@@ -72,6 +72,8 @@ PIPE_DRAIN_S = 2.0
 HOLDER_START_S = 10.0
 MAX_READ_BYTES = 64 * 1024 * 1024
 EGRESS_PORT = 3128
+DISK_FULL_BYTES = 2**20
+"""Less than this left to the sandbox's uids counts as a full disk (ext4 refuses a write before the last block)."""
 INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local backend needs it to isolate rollouts. "
     "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`."
@@ -491,7 +493,14 @@ class LocalSandbox:
         return LocalProxy(handle, self.layout.private, self.layout.sockets / "admin.sock", port=port, token=token)
 
     def limits_hit(self) -> list[str]:
-        return self._cgroup.limits_hit() if self._cgroup is not None else []
+        """The cgroup's record of what it enforced, and `disk` when the rollout's own file system is full now (the
+        kernel keeps no count of refused writes; the 1% kept for the host does not count)."""
+        hit = self._cgroup.limits_hit() if self._cgroup is not None else []
+        if self.layout.disk_image.exists():
+            free = os.statvfs(self.layout.fs)
+            if free.f_bavail * free.f_frsize < DISK_FULL_BYTES:
+                hit.append("disk")
+        return hit
 
     def egress_attempts(self) -> list[str]:
         if self._egress is None:
