@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.viewer.web import web_router
 from opencode_env.wire.access import TOKEN_VAR
 from opencode_env.wire.version import VERSION
 from server import heap
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
 from server.preflight import RunsPreflight
+from server.rollouts import own_ports
 from server.staged import StagedApp
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ def build_app(token: str | None = None) -> FastAPI:
 
     shared = runtime()
     policy = access_policy(shared.backend_name, token)
+    callers_are_local = not policy.token and not policy.allow_unauthenticated
+    shared.rollouts.upstream_policy = UpstreamPolicy.from_environment(
+        os.environ, own_ports(), callers_are_local=callers_are_local
+    )
     _log_start(shared, policy)
     app: FastAPI = create_app(
         OpenCodeEnvironment,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.wire.deadline import total_budget_s
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
@@ -28,12 +30,18 @@ CANCEL_GRACE_S = 30.0
 SHUTDOWN_MESSAGE = "the server is shutting down: the rollout was cancelled"
 
 
+def own_ports() -> frozenset[int]:
+    """The port this server listens on (PORT, as `main` reads it): never a model endpoint a caller may name."""
+    return frozenset({int(os.environ.get("PORT", "8000"))})
+
+
 class Rollouts:
-    def __init__(self, backend: SandboxBackend, limit: int) -> None:
+    def __init__(self, backend: SandboxBackend, limit: int, upstream_policy: UpstreamPolicy | None = None) -> None:
         if limit < 1:
             raise ValueError(f"MAX_CONCURRENT_ENVS must be at least 1, got {limit}")
         self.backend = backend
         self.limit = limit
+        self.upstream_policy = upstream_policy or UpstreamPolicy.from_environment(os.environ, own_ports())
         self._slots = asyncio.Semaphore(limit)
         self._running: set[asyncio.Task[RolloutResult]] = set()
         self._calls: set[asyncio.Task[Any]] = set()
@@ -105,7 +113,9 @@ class Rollouts:
             if waited >= 0.5:
                 log.info("rollout %s waited %.1fs for a slot", request.task_id or "-", waited)
                 request = request.model_copy(update={"total_timeout_s": max(1.0, budget - waited)})
-            return await run_rollout(request, self.backend, progress=tracker, result=tracker.partial)
+            return await run_rollout(
+                request, self.backend, progress=tracker, result=tracker.partial, upstream_policy=self.upstream_policy
+            )
         finally:
             self._slots.release()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from opencode_env.rollout.upstream_policy import ALLOW_VAR
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
@@ -18,6 +19,11 @@ from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_c
 from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
 from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
+
+# The tests' scripted models live on loopback: as their operator, the test run allows it to the servers it starts
+# (which otherwise refuse a caller's loopback URL when they serve beyond this machine). tests/test_upstream_policy.py
+# builds its policies explicitly.
+os.environ.setdefault(ALLOW_VAR, "127.0.0.0/8,localhost")
 
 QUICK_MODULES = frozenset(
     {

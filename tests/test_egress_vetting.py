@@ -12,8 +12,15 @@ from ipaddress import IPv4Address, ip_address, ip_network
 
 import pytest
 
-from opencode_env.sandbox.local.addresses import IPAddress, IPNetwork, local_ipv4_networks, local_ipv6_networks, refusal
-from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy, read_host_networks
+from opencode_env.sandbox.addresses import (
+    IPAddress,
+    IPNetwork,
+    local_ipv4_networks,
+    local_ipv6_networks,
+    read_host_networks,
+    refusal,
+)
+from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
 
 HOST_V4 = "81.2.69.160"
 HOST_V6 = "2a01:4f8:c17:1::1"

@@ -42,6 +42,8 @@ class Upstream:
     api_key: str
     model: str
     disable_thinking: bool
+    from_caller: bool = False
+    """The base URL came from the request rather than from the operator's configuration (see upstream_policy)."""
 
     def host_port(self) -> tuple[tuple[str, int], ...]:
         """The one host:port the sandbox may reach in black_box mode."""
@@ -71,6 +73,7 @@ def _server_key(request: RolloutRequest, base_url: str, configured_url: str, ser
 def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None = None) -> Upstream:
     env = os.environ if environ is None else environ
     defaults = CATALOG.get(request.endpoint)
+    configured_url = ""
     if defaults is None:
         base_url, api_key, model = request.base_url, request.api_key, request.model
         key_required, thinking_off = False, False
@@ -91,4 +94,5 @@ def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None 
     if not base_url.startswith(("http://", "https://")):
         raise EndpointError(f"base_url must start with http:// or https://, got {base_url[:80]!r}")
     disable_thinking = thinking_off if request.disable_thinking is None else request.disable_thinking
-    return Upstream(request.endpoint, base_url.rstrip("/"), api_key, model, disable_thinking)
+    from_caller = bool(request.base_url) and request.base_url.rstrip("/") != configured_url.rstrip("/")
+    return Upstream(request.endpoint, base_url.rstrip("/"), api_key, model, disable_thinking, from_caller)

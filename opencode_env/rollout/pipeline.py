@@ -28,6 +28,7 @@ from opencode_env.rollout.proxy_session import (
     wait_healthy,
 )
 from opencode_env.rollout.reward import read_reward
+from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.rollout.workdir_copy import copy_workdir
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
@@ -113,10 +114,12 @@ async def run_rollout(
     *,
     progress: ProgressCallback | None = None,
     result: RolloutResult | None = None,
+    upstream_policy: UpstreamPolicy | None = None,
 ) -> RolloutResult:
     """Run one OpenCode episode and return everything it produced; never raises except on cancellation. A caller
     that may cancel the rollout passes `result` and keeps it: the pipeline fills it as it goes, so after a
-    cancellation it still holds everything captured so far, with status `cancelled`."""
+    cancellation it still holds everything captured so far, with status `cancelled`. A server passes its
+    `upstream_policy`: a base URL its caller chose is then checked before anything starts."""
     if backend is None:
         from opencode_env.sandbox import default_backend
 
@@ -129,6 +132,8 @@ async def run_rollout(
     try:
         upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request)
         result.upstream = upstream.info()
+        if upstream_policy is not None and upstream.from_caller:
+            await asyncio.to_thread(upstream_policy.check, upstream.base_url)
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
         spec = _sandbox_spec(request, deadline, endpoints)

@@ -21,16 +21,8 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from opencode_env.sandbox.local.addresses import (
-    ALWAYS_LOCAL,
-    IPAddress,
-    IPNetwork,
-    local_ipv4_networks,
-    local_ipv6_networks,
-    refusal,
-)
+from opencode_env.sandbox.addresses import IPAddress, IPNetwork, literal_address, read_host_networks, refusal
 
 log = logging.getLogger("opencode_env.egress")
 HEADER_LIMIT = 64 * 1024
@@ -40,8 +32,6 @@ MAX_ATTEMPTS_RECORDED = 1000
 
 TRUSTED_HOSTS_VAR = "OPENCODE_ENV_EGRESS_TRUSTED_HOSTS"
 NO_INTERNET = "this rollout has no internet access (network='model_only')"
-FIB_TRIE = Path("/proc/self/net/fib_trie")
-IF_INET6 = Path("/proc/self/net/if_inet6")
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 
@@ -62,22 +52,6 @@ def trusted_hosts_from_env(environ: Mapping[str, str]) -> frozenset[str]:
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [ipaddress.ip_address(info[4][0]) for info in infos]
-
-
-def read_host_networks() -> frozenset[IPNetwork]:
-    """This machine's own addresses in the server's network namespace, the one the proxy connects from."""
-    try:
-        ipv6 = IF_INET6.read_text()
-    except FileNotFoundError:
-        ipv6 = ""  # IPv6 is disabled in this kernel: the machine has no IPv6 address
-    return ALWAYS_LOCAL | local_ipv4_networks(FIB_TRIE.read_text()) | local_ipv6_networks(ipv6)
-
-
-def literal_address(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

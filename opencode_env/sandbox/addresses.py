@@ -1,4 +1,4 @@
-"""Which addresses the egress proxy may connect to: a pure judgement by address class.
+"""Which addresses a connection we make for a sandbox or a caller may go to: a judgement by address class.
 
 `ipaddress.is_global` alone is not enough: depending on the Python version it calls NAT64, 6to4, IPv4-compatible
 and mapped forms, multicast, site-local and unassigned IPv6 space global, and it knows nothing of this machine's
@@ -9,8 +9,10 @@ it is IPv6 outside global unicast (2000::/3), or when `is_global` says so.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_network
+from pathlib import Path
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -137,3 +139,23 @@ def local_ipv6_networks(if_inet6: str) -> frozenset[IPNetwork]:
     return frozenset(
         IPv6Network(IPv6Address(int(line.split()[0], 16))) for line in if_inet6.splitlines() if line.strip()
     )
+
+
+FIB_TRIE = Path("/proc/self/net/fib_trie")
+IF_INET6 = Path("/proc/self/net/if_inet6")
+
+
+def read_host_networks() -> frozenset[IPNetwork]:
+    """This machine's own addresses in the server's network namespace, the one the proxy connects from."""
+    try:
+        ipv6 = IF_INET6.read_text()
+    except FileNotFoundError:
+        ipv6 = ""  # IPv6 is disabled in this kernel: the machine has no IPv6 address
+    return ALWAYS_LOCAL | local_ipv4_networks(FIB_TRIE.read_text()) | local_ipv6_networks(ipv6)
+
+
+def literal_address(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None

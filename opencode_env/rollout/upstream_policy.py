@@ -1,0 +1,107 @@
+"""Who may point the capture proxy where: a caller's URL is not a network primitive.
+
+URLs the operator configured (the server's environment, the endpoint catalog's defaults) are trusted as they are.
+A base URL a caller sends to a server is checked: its host must be on the operator's allow-list
+(`OPENCODE_ENV_UPSTREAM_ALLOW`: hosts, host:port pairs or networks, comma-separated), or every address it resolves
+to must be public and none of this machine's; the server's own port is never a target. A server that serves only
+callers on its own machine (no token) allows loopback when no list is set: such a caller reaches loopback anyway.
+In-process (the library, run by the operator) there is no caller to distrust and nothing is checked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from opencode_env.rollout.endpoints import EndpointError
+from opencode_env.sandbox.addresses import IPAddress, IPNetwork, literal_address, read_host_networks, refusal, within
+
+ALLOW_VAR = "OPENCODE_ENV_UPSTREAM_ALLOW"
+Resolver = Callable[[str, int], Sequence[IPAddress]]
+
+
+class UpstreamRefused(EndpointError):
+    """The caller's base URL points where the operator did not allow (the message names the rule and the fix)."""
+
+
+def system_resolver(host: str, port: int) -> list[IPAddress]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+
+
+@dataclass(frozen=True)
+class AllowList:
+    hosts: frozenset[str] = frozenset()
+    host_ports: frozenset[tuple[str, int]] = frozenset()
+    networks: frozenset[IPNetwork] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str) -> AllowList:
+        hosts, host_ports, networks = set(), set(), set()
+        for entry in (part.strip().lower() for part in text.split(",")):
+            if not entry:
+                continue
+            try:
+                networks.add(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            host, _, port = entry.rpartition(":")
+            if host and port.isdigit() and not host.endswith(":"):
+                host_ports.add((host.strip("[]"), int(port)))
+            else:
+                hosts.add(entry.strip("[]"))
+        return cls(frozenset(hosts), frozenset(host_ports), frozenset(networks))
+
+    def admits(self, host: str, port: int, addresses: Sequence[IPAddress]) -> bool:
+        if host in self.hosts or (host, port) in self.host_ports:
+            return True
+        return bool(addresses) and all(any(a in network for network in self.networks) for a in addresses)
+
+
+LOOPBACK = AllowList(
+    hosts=frozenset({"localhost"}),
+    networks=frozenset({ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1")}),
+)
+
+
+@dataclass(frozen=True)
+class UpstreamPolicy:
+    allowed: AllowList = field(default_factory=AllowList)
+    own_ports: frozenset[int] = frozenset()
+    resolve: Resolver = system_resolver
+    host_networks: Callable[[], frozenset[IPNetwork]] = read_host_networks
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str], own_ports: frozenset[int], *, callers_are_local: bool = False
+    ) -> UpstreamPolicy:
+        configured = environ.get(ALLOW_VAR, "")
+        allowed = AllowList.parse(configured) if configured or not callers_are_local else LOOPBACK
+        return cls(allowed=allowed, own_ports=own_ports)
+
+    def check(self, base_url: str) -> None:
+        """Raises UpstreamRefused unless a caller may send the proxy to `base_url`."""
+        parsed = urlsplit(base_url)
+        host = (parsed.hostname or "").lower()
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        literal = literal_address(host)
+        try:
+            addresses = [literal] if literal is not None else list(self.resolve(host, port))
+        except OSError as error:
+            raise UpstreamRefused(f"base_url: cannot resolve {host!r}: {error}") from error
+        local = self.host_networks()
+        if port in self.own_ports and any(within(a, local) for a in addresses):
+            raise UpstreamRefused(f"base_url: {host}:{port} is this server itself, never a model endpoint")
+        if self.allowed.admits(host, port, addresses):
+            return
+        for address in addresses:
+            why = refusal(address, local)
+            if why is not None:
+                raise UpstreamRefused(
+                    f"base_url: {host} is refused ({why}); a caller may name only public model endpoints "
+                    f"unless the operator allows this one in {ALLOW_VAR}"
+                )
