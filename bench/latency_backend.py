@@ -29,7 +29,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire.models import CommandResult, LimitHit
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class LatencySandbox(MemoryFiles):
         await self.pause("proxy_start")
         return LatencyProxy(self)
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         return []
 
     async def close(self) -> None:

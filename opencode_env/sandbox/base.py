@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire.models import CommandResult, LimitHit
 
 HOME = "/home/user"
 WORKDIR = f"{HOME}/workdir"
@@ -166,7 +166,7 @@ class Sandbox(Protocol):
         """Start the capture proxy where no task command can read its key, its files or its memory."""
         ...
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         """Resource limits the sandbox enforced so far ('memory', 'processes', 'disk')."""
         ...
 

@@ -21,7 +21,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire.models import CommandResult, LimitHit
 
 
 class StubProcess:
@@ -123,7 +123,7 @@ class StubSandbox(MemoryFiles):
     async def start_proxy(self, launch: ProxyLaunch) -> StubProxy:
         return StubProxy()
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         return []
 
     async def close(self) -> None:

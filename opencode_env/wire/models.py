@@ -75,6 +75,20 @@ TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
 VerifySandbox = Literal["same", "fresh"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
+RecordedOutcome = Literal[
+    "complete",
+    "bad_request",
+    "upstream_error",
+    "stalled",
+    "unreachable",
+    "upstream_disconnected",
+    "client_disconnected",
+    "undelivered",
+]
+"""How a call ended, as the proxy recorded it."""
+TurnOutcome = RecordedOutcome | Literal["cut_by_deadline"]
+"""cut_by_deadline: the pipeline's word for a call our own deadline cut (the proxy saw the agent go away)."""
+LimitHit = Literal["memory", "processes", "disk"]
 
 TOOL_NAME = "run_rollout"
 SCHEMA_VERSION = 2
@@ -317,7 +331,7 @@ class RolloutTurn(BaseModel):
     token_id_source: TokenIdSource = "none"
     aligned: bool = False
     stream: bool = True
-    outcome: str = "complete"
+    outcome: TurnOutcome = "complete"
     clamped: dict[str, Any] = Field(
         default_factory=dict,
         description="Request fields the proxy overrode before forwarding (e.g. n: 64 sent as 1), with the "
@@ -450,7 +464,7 @@ class RolloutResult(BaseModel):
     request_tools: dict[str, list[Any]] = Field(
         default_factory=dict, description="Tool schemas sent upstream, by sha256, stored once per rollout."
     )
-    limits_hit: list[str] = Field(
+    limits_hit: list[LimitHit] = Field(
         default_factory=list, description="Resource limits the sandbox enforced: 'memory', 'processes', 'disk'."
     )
     enforcement: dict[str, str] = Field(

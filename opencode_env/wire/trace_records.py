@@ -10,18 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from opencode_env.wire.models import PromptBase, TokenIdSource, TopLogprob, TurnKind
-
-TurnOutcome = Literal[
-    "complete",
-    "bad_request",
-    "upstream_error",
-    "stalled",
-    "unreachable",
-    "upstream_disconnected",
-    "client_disconnected",
-    "undelivered",
-]
+from opencode_env.wire.models import PromptBase, RecordedOutcome, TokenIdSource, TopLogprob, TurnKind
 
 
 class ToolsRecord(BaseModel):
@@ -56,7 +45,7 @@ class TurnRecord(BaseModel):
     stream: bool = True
     clamped: dict[str, Any] = Field(default_factory=dict)
     upstream_status: int | None = None
-    outcome: TurnOutcome = "complete"
+    outcome: RecordedOutcome = "complete"
     upstream_error: str | None = None
     latency_s: float = 0.0
     ttft_s: float | None = None

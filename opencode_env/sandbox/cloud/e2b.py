@@ -48,7 +48,7 @@ from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER, handoff_script
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire.models import CommandResult, LimitHit
 from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 
 log = logging.getLogger("opencode_env.e2b")
@@ -251,7 +251,7 @@ class E2BSandbox:
             with _mapped(self.sandbox_id, "writing a protected file"):
                 await self._sandbox.files.write(f"{WORKDIR}/{path}", text, user=GRADER_USER)
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         return []
 
     async def write_file(self, path: str, data: str | bytes) -> None:

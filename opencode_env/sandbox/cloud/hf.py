@@ -55,7 +55,7 @@ from opencode_env.sandbox.cloud.hf_sdk import (
 )
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire.models import CommandResult, LimitHit
 
 log = logging.getLogger("opencode_env.hf")
 IMAGE_VAR = "OPENCODE_ENV_HF_IMAGE"
@@ -306,7 +306,7 @@ class HFSandbox:
         """As root, from a directory only root can open: `user` cannot read its key, its trace or its memory."""
         return await start_root_proxy(self, launch)
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         return []
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:

@@ -62,7 +62,7 @@ from opencode_env.sandbox.local.isolation import (
 from opencode_env.sandbox.local.layout import OwnerLock, make_layout, own_tree, reap_orphans, remove_rollout
 from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire.models import CommandResult, LimitHit
 
 log = logging.getLogger("opencode_env.local")
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -492,7 +492,7 @@ class LocalSandbox:
         self._processes.add(handle)
         return LocalProxy(handle, self.layout.private, self.layout.sockets / "admin.sock", port=port, token=token)
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         """The cgroup's record of what it enforced, and `disk` when the rollout's own file system is full now (the
         kernel keeps no count of refused writes; the 1% kept for the host does not count)."""
         hit = self._cgroup.limits_hit() if self._cgroup is not None else []

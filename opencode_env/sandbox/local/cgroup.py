@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from opencode_env.wire.models import LimitHit
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "opencode-env"
 CPU_PERIOD_US = 100_000
@@ -83,9 +85,9 @@ class Cgroup:
         script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
         return ["/bin/sh", "-c", script, "cgroup-join", *self.procs_files(), "--"]
 
-    def limits_hit(self) -> list[str]:
+    def limits_hit(self) -> list[LimitHit]:
         """Which limits the kernel enforced so far: 'memory' (an OOM kill), 'processes' (a refused fork)."""
-        hit = []
+        hit: list[LimitHit] = []
         if self.version == "v2":
             unified = self._dirs["unified"]
             if _counter(unified / "memory.events", "oom_kill") > 0:
