@@ -300,3 +300,17 @@ async def test_a_body_over_the_limit_is_refused_unread_and_recorded_as_the_agent
     refused_turn = trace.turns[0] if trace.turns[0].outcome == "bad_request" else trace.turns[1]
     assert refused_turn.outcome == "bad_request"
     assert "over the proxy's limit of 1048576 bytes" in (refused_turn.upstream_error or "")
+
+
+async def test_the_callers_sampling_reaches_the_model_and_the_record(tmp_path: Path) -> None:
+    sampling = {"temperature": 0.6, "top_p": 0.95, "seed": 7, "stop": ["END"]}
+    with (
+        ScriptedModelServer(Script(steps=[say("sampled")])) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--sampling", json.dumps(sampling)) as proxy,
+    ):
+        response, _ = await post(proxy.url, body(stream=False, temperature=1.5))
+        turn = proxy.wait_for_turns(1).turns[0]
+    assert response.status_code == 200
+    sent = model.exchanges[0].request
+    assert {name: sent[name] for name in sampling} == sampling
+    assert {name: turn.request[name] for name in sampling} == sampling

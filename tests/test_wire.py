@@ -146,3 +146,17 @@ def test_the_proxy_trace_is_parsed_strictly() -> None:
     assert "prompt_base.turn 9 is not an earlier turn" in trace.problems[2]
     assert "prompt_base.count 4 is over" in trace.problems[3]
     assert trace.problems[4].startswith("trace line 6:")
+
+
+def test_sampling_is_bounded_and_belongs_to_the_proxy() -> None:
+    from pydantic import ValidationError
+
+    from opencode_env.wire.models import RolloutRequest, Sampling
+
+    request = RolloutRequest(instruction="x", sampling=Sampling(temperature=0.7, seed=3))
+    assert request.sampling is not None
+    assert request.sampling.sent() == {"temperature": 0.7, "seed": 3}
+    with pytest.raises(ValidationError, match="top_p"):
+        Sampling(top_p=0)
+    with pytest.raises(ValidationError, match="transparent_proxy mode only"):
+        RolloutRequest(instruction="x", mode="black_box", sampling={"temperature": 0.2})

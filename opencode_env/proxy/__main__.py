@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited listening socket")
     parser.add_argument("--admin-socket", default="", help="also serve on this unix socket (health, drain)")
     parser.add_argument("--token-env", default="", help="env var holding the bearer token every caller must send")
+    parser.add_argument("--sampling", default="{}", help="JSON object of sampling parameters set on every call")
     parser.add_argument("--max-request-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
     parser.add_argument("--peer-uid", type=int, default=-1, help="with --peer-table-fd: the one uid that may call")
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             top_logprobs=args.top_logprobs,
             max_tokens_cap=args.max_tokens_cap,
             disable_thinking=args.disable_thinking,
+            sampling=tuple(json.loads(args.sampling).items()),
         ),
         idle_timeout_s=args.idle_timeout,
         access_token=os.environ.get(args.token_env, "") if args.token_env else "",

@@ -32,6 +32,8 @@ class RewriteConfig:
     top_logprobs: int = 5
     max_tokens_cap: int = 4096
     disable_thinking: bool = False
+    sampling: tuple[tuple[str, Any], ...] = ()
+    """Sampling parameters set on every call, overriding the agent's (OpenCode sends none)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def rewrite_request(body: dict[str, Any], config: RewriteConfig) -> dict[str, An
     as configured."""
     out = dict(body)
     _hold_to_one_completion(out)
+    out.update(config.sampling)
     if config.model_override:
         out["model"] = config.model_override
     model = str(out.get("model", ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -58,6 +59,8 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> Pr
     ]
     if upstream.disable_thinking:
         args.append("--disable-thinking")
+    if request.sampling is not None:
+        args += ["--sampling", json.dumps(request.sampling.sent())]
     env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1"}
     return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 

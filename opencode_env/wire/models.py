@@ -128,6 +128,29 @@ validation reads the strings back as the floats. Standard JSON parsers accept it
 string, and `Number(x)` the number."""
 
 
+class Sampling(BaseModel):
+    """Sampling parameters the capture proxy sets on every model call (OpenCode sends none), so the distribution
+    that sampled is known and recorded with each turn. Unset fields leave the model server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=5, description="Softmax temperature.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus mass.")
+    top_k: int | None = Field(None, ge=-1, le=100_000, description="Top-k cut (-1: off; vLLM, SGLang).")
+    min_p: float | None = Field(None, ge=0, le=1, description="Minimum probability relative to the top token.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Sampling seed.")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="vLLM, SGLang.")
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
+        None, max_length=16, description="Stop strings."
+    )
+
+    def sent(self) -> dict[str, Any]:
+        """The fields set, as the request body carries them."""
+        return self.model_dump(exclude_none=True)
+
+
 class RolloutRequest(BaseModel):
     """One rollout: which model to call, what the agent is asked, how the task is set up and checked."""
 
@@ -171,6 +194,11 @@ class RolloutRequest(BaseModel):
     )
     max_tokens_cap: int = Field(4096, ge=1, le=1_000_000, description="Upper bound on max_tokens per LLM call.")
     top_logprobs: int = Field(5, ge=0, le=20, description="Alternatives recorded per token (0 = sampled only).")
+    sampling: Sampling | None = Field(
+        None,
+        description="Sampling parameters set on every model call by the capture proxy and recorded in each turn's "
+        "request (transparent_proxy mode); None leaves the model server's defaults.",
+    )
     agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
     template: str = Field("", max_length=256, description="E2B template name (ignored by the local backend).")
     files: dict[FilePath, FileText] = Field(
@@ -262,6 +290,8 @@ class RolloutRequest(BaseModel):
     def _timeouts_fit_the_total(self) -> RolloutRequest:
         if self.total_timeout_s is not None and self.total_timeout_s < 1:
             raise ValueError("total_timeout_s must be at least 1 second")
+        if self.sampling is not None and self.mode == "black_box":
+            raise ValueError("sampling: set by the capture proxy, so transparent_proxy mode only (mode='black_box')")
         return self
 
 
