@@ -8,6 +8,8 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, demo_script, fail, stall
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 from tests.helpers import rollout
 
 
@@ -86,3 +88,19 @@ async def test_a_long_run_of_5xx_stops_the_agent_at_its_own_threshold(backend: L
     assert result.status == "upstream_error", result.error
     assert [turn.upstream_status for turn in result.proxy_turns] == [503, 503, 503]
     assert "consecutive 5xx" in (result.proxy_turns[-1].upstream_error or "")
+
+
+async def test_a_result_carries_the_task_it_ran_without_its_key() -> None:
+    request = RolloutRequest(
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        api_key="sk-never-in-a-result",
+        instruction="do it",
+        verify=["true"],
+    )
+    result = await run_rollout(request, StubBackend())
+    assert result.task is not None
+    assert (result.task.instruction, result.task.verify, result.task.api_key) == ("do it", ["true"], "")
+    assert "sk-never-in-a-result" not in result.model_dump_json()
+    again = RolloutResult.model_validate_json(result.model_dump_json())
+    assert again.task == result.task

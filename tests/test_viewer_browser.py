@@ -196,5 +196,6 @@ def test_training_sequences_and_unknown_fields_are_shown_when_present(browser: W
     assert [span.get_attribute("class") for span in strip] == ["model", "env", "env", "model"]
     other = browser.find_element(By.ID, "other")
     other.find_element(By.TAG_NAME, "summary").click()
+    WebDriverWait(browser, 20).until(lambda _: other.find_elements(By.CSS_SELECTOR, "details details > summary"))
     other.find_element(By.CSS_SELECTOR, "details details > summary").click()
-    WebDriverWait(browser, 10).until(lambda _: '"aligned": true' in other.text)
+    WebDriverWait(browser, 20).until(lambda _: '"aligned": true' in other.text)

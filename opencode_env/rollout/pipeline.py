@@ -128,6 +128,7 @@ async def run_rollout(
     if result is None:
         result = RolloutResult()
     result.task_id, result.mode, result.backend = request.task_id, request.mode, backend.name
+    result.task = request.model_copy(update={"api_key": ""})
     result.oracle = request.solution is not None
     try:
         upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request)

@@ -504,6 +504,11 @@ class RolloutResult(BaseModel):
     solution_results: list[CommandResult] = Field(
         default_factory=list, description="The solution commands of an oracle run, in order."
     )
+    task: RolloutRequest | None = Field(
+        None,
+        description="The request this rollout ran, without its api_key: a saved result can be compared or run "
+        "again (`run_rollout(result.task)`, the key coming from the environment as usual).",
+    )
     schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@
     "proxy_turns", "files", "files_extra", "agent_log_tail", "proxy_log_tail", "error", "status", "failed_phase",
     "timings", "reward_source", "usage", "backend", "opencode_version", "upstream", "tool_calls", "agent_final_text",
     "request_tools", "oracle", "solution_results", "training_sequences", "sequences",
-    "limits_hit", "enforcement", "schema_version", "files_non_utf8",
+    "limits_hit", "enforcement", "schema_version", "files_non_utf8", "task",
   ]);
   const TOKENS_PER_CHUNK = 2000;
   let closePopup = () => {};
@@ -382,6 +382,8 @@
       el("section", { class: "block", id: "summary" }, summary(r)),
       el("section", { class: "block", id: "phases" }, el("h2", { text: "Phases" }), phaseBar(r)),
     );
+    if (r.task) root.append(block("Task", false, (b) => b.append(el("pre", { class: "task-instruction", text: text(obj(r.task).instruction) }),
+      el("pre", { text: JSON.stringify(Object.fromEntries(Object.entries(obj(r.task)).filter(([k]) => k !== "instruction" && k !== "files" && k !== "verify_files")), null, 2) })), "task"));
     if (r.oracle) root.append(block("Solution commands (oracle run, in place of the agent)", true, (b) => b.append(...commandsView(arr(r.solution_results))), "solution"));
     root.append(
       block("Setup commands (" + arr(r.setup_results).length + ")", arr(r.setup_results).some((c) => obj(c).exit_code !== 0), (b) => b.append(...commandsView(arr(r.setup_results))), "setup"),
