@@ -314,3 +314,14 @@ async def test_the_callers_sampling_reaches_the_model_and_the_record(tmp_path: P
     sent = model.exchanges[0].request
     assert {name: sent[name] for name in sampling} == sampling
     assert {name: turn.request[name] for name in sampling} == sampling
+
+
+async def test_the_proxy_connects_to_the_vetted_address_and_names_the_host_it_was_given(tmp_path: Path) -> None:
+    """A caller's URL is checked once by the server; the proxy connects to that address, never resolving the name
+    again (here a name that resolves nowhere), and still sends it as the Host."""
+    with ScriptedModelServer(Script(steps=[say("pinned")])) as model:
+        named = model.base_url.replace("127.0.0.1", "model.invalid")
+        with running_proxy(named, tmp_path, *VLLM, "--upstream-address", "127.0.0.1") as proxy:
+            response, _ = await post(proxy.url, body(stream=False))
+    assert response.status_code == 200
+    assert model.exchanges[0].headers["host"] == named.removeprefix("http://").split("/")[0]

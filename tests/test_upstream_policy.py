@@ -55,8 +55,9 @@ def test_a_caller_may_not_point_the_proxy_inward(url: str, reason: str) -> None:
     assert ALLOW_VAR in str(refused.value) or "cannot resolve" in str(refused.value)
 
 
-def test_public_endpoints_and_what_the_operator_allows_pass() -> None:
-    policy().check("https://api.example.com/v1")
+def test_public_endpoints_and_what_the_operator_allows_pass_pinned_to_the_address_checked() -> None:
+    assert policy().check("https://api.example.com/v1") == "93.184.216.34"
+    assert policy("vllm.internal").check("http://vllm.internal:8000/v1") == "10.0.0.7"
     policy("vllm.internal").check("http://vllm.internal:8000/v1")
     policy("10.0.0.0/8").check("http://vllm.internal:8000/v1")
     policy("vllm.internal:8000").check("http://vllm.internal:8000/v1")

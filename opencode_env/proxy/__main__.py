@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited listening socket")
     parser.add_argument("--admin-socket", default="", help="also serve on this unix socket (health, drain)")
     parser.add_argument("--token-env", default="", help="env var holding the bearer token every caller must send")
+    parser.add_argument("--upstream-address", default="", help="connect here instead of resolving the URL's host")
     parser.add_argument("--sampling", default="{}", help="JSON object of sampling parameters set on every call")
     parser.add_argument("--max-request-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         max_unreachable=args.max_unreachable,
         max_server_errors=args.max_server_errors,
         max_request_bytes=args.max_request_bytes,
+        upstream_address=args.upstream_address,
         peers=PeerOwners(args.peer_table_fd, args.peer_uid) if args.peer_table_fd >= 0 else None,
     )
     app = create_app(settings)

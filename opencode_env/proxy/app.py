@@ -8,6 +8,7 @@ record, including failed, stalled and disconnected ones.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import itertools
 import json
@@ -62,6 +63,8 @@ class ProxySettings:
     access_token: str = ""
     max_unreachable: int = 3
     max_server_errors: int = 20
+    upstream_address: str = ""
+    """Connect to this address rather than resolving the upstream URL's host again (see Origin.connect_address)."""
     max_request_bytes: int = 32 * 2**20
     """A request body over this is answered 413 and recorded as the agent's doing, read no further."""
     peers: PeerOwners | None = None
@@ -124,7 +127,7 @@ class CaptureProxy:
         self._answering: set[asyncio.Task[Any]] = set()
         self.deliveries = Deliveries(self._undelivered)
         self._pool = UpstreamPool(
-            Origin.parse(settings.upstream_url),
+            dataclasses.replace(Origin.parse(settings.upstream_url), connect_address=settings.upstream_address),
             connect_timeout_s=settings.connect_timeout_s,
             idle_timeout_s=settings.idle_timeout_s,
         )

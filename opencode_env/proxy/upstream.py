@@ -41,6 +41,8 @@ class Origin:
     host: str
     port: int
     base_path: str
+    connect_address: str = ""
+    """Where to connect instead of resolving `host` (the address the server vetted); Host and TLS keep `host`."""
 
     @classmethod
     def parse(cls, url: str) -> Origin:
@@ -189,7 +191,7 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 reader, writer = await asyncio.open_connection(
-                    self.origin.host,
+                    self.origin.connect_address or self.origin.host,
                     self.origin.port,
                     ssl=self._ssl,
                     limit=1 << 20,

@@ -44,6 +44,8 @@ class Upstream:
     disable_thinking: bool
     from_caller: bool = False
     """The base URL came from the request rather than from the operator's configuration (see upstream_policy)."""
+    connect_address: str = ""
+    """The address the policy vetted for a caller's URL: the proxy connects there, never resolving the name again."""
 
     def host_port(self) -> tuple[tuple[str, int], ...]:
         """The one host:port the sandbox may reach in black_box mode."""

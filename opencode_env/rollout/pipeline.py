@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from opencode_env.rollout import opencode
@@ -134,7 +134,8 @@ async def run_rollout(
         upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request)
         result.upstream = upstream.info()
         if upstream_policy is not None and upstream.from_caller:
-            await asyncio.to_thread(upstream_policy.check, upstream.base_url)
+            vetted = await asyncio.to_thread(upstream_policy.check, upstream.base_url)
+            upstream = replace(upstream, connect_address=vetted)
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
         spec = _sandbox_spec(request, deadline, endpoints)

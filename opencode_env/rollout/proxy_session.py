@@ -59,6 +59,8 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> Pr
     ]
     if upstream.disable_thinking:
         args.append("--disable-thinking")
+    if upstream.connect_address:
+        args += ["--upstream-address", upstream.connect_address]
     if request.sampling is not None:
         args += ["--sampling", json.dumps(request.sampling.sent())]
     env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1"}

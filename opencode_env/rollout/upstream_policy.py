@@ -83,8 +83,9 @@ class UpstreamPolicy:
         allowed = AllowList.parse(configured) if configured or not callers_are_local else LOOPBACK
         return cls(allowed=allowed, own_ports=own_ports)
 
-    def check(self, base_url: str) -> None:
-        """Raises UpstreamRefused unless a caller may send the proxy to `base_url`."""
+    def check(self, base_url: str) -> str:
+        """The address the proxy must connect to for `base_url`, the one vetted here (no second resolution, so a
+        name cannot rebind between the check and the connection); raises UpstreamRefused unless a caller may."""
         parsed = urlsplit(base_url)
         host = (parsed.hostname or "").lower()
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -96,12 +97,14 @@ class UpstreamPolicy:
         local = self.host_networks()
         if port in self.own_ports and any(within(a, local) for a in addresses):
             raise UpstreamRefused(f"base_url: {host}:{port} is this server itself, never a model endpoint")
-        if self.allowed.admits(host, port, addresses):
-            return
-        for address in addresses:
-            why = refusal(address, local)
-            if why is not None:
-                raise UpstreamRefused(
-                    f"base_url: {host} is refused ({why}); a caller may name only public model endpoints "
-                    f"unless the operator allows this one in {ALLOW_VAR}"
-                )
+        if not self.allowed.admits(host, port, addresses):
+            for address in addresses:
+                why = refusal(address, local)
+                if why is not None:
+                    raise UpstreamRefused(
+                        f"base_url: {host} is refused ({why}); a caller may name only public model endpoints "
+                        f"unless the operator allows this one in {ALLOW_VAR}"
+                    )
+        if not addresses:
+            raise UpstreamRefused(f"base_url: {host} resolves to no address")
+        return str(addresses[0])
