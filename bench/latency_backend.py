@@ -19,6 +19,7 @@ from typing import Any
 from opencode_env.rollout.pipeline import EVENTS_PATH
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    OPENCODE_DATA_DIR,
     WORKDIR,
     Identity,
     OpenSandboxes,
@@ -147,7 +148,7 @@ class LatencyProxy:
 class LatencySandbox(MemoryFiles):
     backend = "latency"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every sandbox
-    opencode_data_dir = "/home/user/.local/share"
+    opencode_data_dir = OPENCODE_DATA_DIR
 
     def __init__(
         self, sandbox_id: str, latencies: Latencies, left_behind: AgentRecord, seed: int, registry: OpenSandboxes

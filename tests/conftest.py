@@ -6,15 +6,16 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from opencode_env.rollout.upstream_policy import ALLOW_VAR
+from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
-from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
 from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
 from tests.fake_e2b import FakeCloud
@@ -98,6 +99,16 @@ def sandbox_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def backend(opencode_binary: Path, sandbox_base: Path) -> LocalBackend:
     return LocalBackend(cached_tools, base_dir=sandbox_base)
+
+
+@pytest.fixture
+async def box(backend: LocalBackend) -> AsyncIterator[LocalSandbox]:
+    """A local sandbox of default spec, closed after the test."""
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
 
 
 def processes_mentioning(*texts: str, settle_s: float = 5.0) -> list[str]:

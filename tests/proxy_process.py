@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +40,16 @@ class ProxyProcess:
 
 @contextmanager
 def running_proxy(
-    upstream_url: str, directory: Path, *args: str, key: str = "sk-upstream-test"
+    upstream_url: str,
+    directory: Path,
+    *args: str,
+    key: str = "sk-upstream-test",
+    env: Mapping[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> Iterator[ProxyProcess]:
+    """The proxy with `args`, its own variables plus `env`, inheriting `pass_fds` (e.g. a socket table to read)."""
     port_file, trace, log = directory / "port", directory / "trace.jsonl", directory / "proxy.log"
-    env = {"PATH": os.environ["PATH"], "OPENCODE_ENV_UPSTREAM_KEY": key}
+    env = {"PATH": os.environ["PATH"], "OPENCODE_ENV_UPSTREAM_KEY": key, **(env or {})}
     command = [
         sys.executable,
         "-m",
@@ -59,7 +65,7 @@ def running_proxy(
         *args,
     ]
     with log.open("wb") as log_file:
-        process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=pass_fds)
     try:
         deadline = time.monotonic() + 20
         while not port_file.exists():

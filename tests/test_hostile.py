@@ -11,7 +11,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +25,6 @@ from opencode_env.wire.models import RolloutRequest
 from tests.helpers import rollout
 
 CANARY_KEY = "sk-hostile-canary-5e1d9b"
-
-
-@pytest.fixture
-async def box(backend: LocalBackend) -> AsyncIterator[LocalSandbox]:
-    sandbox = await backend.create(SandboxSpec())
-    try:
-        yield sandbox
-    finally:
-        await sandbox.close()
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ import pytest
 from opencode_env.proxy.peers import socket_owner
 from opencode_env.testing.script import Script, say
 from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.proxy_process import running_proxy
 
 TOKEN = "proxy-token-for-the-peer-test"
 OPENCODE_UID = 2_100_000_321
@@ -51,25 +50,14 @@ def test_the_socket_table_names_the_callers_uid() -> None:
 
 @contextmanager
 def proxy_admitting(uid: int, upstream: str, directory: Path) -> Iterator[str]:
+    """The real proxy reading this process's socket table (the test's own network namespace), admitting `uid`."""
     table = os.open("/proc/self/net/tcp", os.O_RDONLY)
-    port_file, log = directory / "port", directory / "proxy.log"
-    command = [sys.executable, "-m", "opencode_env.proxy", "--upstream-url", upstream, "--port", "0"]
-    command += ["--port-file", str(port_file), "--trace", str(directory / "trace.jsonl"), "--token-env", "TOKEN"]
-    command += ["--peer-table-fd", str(table), "--peer-uid", str(uid)]
-    env = {"PATH": os.environ["PATH"], "TOKEN": TOKEN, "OPENCODE_ENV_UPSTREAM_KEY": "sk-upstream"}
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(table,))
-    os.close(table)
     try:
-        deadline = time.monotonic() + 20
-        while not port_file.exists():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port_file.read_text()}/v1"
+        peers = ("--token-env", "TOKEN", "--peer-table-fd", str(table), "--peer-uid", str(uid))
+        with running_proxy(upstream, directory, *peers, env={"TOKEN": TOKEN}, pass_fds=(table,)) as proxy:
+            yield proxy.url
     finally:
-        process.terminate()
-        process.wait(timeout=15)
+        os.close(table)
 
 
 def call_as(uid: int, url: str, token: str) -> str:

@@ -14,7 +14,6 @@ import math
 import shlex
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,9 +21,8 @@ from jsonschema import validators  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
 from opencode_env.rollout.collect import collect_files, read_tail
-from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local import hostfs
-from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.backend import LocalSandbox
 from opencode_env.wire.models import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
 from server.spliced import Splices
 from server.tool_result import mcp_tool_result, session_tool_result_json
@@ -32,15 +30,6 @@ from server.tool_result import mcp_tool_result, session_tool_result_json
 WORKDIR = "/home/user/workdir"
 INF = float("inf")
 NAN = float("nan")
-
-
-@pytest.fixture
-async def box(backend: LocalBackend) -> AsyncIterator[LocalSandbox]:
-    sandbox = await backend.create(SandboxSpec())
-    try:
-        yield sandbox
-    finally:
-        await sandbox.close()
 
 
 async def python_in(sandbox: LocalSandbox, source: str) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -29,14 +30,20 @@ def wait_for_status(url: str, status: int, timeout_s: float = 30) -> httpx.Respo
         time.sleep(0.05)
 
 
-async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it() -> None:
-    release = threading.Event()
+def build_once_released(release: threading.Event) -> Callable[[], Any]:
+    """A build of the real app on the stub backend that takes until `release` is set."""
 
     def slow_build() -> Any:
         release.wait(60)
         configure(StubBackend())
         return build_app(token="")
 
+    return slow_build
+
+
+async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it() -> None:
+    release = threading.Event()
+    slow_build = build_once_released(release)
     server = ThreadedServer(StagedApp(slow_build))
     server.start()
     try:
@@ -62,12 +69,7 @@ async def _tool_names(url: str) -> list[str]:
 
 async def test_a_request_that_waits_too_long_hears_that_the_server_is_starting() -> None:
     release = threading.Event()
-
-    def slow_build() -> Any:
-        release.wait(60)
-        configure(StubBackend())
-        return build_app(token="")
-
+    slow_build = build_once_released(release)
     server = ThreadedServer(StagedApp(slow_build, ready_wait_s=0.3))
     server.start()
     try:

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from opencode_env.rollout.endpoints import EndpointError
-from opencode_env.sandbox.addresses import IPAddress, IPNetwork, literal_address, read_host_networks, refusal, within
+from opencode_env.sandbox.addresses import (
+    IPAddress,
+    IPNetwork,
+    literal_address,
+    read_host_networks,
+    refusal,
+    resolved_addresses,
+    within,
+)
 
 ALLOW_VAR = "OPENCODE_ENV_UPSTREAM_ALLOW"
 Resolver = Callable[[str, int], Sequence[IPAddress]]
@@ -28,8 +36,7 @@ class UpstreamRefused(EndpointError):
 
 
 def system_resolver(host: str, port: int) -> list[IPAddress]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    return resolved_addresses(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_network
 from pathlib import Path
+from typing import Any
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -152,6 +153,11 @@ def read_host_networks() -> frozenset[IPNetwork]:
     except FileNotFoundError:
         ipv6 = ""  # IPv6 is disabled in this kernel: the machine has no IPv6 address
     return ALWAYS_LOCAL | local_ipv4_networks(FIB_TRIE.read_text()) | local_ipv6_networks(ipv6)
+
+
+def resolved_addresses(infos: list[tuple[Any, ...]]) -> list[IPAddress]:
+    """The addresses of `getaddrinfo`'s answer (an IPv6 zone index dropped)."""
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
 def literal_address(host: str) -> IPAddress | None:

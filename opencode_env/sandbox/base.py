@@ -22,6 +22,8 @@ REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
 REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
 AGENT_LOG_DIR = f"{LOGS_DIR}/agent"
 ROLLOUT_DIR = f"{HOME}/.rollout"
+OPENCODE_DATA_DIR = f"{HOME}/.local/share"
+"""OpenCode's XDG_DATA_HOME where the backend gives it no directory of its own (its tools share its identity)."""
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 PRIVATE_ENV_PREFIX = "OPENCODE_ENV_"
 """Variables so named, given to an `agent` command, are OpenCode's alone: where the backend separates OpenCode from

@@ -13,6 +13,7 @@ from typing import Any
 
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    OPENCODE_DATA_DIR,
     WORKDIR,
     FileEntry,
     Identity,
@@ -92,7 +93,7 @@ class MemoryFiles:
 class StubSandbox(MemoryFiles):
     backend = "stub"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every stub
-    opencode_data_dir = "/home/user/.local/share"
+    opencode_data_dir = OPENCODE_DATA_DIR
 
     def __init__(self, sandbox_id: str, command_s: float, registry: set[str]) -> None:
         self.sandbox_id = sandbox_id

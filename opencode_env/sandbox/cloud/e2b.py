@@ -33,7 +33,7 @@ from e2b.sandbox.filesystem.filesystem import FileType
 
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
-    HOME,
+    OPENCODE_DATA_DIR,
     WORKDIR,
     CloseOnce,
     FileEntry,
@@ -139,7 +139,7 @@ class E2BSandbox:
             "isolation": "E2B microVM; task commands as user, the proxy as root",
             "verify": "as grader (a second user), fresh HOME and TMPDIR; OpenCode and its tools both as user",
         }
-        self.opencode_data_dir = f"{HOME}/.local/share"
+        self.opencode_data_dir = OPENCODE_DATA_DIR
         self._closer = CloseOnce(self._close)
 
     def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:

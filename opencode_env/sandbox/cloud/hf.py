@@ -30,7 +30,7 @@ from huggingface_hub import Sandbox, get_token
 
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
-    HOME,
+    OPENCODE_DATA_DIR,
     WORKDIR,
     CloseOnce,
     FileEntry,
@@ -147,7 +147,7 @@ class HFSandbox:
         self._release = release
         self._closer = CloseOnce(self._close)
         self.enforcement = dict(ENFORCEMENT)
-        self.opencode_data_dir = f"{HOME}/.local/share"
+        self.opencode_data_dir = OPENCODE_DATA_DIR
 
     @property
     def closed(self) -> bool:

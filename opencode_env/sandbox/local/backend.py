@@ -398,9 +398,7 @@ class LocalSandbox:
         """Written as `identity` (the sandbox's root writes mode 0600, the others 0644)."""
         base, relative = self._relative(path)
         raw = data.encode("utf-8") if isinstance(data, str) else data
-        uid = {"root": self._ids.root, "grader": self._ids.grader, "agent": self._ids.agent}.get(
-            identity, self._ids.user
-        )
+        uid = self._ids.of(identity)
         owner, mode = (uid, uid), 0o600 if identity == "root" else 0o644
         try:
             await asyncio.to_thread(hostfs.write_file, base, relative, raw, owner=owner, mode=mode)

@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from opencode_env.sandbox.addresses import IPAddress, IPNetwork, literal_address, read_host_networks, refusal
+from opencode_env.sandbox.addresses import (
+    IPAddress,
+    IPNetwork,
+    literal_address,
+    read_host_networks,
+    refusal,
+    resolved_addresses,
+)
 
 log = logging.getLogger("opencode_env.egress")
 HEADER_LIMIT = 64 * 1024
@@ -50,8 +56,7 @@ def trusted_hosts_from_env(environ: Mapping[str, str]) -> frozenset[str]:
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
+    return resolved_addresses(await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM))
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class HostIds:
     agent: int
     grader: int
 
+    def of(self, identity: Identity) -> int:
+        return {"user": self.user, "root": self.root, "agent": self.agent, "grader": self.grader}[identity]
+
 
 class UidLease:
     """Four host uids held for one rollout; a lock file makes them exclusive on the machine, and they are released
