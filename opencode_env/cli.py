@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from opencode_env.evals.cli import add_eval_parser
 from opencode_env.rollout.check_task import add_check_task_parser
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import (
@@ -26,6 +27,7 @@ from opencode_env.sandbox import (
     reapable_names,
 )
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.local.image_cli import add_image_parser
 from opencode_env.sandbox.local.tools import InstallError
 from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
@@ -240,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(commands)
     add_view_parser(commands)
     add_check_task_parser(commands)
+    add_image_parser(commands)
+    add_eval_parser(commands)
     return parser
 
 

@@ -40,6 +40,7 @@ from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
 from opencode_env.sandbox.base import HOME, Identity, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.tools import cached_tools, npm_cache
 from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 
@@ -84,7 +85,7 @@ class FakeCloud:
             # A template without OpenCode installs it at run time: from a warm npm cache, offline, so the test
             # proves the install path without depending on the registry.
             env |= {"NPM_CONFIG_CACHE": f"{HOME}/.npm", "NPM_CONFIG_OFFLINE": "true"}
-        sandbox = await backend.create(SandboxSpec(env=env))
+        sandbox = await backend.create(SandboxSpec(env=env, image=HOST_IMAGE))
         if not with_opencode:
             await asyncio.to_thread(_copy_owned, npm_cache(), sandbox.host_path(f"{HOME}/.npm"), sandbox.owner)
         return sandbox

@@ -34,6 +34,7 @@ from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxE
 
 from opencode_env.sandbox.base import Identity, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.tools import cached_tools
 from tests.fake_hf_plain import PlainMachine
 
@@ -125,7 +126,8 @@ class FakeHfCloud:
 
         venv_bin = str(Path(sys.executable).parent)
         backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(venv_bin,), own_network=False)
-        return ServerMachine(await backend.create(SandboxSpec()), identity="user" if user_image else "root")
+        machine = await backend.create(SandboxSpec(image=HOST_IMAGE))
+        return ServerMachine(machine, identity="user" if user_image else "root")
 
 
 class ServerMachine:

@@ -22,6 +22,7 @@ from opencode_env.sandbox.base import (
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.images import HOST_IMAGE
 from tests.conftest import processes_mentioning
 from tests.helpers import sleep_cmd
 
@@ -111,7 +112,8 @@ async def test_files_round_trip_text_and_binary(sandbox: Sandbox) -> None:
 
 
 async def test_local_files_outside_the_sandbox_are_refused(backend: LocalBackend, no_leaks: None) -> None:
-    sandbox = await backend.create(SandboxSpec())
+    """On the host's root (an image's root is the rollout's own: tests/test_images.py)."""
+    sandbox = await backend.create(SandboxSpec(image=HOST_IMAGE))
     try:
         await _refuses_outside_writes(sandbox)
     finally:
@@ -161,7 +163,7 @@ async def test_tools_under_hidden_host_dirs_stay_visible(tmp_path: Path, sandbox
     async def resolver() -> ProvidedTools:
         return tools
 
-    box = await LocalBackend(resolver, base_dir=sandbox_base).create(SandboxSpec())
+    box = await LocalBackend(resolver, base_dir=sandbox_base).create(SandboxSpec(image=HOST_IMAGE))
     try:
         assert str(tool).startswith("/tmp/")
         result = await box.run(str(tool), timeout_s=10)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import re
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -87,6 +88,10 @@ class _Rollout:
     backend: SandboxBackend
     spec: SandboxSpec
     instruction_path: str = ""
+
+    @property
+    def workdir(self) -> str:
+        return self.spec.workdir
 
     async def report(self, phase: Phase, message: str) -> None:
         if self.progress is not None:
@@ -172,12 +177,23 @@ def _fail(result: RolloutResult, status: RolloutStatus, phase: Phase | None, mes
     result.error = message
 
 
+SANDBOX_USER_IDS = "1000:1000"
+"""The agent's tools' uid and gid on every backend."""
+
+
+def workdir_of(request: RolloutRequest) -> str:
+    return request.workdir.rstrip("/") or WORKDIR
+
+
 def _sandbox_spec(
     request: RolloutRequest, deadline: Deadline, model_endpoints: tuple[tuple[str, int], ...]
 ) -> SandboxSpec:
     return SandboxSpec(
         task_id=request.task_id,
-        template=request.template,
+        template=request.template or request.image,
+        image=request.image,
+        workdir=workdir_of(request),
+        grader_is_root=request.verify_as == "root",
         lifetime_s=deadline.total_s + 120,
         env=request.env,
         limits=sandbox_limits(request),
@@ -307,8 +323,10 @@ async def _run_install_step(rollout: _Rollout, step: opencode.InstallStep) -> No
 
 async def _prepare(rollout: _Rollout) -> None:
     await rollout.report("prepare", "writing the task files and the instruction")
+    if rollout.request.workdir:
+        await _hand_workdir_to_user(rollout)
     for path, content in rollout.request.files.items():
-        await rollout.sandbox.write_file(f"{WORKDIR}/{path}", content)
+        await rollout.sandbox.write_file(path if path.startswith("/") else f"{rollout.workdir}/{path}", content)
     rollout.instruction_path = await rollout.sandbox.write_control_file("instruction.md", rollout.request.instruction)
 
 
@@ -329,6 +347,7 @@ async def _run_commands(
             cmd,
             timeout_s=rollout.budget(phase, timeout_s),
             env=rollout.request.env,
+            cwd=rollout.workdir,
             keep_background=phase == "setup",
             identity=identity,
         )
@@ -340,12 +359,28 @@ async def _run_commands(
 
 async def _setup(rollout: _Rollout) -> None:
     request = rollout.request
-    results = await _run_commands(rollout, "setup", request.setup, request.setup_timeout_s, stop_on_failure=True)
+    identity: Identity = "root" if request.setup_as == "root" else "user"
+    results = await _run_commands(
+        rollout, "setup", request.setup, request.setup_timeout_s, stop_on_failure=True, identity=identity
+    )
     rollout.result.setup_results = results
     if results and results[-1].exit_code != 0:
         failed = results[-1]
         why = "timed out" if failed.timed_out else f"exited {failed.exit_code}"
         raise PhaseFailure("setup_failed", "setup", f"setup command {len(results)} {why}: {failed.cmd[:200]}")
+    await _hand_workdir_to_user(rollout)
+
+
+async def _hand_workdir_to_user(rollout: _Rollout) -> None:
+    """The work dir, as setup (as root) or the image left it, becomes the agent's: made if missing, then every
+    entry owned by `user` (links themselves, never what they name)."""
+    workdir = shlex.quote(rollout.workdir)
+    command = f"mkdir -p -- {workdir} && chown -R -h {SANDBOX_USER_IDS} -- {workdir}"
+    handed = await rollout.sandbox.run(
+        command, timeout_s=rollout.budget("setup", rollout.request.setup_timeout_s), cwd="/", identity="root"
+    )
+    if handed.exit_code != 0:
+        raise PhaseFailure("setup_failed", "setup", f"could not hand {rollout.workdir} to the agent: {handed.stderr}")
 
 
 async def _proxy(rollout: _Rollout) -> ProxyHandle | None:
@@ -381,7 +416,7 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
     config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))
     command = opencode.run_command(
         opencode=opencode_path,
-        workdir=WORKDIR,
+        workdir=rollout.workdir,
         instruction_path=rollout.instruction_path,
         events_path=EVENTS_PATH,
         stderr_path=AGENT_STDERR_PATH,
@@ -460,6 +495,7 @@ async def fresh_verify(rollout: _Rollout) -> None:
             fresh,
             timeout_s=rollout.budget("verify", INSTALL_TIMEOUT_S),
             limit_bytes=WORKDIR_COPY_LIMIT,
+            workdir=rollout.workdir,
         )
         if copied.exit_code != 0:
             result.verify_results = [copied]
@@ -493,7 +529,7 @@ async def _grade(rollout: _Rollout, sandbox: Sandbox) -> None:
 async def _collect(rollout: _Rollout) -> None:
     result, sandbox = rollout.result, rollout.sandbox
     await rollout.report("collect", "collecting the files and logs")
-    files = await collect_files(sandbox)
+    files = await collect_files(sandbox, rollout.workdir)
     result.files, result.files_extra, result.files_non_utf8 = files.text, files.extra, files.non_utf8
     await _collect_agent_record(rollout)
 

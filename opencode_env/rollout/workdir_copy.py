@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import shlex
 import time
 
 from opencode_env.sandbox.base import WORKDIR, Sandbox
@@ -16,15 +17,28 @@ from opencode_env.wire.models import CommandResult
 
 COPY_LABEL = "copy the work dir into a fresh sandbox"
 ARCHIVE = "/tmp/.opencode-env-workdir.tar.gz"
-PACK = f"set -o pipefail; tar --numeric-owner -C {WORKDIR} -czf - . | base64 -w 0"
-UNPACK = f"set -e; find {WORKDIR} -mindepth 1 -delete; tar -xzf {ARCHIVE} -C {WORKDIR} --no-same-owner; rm -f {ARCHIVE}"
 
 
-async def copy_workdir(source: Sandbox, target: Sandbox, *, timeout_s: float, limit_bytes: int) -> CommandResult:
+def pack_command(workdir: str) -> str:
+    return f"set -o pipefail; tar --numeric-owner -C {shlex.quote(workdir)} -czf - . | base64 -w 0"
+
+
+def unpack_command(workdir: str) -> str:
+    quoted = shlex.quote(workdir)
+    return f"set -e; find {quoted} -mindepth 1 -delete; tar -xzf {ARCHIVE} -C {quoted} --no-same-owner; rm -f {ARCHIVE}"
+
+
+async def copy_workdir(
+    source: Sandbox, target: Sandbox, *, timeout_s: float, limit_bytes: int, workdir: str = WORKDIR
+) -> CommandResult:
     """Replace the target's work dir by the source's; the outcome as a command result (a failure names why)."""
     started = time.monotonic()
     packed = await source.run(
-        PACK, timeout_s=timeout_s, identity="grader", max_output_bytes=limit_bytes * 4 // 3 + 4, cwd=WORKDIR
+        pack_command(workdir),
+        timeout_s=timeout_s,
+        identity="grader",
+        max_output_bytes=limit_bytes * 4 // 3 + 4,
+        cwd=workdir,
     )
     if packed.timed_out or packed.exit_code != 0:
         return _failed(started, f"packing the work dir failed (exit {packed.exit_code}): {packed.stderr[-500:]}")
@@ -35,7 +49,7 @@ async def copy_workdir(source: Sandbox, target: Sandbox, *, timeout_s: float, li
     except binascii.Error as error:
         return _failed(started, f"the work dir's archive came back damaged: {error}")
     await target.write_file(ARCHIVE, archive)
-    unpacked = await target.run(UNPACK, timeout_s=timeout_s, cwd="/")
+    unpacked = await target.run(unpack_command(workdir), timeout_s=timeout_s, cwd="/")
     if unpacked.exit_code != 0:
         return _failed(started, f"unpacking the work dir failed (exit {unpacked.exit_code}): {unpacked.stderr[-500:]}")
     return CommandResult(

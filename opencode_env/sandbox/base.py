@@ -56,6 +56,12 @@ class ResourceLimits:
 class SandboxSpec:
     task_id: str = ""
     template: str = ""
+    image: str = ""
+    """The image whose root file system the sandbox runs ('' = the backend's default; E2B reads it as a template)."""
+    workdir: str = WORKDIR
+    """The agent's work dir: relative paths of protected files go there, and verify is handed this tree."""
+    grader_is_root: bool = False
+    """verify_as='root': the `grader` identity is the sandbox's own root (fresh /tmp, HOME /root)."""
     lifetime_s: float = 3600.0
     env: Mapping[str, str] = field(default_factory=dict)
     limits: ResourceLimits = field(default_factory=ResourceLimits)

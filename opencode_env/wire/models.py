@@ -74,6 +74,8 @@ RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
 TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
 VerifySandbox = Literal["same", "fresh"]
+VerifyAs = Literal["grader", "root"]
+SetupAs = Literal["root", "user"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
 RecordedOutcome = Literal[
     "complete",
@@ -104,6 +106,8 @@ MAX_ENV_VALUE_CHARS = 32_000
 RESERVED_ENV = frozenset({"PATH", "HOME", "USER", "TMPDIR", "PYTHONPATH"})
 
 Command = Annotated[str, StringConstraints(min_length=1, max_length=MAX_COMMAND_CHARS)]
+ImageRef = Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z0-9._:@/+-]*$")]
+SandboxPath = Annotated[str, StringConstraints(max_length=512, pattern=r"^(/[A-Za-z0-9._@+-]+)*/?$")]
 TaskId = Annotated[str, StringConstraints(max_length=256, pattern=r"^[A-Za-z0-9._:@+/-]*$")]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
@@ -170,6 +174,11 @@ class RolloutRequest(BaseModel):
         max_length=MAX_COMMANDS,
         description="Shell commands run in order before the agent; the first failure stops the rollout.",
     )
+    setup_as: SetupAs = Field(
+        "root",
+        description="root: setup runs as the sandbox's own root (mapped to an unprivileged host uid), so an image's "
+        "package managers work, and the work dir is then handed to `user` for the agent; user: as the agent's tools.",
+    )
     verify: list[Command] = Field(
         default_factory=list,
         max_length=MAX_COMMANDS,
@@ -200,24 +209,43 @@ class RolloutRequest(BaseModel):
         "request (transparent_proxy mode); None leaves the model server's defaults.",
     )
     agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
-    template: str = Field("", max_length=256, description="E2B template name (ignored by the local backend).")
+    image: ImageRef = Field(
+        "",
+        description="OCI image whose root file system the sandbox runs, never pulled per rollout. Local backend: an "
+        "image in this machine's container storage (podman/buildah), or oci-archive:PATH / docker-archive:PATH; "
+        "E2B: a template (`template` is its alias); Hugging Face: the sandbox's image. '' is the backend's default "
+        "(local: OPENCODE_ENV_LOCAL_IMAGE, else the base image once built); 'host': the local host's own root, "
+        "read-only.",
+    )
+    template: str = Field("", max_length=256, description="E2B template name: an alias of `image` on E2B.")
+    workdir: SandboxPath = Field(
+        "",
+        description="Absolute path of the agent's work dir (an image's own, e.g. /app); '' is /home/user/workdir. "
+        "`files` and `verify_files` with relative paths go there, and verify is handed this tree.",
+    )
     files: dict[FilePath, FileText] = Field(
         default_factory=dict,
         max_length=MAX_FILES,
-        description="Text files written into the work dir before setup, keyed by path relative to it "
-        f"(no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
+        description="Text files written before setup, keyed by path relative to the work dir or absolute (on the "
+        f"local backend without an image: under /home/user or /tmp; no '..', at most {MAX_FILES} files, "
+        f"{MAX_FILES_TOTAL_CHARS} characters in all).",
     )
     verify_files: dict[FilePath, FileText] = Field(
         default_factory=dict,
         max_length=MAX_FILES,
         description="Protected files (tests, fixtures) the host writes into the work dir right before verify, "
-        "replacing whatever the agent left at those paths; the agent never sees them. Keyed by path relative to the "
-        f"work dir (no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
+        "replacing whatever the agent left at those paths; the agent never sees them. Keyed like `files` (Harbor's "
+        f"tests go to /tests; no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
     )
     verify_sandbox: VerifySandbox = Field(
         "same",
         description="same: verify runs in the agent's sandbox, under a grader identity with a fresh HOME and /tmp; "
         "fresh: verify runs in a new sandbox into which only the agent's work dir is copied (stronger, slower).",
+    )
+    verify_as: VerifyAs = Field(
+        "grader",
+        description="grader: verify runs as an identity the agent never had (uid 1001, no privilege); root: as the "
+        "sandbox's own root (mapped to an unprivileged host uid), for tests that install packages (Harbor's default).",
     )
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
@@ -269,10 +297,8 @@ class RolloutRequest(BaseModel):
     def _files_stay_in_the_work_dir(cls, files: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         name = info.field_name
         for path in files:
-            if path.startswith("/"):
-                raise ValueError(f"{name}: path {path[:80]!r} must be relative to the work dir, not absolute")
             if ".." in path.replace("\\", "/").split("/") or path.strip("/") in ("", "."):
-                raise ValueError(f"{name}: path {path[:80]!r} must name a file inside the work dir (no '..')")
+                raise ValueError(f"{name}: path {path[:80]!r} must name a file, with no '..' component")
         total = sum(len(text) for text in files.values())
         if total > MAX_FILES_TOTAL_CHARS:
             raise ValueError(f"{name}: {total} characters in all, over the limit of {MAX_FILES_TOTAL_CHARS}")

@@ -45,7 +45,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
-from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER, handoff_script
+from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER, handoff_script, protected_path
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire.models import CommandResult, LimitHit
@@ -128,7 +128,15 @@ class E2BProcess:
 class E2BSandbox:
     backend = "e2b"
 
-    def __init__(self, sandbox: Any, tools: ProvidedTools, env: Mapping[str, str], release: Any) -> None:
+    def __init__(
+        self,
+        sandbox: Any,
+        tools: ProvidedTools,
+        env: Mapping[str, str],
+        release: Any,
+        spec: SandboxSpec | None = None,
+    ) -> None:
+        self._spec = spec or SandboxSpec()
         self._sandbox = sandbox
         self.sandbox_id: str = sandbox.sandbox_id
         self.tools = tools
@@ -141,6 +149,10 @@ class E2BSandbox:
         }
         self.opencode_data_dir = OPENCODE_DATA_DIR
         self._closer = CloseOnce(self._close)
+
+    @property
+    def _grader_user(self) -> str:
+        return "root" if self._spec.grader_is_root else GRADER_USER
 
     def _envs(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {**self._env, **(extra or {})}
@@ -170,7 +182,7 @@ class E2BSandbox:
                 background=True,
                 envs={**self._envs(env), **(GRADER_ENV if identity == "grader" else {})},
                 cwd=cwd,
-                user={"root": "root", "grader": GRADER_USER}.get(identity, TASK_USER),
+                user={"root": "root", "grader": self._grader_user}.get(identity, TASK_USER),
                 timeout=0,
                 on_stdout=lambda text: stdout.feed(text.encode()),
                 on_stderr=lambda text: stderr.feed(text.encode()),
@@ -244,12 +256,13 @@ class E2BSandbox:
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
         """Root makes the work dir and the verifier directory the grader's (never following a link the agent left);
         the grader then writes each protected file itself, so no path the agent planted can make root write."""
-        exit_code, output = await self.run_root(handoff_script(protected), 120)
+        workdir = self._spec.workdir
+        exit_code, output = await self.run_root(handoff_script(protected, workdir), 120)
         if exit_code != 0:
             raise SandboxError(f"could not hand the work dir to the grader in {self.sandbox_id}: {output[-500:]}")
         for path, text in protected.items():
             with _mapped(self.sandbox_id, "writing a protected file"):
-                await self._sandbox.files.write(f"{WORKDIR}/{path}", text, user=GRADER_USER)
+                await self._sandbox.files.write(protected_path(path, workdir), text, user=GRADER_USER)
 
     def limits_hit(self) -> list[LimitHit]:
         return []
@@ -342,7 +355,7 @@ class E2BBackend:
             self._admission.release()
             self._open.discard(opened)
 
-        opened = E2BSandbox(sandbox, tools, spec.env, release)
+        opened = E2BSandbox(sandbox, tools, spec.env, release, spec=spec)
         self._open.add(opened)
         return opened
 

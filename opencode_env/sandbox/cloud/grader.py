@@ -33,8 +33,14 @@ def _plain_dir(path: str) -> str:
     return f"{{ if [ -L {quoted} ] || {{ [ -e {quoted} ] && [ ! -d {quoted} ]; }}; then rm -f -- {quoted}; fi; }}"
 
 
-def handoff_script(protected: Iterable[str]) -> str:
-    """Root's part of the hand-over; `protected` are paths relative to the work dir (validated by the request)."""
+def protected_path(path: str, workdir: str) -> str:
+    """Where a protected file goes: its own absolute path, or relative to the work dir."""
+    return path if path.startswith("/") else posixpath.join(workdir, path)
+
+
+def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
+    """Root's part of the hand-over; `protected` are paths relative to the work dir or absolute (validated by the
+    request)."""
     grader = f"{GRADER_USER}:{GRADER_USER}"
     lines = [
         "set -eu",
@@ -50,23 +56,26 @@ def handoff_script(protected: Iterable[str]) -> str:
     # Root owns HOME and the logs directory from here on: a process the agent left behind can no longer rename
     # or replace anything on the paths below while root works on them, nor after.
     lines += [f"chown -h root:root -- {shlex.quote(HOME)}", f"chmod 0755 -- {shlex.quote(HOME)}"]
-    for directory in (WORKDIR, LOGS_DIR):
+    for directory in (workdir, LOGS_DIR):
         lines += [_plain_dir(directory), f"mkdir -p -- {shlex.quote(directory)}"]
     lines += [f"chown -h root:root -- {shlex.quote(LOGS_DIR)}", f"chmod 0755 -- {shlex.quote(LOGS_DIR)}"]
-    lines += [f"chown -R -h {grader} -- {shlex.quote(WORKDIR)}"]
+    lines += [f"chown -R -h {grader} -- {shlex.quote(workdir)}"]
     lines += [f"rm -rf -- {shlex.quote(VERIFIER_DIR)}", f"mkdir -- {shlex.quote(VERIFIER_DIR)}"]
     lines += [f"chown {grader} -- {shlex.quote(VERIFIER_DIR)}"]
-    for relative in protected:
-        lines += _clear_path(posixpath.join(WORKDIR, relative), grader)
+    for path in protected:
+        lines += _clear_path(protected_path(path, workdir), grader, workdir)
     return "\n".join(lines) + "\n"
 
 
-def _clear_path(target: str, grader: str) -> list[str]:
-    """Every directory on the way to `target` a real directory of the grader's; `target` itself gone."""
+def _clear_path(target: str, grader: str, workdir: str) -> list[str]:
+    """Every directory on the way to `target` (from the work dir, or from / for a path outside it) a real directory
+    of the grader's; `target` itself gone."""
     lines = []
-    parts = posixpath.relpath(posixpath.normpath(target), WORKDIR).split("/")
+    normal = posixpath.normpath(target)
+    base = workdir if normal.startswith(workdir.rstrip("/") + "/") else "/"
+    parts = posixpath.relpath(normal, base).split("/")
     for depth in range(1, len(parts)):
-        directory = posixpath.join(WORKDIR, *parts[:depth])
+        directory = posixpath.join(base, *parts[:depth])
         quoted = shlex.quote(directory)
         lines += [_plain_dir(directory), f"mkdir -p -- {quoted}", f"chown -h {grader} -- {quoted}"]
     lines.append(f"rm -rf -- {shlex.quote(target)}")

@@ -43,7 +43,7 @@ from opencode_env.sandbox.base import (
 )
 from opencode_env.sandbox.cloud import hf_shell
 from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
-from opencode_env.sandbox.cloud.grader import handoff_script
+from opencode_env.sandbox.cloud.grader import handoff_script, protected_path
 from opencode_env.sandbox.cloud.hf_sdk import (
     CALL_TIMEOUT_S,
     MAX_SANDBOXES_VAR,
@@ -136,8 +136,17 @@ class HFSandbox:
     backend = "hf"
 
     def __init__(
-        self, sdk: Any, tools: ProvidedTools, *, env: Mapping[str, str], calls: Calls, tools_dir: str, release: Any
+        self,
+        sdk: Any,
+        tools: ProvidedTools,
+        *,
+        env: Mapping[str, str],
+        calls: Calls,
+        tools_dir: str,
+        release: Any,
+        spec: SandboxSpec | None = None,
     ) -> None:
+        self._spec = spec or SandboxSpec()
         self.sdk = sdk
         self.sandbox_id: str = sdk.id
         self.tools = tools
@@ -172,7 +181,7 @@ class HFSandbox:
         as `grader`. A
         timeout kills the command's process group; what it left in the background otherwise lives on in the VM
         until the sandbox closes (as on E2B), so `keep_background` changes nothing here."""
-        argv = hf_shell.as_identity(identity, cmd)
+        argv = hf_shell.as_identity(identity, cmd, grader_is_root=self._spec.grader_is_root)
         return await self._run(cmd, argv, timeout_s=timeout_s, env=env, cwd=cwd, max_output_bytes=max_output_bytes)
 
     async def _run(
@@ -283,12 +292,14 @@ class HFSandbox:
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
         """Root makes the work dir and the verifier directory the grader's (never following a link the agent left);
         the grader then writes each protected file itself."""
-        result = await self._file_command(handoff_script(protected), "hand the work dir to the grader", identity="root")
+        workdir = self._spec.workdir
+        script = handoff_script(protected, workdir)
+        result = await self._file_command(script, "hand the work dir to the grader", identity="root")
         if result.exit_code != 0:
             raise SandboxError(f"could not hand the work dir to the grader: {result.stderr.strip()[-500:]}")
         for path, text in protected.items():
             payload = base64.b64encode(text.encode()).decode()
-            target = f"{WORKDIR}/{path}"
+            target = protected_path(path, workdir)
             await self._file_command(hf_shell.write_file(target), f"write {target}", stdin=payload, identity="grader")
 
     async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:
@@ -387,7 +398,9 @@ class HFBackend:
             self._admission.release()
             self._open.discard(opened)
 
-        opened = HFSandbox(sdk, tools, env=spec.env, calls=self._calls, tools_dir=self._tools_dir, release=release)
+        opened = HFSandbox(
+            sdk, tools, env=spec.env, calls=self._calls, tools_dir=self._tools_dir, release=release, spec=spec
+        )
         self._open.add(opened)
         return opened
 

@@ -54,9 +54,19 @@ def as_root(cmd: str) -> list[str]:
     return ["/bin/sh", "-c", _AS_ROOT, "opencode-env", cmd]
 
 
-def as_identity(identity: Identity, cmd: str) -> list[str]:
-    """`agent` is `user` here: HF's containers give no second user namespace to separate OpenCode's tools."""
-    shell = {"root": _AS_ROOT, "grader": _AS_GRADER}.get(identity, _AS_USER)
+_AS_ROOT_GRADER = f"""{_DROP_SERVER_VARS}
+export {" ".join(f"{name}={value}" for name, value in GRADER_ENV.items() if name not in ("USER", "LOGNAME"))}
+export PATH="$OPENCODE_ENV_TOOLS_BIN:$PATH"
+unset OPENCODE_ENV_TOOLS_BIN
+exec /bin/bash -c "$1"
+"""
+
+
+def as_identity(identity: Identity, cmd: str, *, grader_is_root: bool = False) -> list[str]:
+    """`agent` is `user` here: HF's containers give no second user namespace to separate OpenCode's tools. A grader
+    that is root (verify_as='root') keeps the grader's fresh HOME and TMPDIR."""
+    grader = _AS_ROOT_GRADER if grader_is_root else _AS_GRADER
+    shell = {"root": _AS_ROOT, "grader": grader}.get(identity, _AS_USER)
     return ["/bin/sh", "-c", shell, "opencode-env", cmd]
 
 

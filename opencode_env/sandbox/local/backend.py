@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from opencode_env.sandbox.base import (
@@ -46,21 +47,34 @@ from opencode_env.sandbox.local.egress import (
     LoopbackRelay,
     trusted_hosts_from_env,
 )
+from opencode_env.sandbox.local.host_runtime import HOST_ROOT, HostRuntime, host_programs, image_runtime
+from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore, PreparedImage, default_image
 from opencode_env.sandbox.local.isolation import (
     AGENT_HOME,
     AGENT_ONLY_ENV,
     CONTROL_MOUNT,
     GRADER_HOME,
+    HARBOR_LOGS,
     TOOL_SHELL,
     Helpers,
     Layout,
+    Roles,
     UidLease,
     command_argv,
     holder_argv,
     proxy_argv,
 )
-from opencode_env.sandbox.local.layout import OwnerLock, make_layout, own_tree, reap_orphans, remove_rollout
+from opencode_env.sandbox.local.layout import (
+    OwnerLock,
+    make_layout,
+    mount_image,
+    own_tree,
+    reap_orphans,
+    remove_rollout,
+    write_launcher,
+)
 from opencode_env.sandbox.local.proxy import LocalProxy
+from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire.models import CommandResult, LimitHit
 
@@ -162,8 +176,15 @@ class LocalSandbox:
         spec: SandboxSpec,
         extra_path: tuple[str, ...] = (),
         own_network: bool = True,
+        image: PreparedImage | None = None,
+        runtime: HostRuntime = HOST_ROOT,
+        host_tools: ProvidedTools | None = None,
     ) -> None:
         self._own_network = own_network
+        self._host_tools = host_tools or tools
+        """The tools as the host has them (`tools` may name their launchers inside an image)."""
+        self.image = image
+        self._runtime = runtime
         self.layout = layout
         self.root = layout.root
         self.sandbox_id = f"local-{layout.root.name}"
@@ -200,6 +221,10 @@ class LocalSandbox:
             return self.layout.tmp, os.path.relpath(normal, "/tmp")
         if normal == AGENT_HOME or normal.startswith(AGENT_HOME + "/"):
             return self.layout.agent_home, os.path.relpath(normal, AGENT_HOME)
+        if self.image is not None:
+            if normal == HARBOR_LOGS or normal.startswith(HARBOR_LOGS + "/"):
+                return self.layout.home, os.path.normpath(f"logs/{os.path.relpath(normal, HARBOR_LOGS)}")
+            return self.layout.image_root, os.path.relpath(normal, "/")
         raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME}, /tmp and {AGENT_HOME})")
 
     def host_path(self, path: str) -> Path:
@@ -223,9 +248,11 @@ class LocalSandbox:
             *self._join(),
             *holder_argv(
                 self.layout,
-                runtime_paths(self.tools),
+                runtime_paths(self._host_tools),
                 own_network=self._own_network,
                 config_deps=self.tools.opencode_config_deps,
+                image_root=self.layout.image_root if self.image is not None else None,
+                runtime=self._runtime,
             ),
         ]
         self._holder = await asyncio.create_subprocess_exec(
@@ -271,17 +298,21 @@ class LocalSandbox:
         return self._cgroup.join_prefix() if self._cgroup is not None else []
 
     def _environment(self, extra: Mapping[str, str] | None, identity: Identity) -> dict[str, str]:
-        path = ":".join([*self._extra_path, BASE_PATH])
+        image_env = self.image.env if self.image is not None else {}
+        path = ":".join([*self._extra_path, image_env.get("PATH", BASE_PATH)])
         if self.tools.opencode:
             path = f"{Path(self.tools.opencode).parent}:{path}"
-        home = GRADER_HOME if identity == "grader" else HOME
-        env = {"PATH": path, "HOME": home, "USER": "user", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
+        home = HOME
+        if identity == "grader":
+            home = "/root" if self._spec.grader_is_root else GRADER_HOME
+        env = {**image_env, "PATH": path, "HOME": home, "USER": "user", "TERM": "dumb", "TMPDIR": "/tmp"}
+        env.setdefault("LANG", "C.UTF-8")
         if self._own_network:
             proxy = f"http://127.0.0.1:{EGRESS_PORT}"
             for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env[name] = proxy
             env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-        env.update(trust_settings(os.environ))
+        env.update({name: self._runtime.inside(value) for name, value in trust_settings(os.environ).items()})
         env.update(self._base_env)
         env.update(extra or {})
         if identity == "agent":
@@ -310,6 +341,8 @@ class LocalSandbox:
             identity=identity,
             helpers=HELPERS,
             tmp_mb=self._spec.limits.disk_mb,
+            runtime=self._runtime,
+            roles=Roles(grader_is_root=self._spec.grader_is_root),
         )
         return await asyncio.create_subprocess_exec(
             *self._join(),
@@ -435,11 +468,12 @@ class LocalSandbox:
         the agent left at its path (a directory in the way of one is replaced too)."""
         grader = (self._ids.grader, self._ids.grader)
         home = self.layout.home
-        await asyncio.to_thread(hostfs.chown_tree, home, WORKDIR.removeprefix(HOME + "/"), owner=grader)
+        workdir = self._spec.workdir
+        await asyncio.to_thread(hostfs.chown_tree, *self._relative(workdir), owner=grader)
         await asyncio.to_thread(hostfs.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
         await asyncio.to_thread(hostfs.reset_dir, self.layout.grader_dir, "home", owner=grader, mode=0o700)
         for path, text in protected.items():
-            base, relative = self._relative(f"{WORKDIR}/{path}")
+            base, relative = self._relative(path if path.startswith("/") else f"{workdir}/{path}")
             await asyncio.to_thread(hostfs.place_file, base, relative, text.encode("utf-8"), owner=grader)
 
     async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
@@ -469,7 +503,7 @@ class LocalSandbox:
                 "--peer-uid",
                 str(self._ids.agent),
             ]
-            argv = proxy_argv(self.layout, self._ids, runtime_paths(self.tools), program)
+            argv = proxy_argv(self.layout, self._ids, runtime_paths(self._host_tools), program)
             log_file = self.layout.private / "proxy.log"
             with log_file.open("ab") as log_handle:
                 os.fchown(log_handle.fileno(), self._ids.root, self._ids.root)
@@ -566,6 +600,26 @@ async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
         out.feed(chunk)
 
 
+def _runtime_for(tools: ProvidedTools) -> HostRuntime:
+    extra = [os.path.realpath(HELPERS.python)]
+    if tools.opencode:
+        extra.append(os.path.realpath(tools.opencode))
+    if ripgrep := shutil.which("rg", path=BASE_PATH):
+        extra.append(ripgrep)
+    return image_runtime(host_programs(extra))
+
+
+def _launched_tools(layout: Layout, tools: ProvidedTools, runtime: HostRuntime) -> ProvidedTools:
+    """In an image, OpenCode (and ripgrep, which its search tools run) start through launchers in the control
+    directory, which run the host's binaries with the host's loader and libraries."""
+    if ripgrep := shutil.which("rg", path=BASE_PATH):
+        write_launcher(layout, "rg", runtime.program(ripgrep))
+    if not tools.opencode:
+        return tools
+    launcher = write_launcher(layout, "opencode", runtime.program(os.path.realpath(tools.opencode)))
+    return replace(tools, opencode=launcher)
+
+
 def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
@@ -590,6 +644,8 @@ class LocalBackend:
         self._extra_path = extra_path
         self._open = OpenSandboxes()
         self._base_dir = base_dir
+        self._images = ImageStore(cache_root() / "images")
+        self._default_image: str | None = None
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         if not bwrap_available():
@@ -600,10 +656,21 @@ class LocalBackend:
         if not self._reaped:
             self._reaped = True
             await asyncio.to_thread(reap_orphans, self._base_dir)
-        layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb)
+        if self._default_image is None:
+            self._default_image = await asyncio.to_thread(default_image)
+        ref = "" if spec.image == HOST_IMAGE else spec.image or self._default_image
+        image = await asyncio.to_thread(self._images.prepare, ref) if ref else None
+        runtime = await asyncio.to_thread(_runtime_for, tools) if image is not None else None
+        if image is not None and not image.has_shell:
+            raise SandboxError(f"image {ref} has no /bin/sh: the agent's tools and the task's commands need one")
+        layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb, runtime)
         try:
             lease = await asyncio.to_thread(UidLease)
             await asyncio.to_thread(own_tree, layout, lease.ids)
+            host_tools = tools
+            if image is not None and runtime is not None:
+                await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids)
+                tools = _launched_tools(layout, tools, runtime)
         except BaseException:
             await asyncio.to_thread(remove_rollout, layout)
             owner_lock.release()
@@ -617,7 +684,12 @@ class LocalBackend:
             spec=spec,
             extra_path=self._extra_path,
             own_network=self._own_network,
+            image=image,
+            runtime=runtime or HOST_ROOT,
+            host_tools=host_tools,
         )
+        if image is not None:
+            sandbox.enforcement["image"] = f"{image.ref} ({image.image_id[:19]}), id-mapped overlay"
         sandbox.enforcement["disk"] = "loop ext4" if layout.disk_image.exists() else "none (no loop device)"
         sandbox.on_close = self._open.discard
         self._open.add(sandbox)

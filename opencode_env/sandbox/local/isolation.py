@@ -15,17 +15,22 @@ import contextlib
 import fcntl
 import os
 import random
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR, Identity
+from opencode_env.sandbox.base import LOGS_DIR, OPENCODE_CONFIG_DIR, Identity
+from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HOST_ROOT, HostRuntime
 
 SANDBOX_UID = 1000
 GRADER_UID = 1001
 UID_BASE = 2_000_000_000
-UID_SLOTS = 1_000_000
-UIDS_PER_SLOT = 4
+UIDS_PER_SLOT = 1 << 17
+UID_SLOTS = 16_384
+IMAGE_UIDS = 1 << 16
+"""In-sandbox uids 0..65535 are the host uids `root`..`root + 65535` of the rollout: an image's files, owned by any
+of them, keep their owners inside (its root's are the sandbox root's), and none is any other rollout's."""
 UID_REGISTRY = Path("/run/opencode-env/uids")
 SOCKETS_DIR = Path("/run/opencode-env/proxies")
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
@@ -51,17 +56,37 @@ AGENT_ONLY_ENV = {
     "GIT_CONFIG_KEY_1": "core.hooksPath",
     "GIT_CONFIG_VALUE_1": "/dev/null",
 }
-HOLDER_SCRIPT = "mount -t proc proc /proc && echo ready && exec sleep infinity"
+HARBOR_LOGS = "/logs"
+"""Where Harbor's tests write (/logs/verifier/reward.txt): in an image, the rollout's own logs directory."""
+HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n127.0.1.1 sandbox\n"
+
+
+def holder_script(runtime: HostRuntime) -> str:
+    return f"{runtime.words('mount')} -t proc proc /proc && echo ready && exec {runtime.words('sleep')} infinity"
 
 
 @dataclass(frozen=True)
 class HostIds:
-    """The unprivileged host uids of one rollout: its `user`, its proxy / in-sandbox root, OpenCode, the grader."""
+    """The unprivileged host uids of one rollout: its in-sandbox root (also the proxy's), whose block of IMAGE_UIDS
+    holds every in-sandbox uid (`user` is root + 1000, the grader root + 1001), and OpenCode, outside that block."""
 
-    user: int
     root: int
-    agent: int
-    grader: int
+
+    @classmethod
+    def of_slot(cls, slot: int) -> HostIds:
+        return cls(root=UID_BASE + UIDS_PER_SLOT * slot)
+
+    @property
+    def user(self) -> int:
+        return self.root + SANDBOX_UID
+
+    @property
+    def grader(self) -> int:
+        return self.root + GRADER_UID
+
+    @property
+    def agent(self) -> int:
+        return self.root + IMAGE_UIDS
 
     def of(self, identity: Identity) -> int:
         return {"user": self.user, "root": self.root, "agent": self.agent, "grader": self.grader}[identity]
@@ -82,8 +107,7 @@ class UidLease:
                 handle.close()
                 continue
             self._handle = handle
-            first = UID_BASE + UIDS_PER_SLOT * slot
-            self.ids = HostIds(user=first, root=first + 1, agent=first + 2, grader=first + 3)
+            self.ids = HostIds.of_slot(slot)
             return
         raise RuntimeError("no free host uid pair for a sandbox")
 
@@ -139,8 +163,18 @@ class Layout:
     def disk_image(self) -> Path:
         return self.root / "disk.img"
 
+    @property
+    def image_lower(self) -> Path:
+        """The image's cached tree, id-mapped for this rollout (read-only)."""
+        return self.root / "image-lower"
 
-def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = ()) -> list[str]:
+    @property
+    def image_root(self) -> Path:
+        """The rollout's root file system when it runs an image: the overlay of its changes on image_lower."""
+        return self.root / "rootfs"
+
+
+def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = (), prefix: str = "") -> list[str]:
     """Re-expose runtime paths that a hidden root covers. bubblewrap creates the directories leading to them with
     their host modes (a 0700 CI checkout or /root), which the sandbox's uid could not cross: those directories
     exist only in the sandbox's tmpfs, so they are opened up there (never a host directory)."""
@@ -149,9 +183,9 @@ def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = ()) -> l
     argv: list[str] = []
     for path in paths:
         if path in bound:
-            argv += ["--ro-bind", path, path]
+            argv += ["--ro-bind", path, prefix + path]
     for path in writable:
-        argv += ["--bind", path, path]
+        argv += ["--bind", path, prefix + path]
     leading: set[str] = set()
     for path in bound:
         root = next(root for root in hidden if path.startswith(root + "/"))
@@ -160,7 +194,7 @@ def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = ()) -> l
             leading.add(f"{root}/{'/'.join(parts[:depth])}")
     for directory in sorted(leading):
         if not any(directory == path or directory.startswith(path + "/") for path in bound):
-            argv += ["--chmod", "0755", directory]
+            argv += ["--chmod", "0755", prefix + directory]
     return argv
 
 
@@ -169,22 +203,41 @@ def _host_home() -> str:
     return home if home not in ("", "/") else "/nonexistent"
 
 
-def _hidden_tmpfs() -> list[str]:
+def _hidden_tmpfs(prefix: str = "") -> list[str]:
     argv: list[str] = []
     for root in sorted({*HIDDEN_ROOTS, _host_home()}):
         if os.path.isdir(root) and not any(root.startswith(other + "/") for other in HIDDEN_ROOTS):
-            argv += ["--tmpfs", root]
+            argv += ["--tmpfs", prefix + root]
     return argv
 
 
 def holder_argv(
-    layout: Layout, runtime_paths: Sequence[str], *, own_network: bool = True, config_deps: str | None = None
+    layout: Layout,
+    runtime_paths: Sequence[str],
+    *,
+    own_network: bool = True,
+    config_deps: str | None = None,
+    image_root: Path | None = None,
+    runtime: HostRuntime = HOST_ROOT,
 ) -> list[str]:
     """The rollout's namespace holder. It keeps CAP_SYS_ADMIN in its namespaces only to mount a /proc of its own
     (bubblewrap's covers parts of /proc, which would stop commands mounting theirs); it then just sleeps.
     `own_network=False` is for test doubles of cloud sandboxes, which have the network of a VM. `config_deps`, a
     cached install of what OpenCode would npm-install into its config directory at start, is mounted there
-    read-only: OpenCode finds it in place and contacts no registry."""
+    read-only: OpenCode finds it in place and contacts no registry. With `image_root` (the rollout's writable view
+    of an image), that is the root, the host's root is seen read-only at HOST_MOUNT (its private places hidden) for
+    the programs `runtime` starts from there, and /logs is the rollout's logs directory (Harbor's layout)."""
+    if image_root is None:
+        root = ["--ro-bind", "/", "/", "--dev", "/dev", *_hidden_tmpfs()]
+        users = ["--ro-bind", str(layout.control / "passwd"), "/etc/passwd"]
+        users += ["--ro-bind", str(layout.control / "group"), "/etc/group"]
+        host = _binds_under_hidden(runtime_paths)
+    else:
+        root = ["--bind", str(image_root), "/", "--dev", "/dev"]
+        users = ["--ro-bind", str(layout.control / "hosts"), "/etc/hosts"]
+        users += ["--bind", str(layout.home / os.path.relpath(LOGS_DIR, "/home/user")), HARBOR_LOGS]
+        host = ["--ro-bind", "/", HOST_MOUNT, *_hidden_tmpfs(HOST_MOUNT)]
+        host += _binds_under_hidden(runtime_paths, prefix=HOST_MOUNT)
     return [
         "bwrap",
         "--die-with-parent",
@@ -197,12 +250,7 @@ def holder_argv(
         "sandbox",
         "--cap-add",
         "CAP_SYS_ADMIN",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        *_hidden_tmpfs(),
+        *root,
         "--bind",
         str(layout.home),
         "/home/user",
@@ -219,19 +267,14 @@ def holder_argv(
         "--ro-bind",
         str(layout.control),
         CONTROL_MOUNT,
-        "--ro-bind",
-        str(layout.control / "passwd"),
-        "/etc/passwd",
-        "--ro-bind",
-        str(layout.control / "group"),
-        "/etc/group",
-        *_binds_under_hidden(runtime_paths),
+        *users,
+        *host,
         "--chdir",
         "/",
         "--",
-        "/bin/sh",
+        *runtime.program("/bin/sh"),
         "-c",
-        HOLDER_SCRIPT,
+        holder_script(runtime),
     ]
 
 
@@ -260,6 +303,14 @@ class Helpers:
     userns: str
 
 
+@dataclass(frozen=True)
+class Roles:
+    """What the sandbox's identities are for this rollout: whether the grader is the sandbox's root (Harbor's
+    tests install packages) or uid 1001."""
+
+    grader_is_root: bool = False
+
+
 def command_argv(
     holder_pid: int,
     ids: HostIds,
@@ -270,38 +321,48 @@ def command_argv(
     identity: Identity,
     helpers: Helpers,
     tmp_mb: int = 1024,
+    runtime: HostRuntime = HOST_ROOT,
+    roles: Roles = Roles(),
 ) -> list[str]:
     """Enter the holder's namespaces, then run `cmd` as `identity` (see Identity) with no capability over any host
     resource: `user` through setpriv + unshare (one mapped uid); `root`, `agent` and `grader` through userns.py,
-    whose maps (several uids) this still-privileged process writes. The sandbox's root maps `user` and `grader`
-    too, so it can hand files between them as a VM's root would; OpenCode's namespace maps only itself and `user`;
-    the grader's only itself (and the root that mounts its fresh /tmp before dropping to it)."""
+    whose maps (several uids) this still-privileged process writes. The sandbox's root maps every in-sandbox uid
+    (IMAGE_UIDS of them, `user` and `grader` among them), so it can hand files between them and own an image's
+    files as a VM's root would; OpenCode's namespace maps only itself and `user`; the grader's only itself (and the
+    root that mounts its fresh /tmp before dropping to it). Every program is started through `runtime`."""
+    run = runtime.program
     enter = ["nsenter", f"--target={holder_pid}", "--mount", "--pid", "--net", "--ipc", "--uts", "--root"]
     enter += [f"--wdns={cwd}", "--"]
     # Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
     # within (the agent's own tools), reaps orphans and passes the command's exit status on.
-    init = ["/bin/sh", "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
-    command = [*init, "/bin/bash", "-c", cmd]
+    init = [*run("/bin/sh"), "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
+    command = [*init, *run("/bin/bash"), "-c", cmd]
     pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []
+    unshare = run("unshare")
     if identity == "agent":
-        mapped = _userns(helpers, {0: ids.agent, SANDBOX_UID: ids.user}, gid=SANDBOX_UID)
-        return [*enter, *mapped, *pid_namespace, "--", *_agent(command)]
+        mapped = _userns(helpers, runtime, [(0, ids.agent, 1), (SANDBOX_UID, ids.user, 1)], gid=SANDBOX_UID)
+        return [*enter, *mapped, *unshare, *pid_namespace, "--", *_agent(command, runtime)]
+    everyone = [(0, ids.root, IMAGE_UIDS)]
+    if identity == "grader" and roles.grader_is_root:
+        mapped = _userns(helpers, runtime, everyone, gid=0)
+        return [*enter, *mapped, *unshare, *pid_namespace, "--", *_fresh_tmp(command, tmp_mb, runtime, [])]
     if identity == "grader":
-        mapped = _userns(helpers, {0: ids.root, GRADER_UID: ids.grader}, gid=0)
-        return [*enter, *mapped, *pid_namespace, "--", *_grader(command, tmp_mb)]
+        mapped = _userns(helpers, runtime, [(0, ids.root, 1), (GRADER_UID, ids.grader, 1)], gid=0)
+        drop = _drop_to(GRADER_UID, runtime)
+        return [*enter, *mapped, *unshare, *pid_namespace, "--", *_fresh_tmp(command, tmp_mb, runtime, drop)]
     if identity == "root":
-        mapped = _userns(helpers, {0: ids.root, SANDBOX_UID: ids.user, GRADER_UID: ids.grader}, gid=0)
-        return [*enter, *mapped, *pid_namespace, "--", *command]
+        mapped = _userns(helpers, runtime, everyone, gid=0)
+        return [*enter, *mapped, *unshare, *pid_namespace, "--", *command]
     return [
         *enter,
-        "setpriv",
+        *run("setpriv"),
         f"--reuid={ids.user}",
         f"--regid={ids.user}",
         "--clear-groups",
         "--no-new-privs",
         "--inh-caps=-all",
         "--bounding-set=-all",
-        "unshare",
+        *unshare,
         f"--map-user={SANDBOX_UID}",
         f"--map-group={SANDBOX_UID}",
         *pid_namespace,
@@ -310,14 +371,15 @@ def command_argv(
     ]
 
 
-def _userns(helpers: Helpers, mapping: dict[int, int], *, gid: int) -> list[str]:
-    maps = [f"--map={inside}:{outside}" for inside, outside in mapping.items()]
-    return [helpers.python, "-I", "-S", helpers.userns, *maps, f"--gid={gid}", "--", "unshare"]
+def _userns(helpers: Helpers, runtime: HostRuntime, ranges: list[tuple[int, int, int]], *, gid: int) -> list[str]:
+    maps = [f"--map={inside}:{outside}:{count}" for inside, outside, count in ranges]
+    python = [*runtime.program(helpers.python), "-I", "-S", runtime.inside(helpers.userns)]
+    return [*python, *maps, f"--gid={gid}", "--"]
 
 
-def _drop_to(uid: int) -> list[str]:
+def _drop_to(uid: int, runtime: HostRuntime = HOST_ROOT) -> list[str]:
     return [
-        "setpriv",
+        *runtime.program("setpriv"),
         f"--reuid={uid}",
         f"--regid={uid}",
         "--clear-groups",
@@ -328,31 +390,35 @@ def _drop_to(uid: int) -> list[str]:
     ]
 
 
-def _agent(command: list[str]) -> list[str]:
+def _agent(command: list[str], runtime: HostRuntime) -> list[str]:
     """OpenCode as its namespace's root, holding only AGENT_CAPS; the umask lets its tools change what it writes."""
     caps = f"-all,{AGENT_CAPS}"
-    keep = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--"]
-    return ["/bin/sh", "-c", f'umask {AGENT_UMASK} && exec "$@"', "agent", *keep, *command]
+    keep = [*runtime.program("setpriv"), f"--inh-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--"]
+    return [*runtime.program("/bin/sh"), "-c", f'umask {AGENT_UMASK} && exec "$@"', "agent", *keep, *command]
 
 
-def _grader(command: list[str], tmp_mb: int) -> list[str]:
-    """A fresh /tmp, mounted while still root of the namespace, then the grader's uid with no capability at all
-    (its HOME, made empty by the host before verify, is in its own directory, which the agent could not enter)."""
-    fresh = f'mount -t tmpfs -o mode=1777,nosuid,nodev,size={tmp_mb}m verify-tmp /tmp && exec "$@"'
-    return ["/bin/sh", "-c", fresh, "grader", *_drop_to(GRADER_UID), *command]
+def _fresh_tmp(command: list[str], tmp_mb: int, runtime: HostRuntime, drop: list[str]) -> list[str]:
+    """A fresh /tmp, mounted while still root of the namespace, then `drop` (the grader's uid with no capability at
+    all; nothing when the grader is the sandbox's root). The grader's HOME, made empty by the host before verify,
+    is in its own directory, which the agent could not enter."""
+    mount = runtime.words("mount")
+    fresh = f'{mount} -t tmpfs -o mode=1777,nosuid,nodev,size={tmp_mb}m verify-tmp /tmp && exec "$@"'
+    return [*runtime.program("/bin/sh"), "-c", fresh, "grader", *drop, *command]
 
 
-def tool_shell_script(private_prefix: str, agent_vars: Sequence[str]) -> str:
+def tool_shell_script(private_prefix: str, agent_vars: Sequence[str], runtime: HostRuntime = HOST_ROOT) -> str:
     """The shell OpenCode starts its tools with (named bash, given as SHELL): the tools run as `user`, without
     OpenCode's private variables (every name starting with `private_prefix`: its key) and directories, before the
-    real bash starts."""
+    real bash starts. In an image the script is read by the image's /bin/sh and starts the host's programs."""
     names = f"s/^\\({private_prefix}[A-Za-z0-9_]*\\)=.*/\\1/p"
     unset = " ".join(f"-u {name}" for name in agent_vars)
-    drop = " ".join(_drop_to(SANDBOX_UID))
+    drop = " ".join(shlex.quote(word) for word in _drop_to(SANDBOX_UID, runtime))
+    env, sed, bash = runtime.words("env"), runtime.words("sed"), runtime.words("/bin/bash")
+    shell = "/bin/bash" if runtime is HOST_ROOT else "/bin/sh"
     return (
         "#!/bin/sh\numask 022\n"
-        f"for name in $(env | sed -n '{names}'); do unset \"$name\"; done\n"
-        f'exec env {unset} SHELL=/bin/bash {drop} /bin/bash "$@"\n'
+        f"for name in $({env} | {sed} -n '{names}'); do unset \"$name\"; done\n"
+        f'exec {env} {unset} SHELL={shell} {drop} {bash} "$@"\n'
     )
 
 

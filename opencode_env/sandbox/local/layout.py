@@ -6,18 +6,30 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from opencode_env.sandbox.base import AGENT_LOG_DIR, OPENCODE_CONFIG_DIR, PRIVATE_ENV_PREFIX, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.base import (
+    AGENT_LOG_DIR,
+    OPENCODE_CONFIG_DIR,
+    PRIVATE_ENV_PREFIX,
+    VERIFIER_DIR,
+    WORKDIR,
+    SandboxError,
+)
 from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.cgroup import Cgroup, detect
+from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HostRuntime
+from opencode_env.sandbox.local.idmap import mount_idmapped
 from opencode_env.sandbox.local.isolation import (
     AGENT_ONLY_ENV,
     CONTROL_MOUNT,
     GROUP,
+    HOSTS,
+    IMAGE_UIDS,
     PASSWD,
     TOOL_SHELL,
     HostIds,
@@ -27,6 +39,8 @@ from opencode_env.sandbox.local.isolation import (
 
 log = logging.getLogger("opencode_env.local")
 PREFIX = "opencode-env-"
+IMAGE_MOUNT_POINTS = ("proc", "dev", "etc", "run", "tmp", "logs", "home/user", "home/opencode", "home/grader")
+"""Made in an image that lacks them, the sandbox root's and open to all (bubblewrap would make them 0700)."""
 OWNER_LOCK = "owner.lock"
 
 
@@ -44,8 +58,9 @@ class OwnerLock:
         self._handle.close()
 
 
-def make_layout(base_dir: Path | None, disk_mb: int) -> tuple[Layout, OwnerLock]:
-    """The rollout's tree, owned (locked) from its first moment, so a reaper never takes it for an orphan."""
+def make_layout(base_dir: Path | None, disk_mb: int, runtime: HostRuntime | None = None) -> tuple[Layout, OwnerLock]:
+    """The rollout's tree, owned (locked) from its first moment, so a reaper never takes it for an orphan. With a
+    `runtime` (an image's), the control directory also holds the mount point of the host's root and /etc/hosts."""
     root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base_dir))
     root.chmod(0o711)
     layout = Layout(root)
@@ -58,9 +73,51 @@ def make_layout(base_dir: Path | None, disk_mb: int) -> tuple[Layout, OwnerLock]
     (layout.control / "group").write_text(GROUP)
     shell = layout.control / os.path.relpath(TOOL_SHELL, CONTROL_MOUNT)
     shell.parent.mkdir()
-    shell.write_text(tool_shell_script(PRIVATE_ENV_PREFIX, tuple(AGENT_ONLY_ENV)))
+    if runtime is None:
+        shell.write_text(tool_shell_script(PRIVATE_ENV_PREFIX, tuple(AGENT_ONLY_ENV)))
+    else:
+        shell.write_text(tool_shell_script(PRIVATE_ENV_PREFIX, tuple(AGENT_ONLY_ENV), runtime))
+        (layout.control / os.path.relpath(HOST_MOUNT, CONTROL_MOUNT)).mkdir()
+        (layout.control / "hosts").write_text(HOSTS)
     shell.chmod(0o755)
     return layout, lock
+
+
+def write_launcher(layout: Layout, name: str, argv: list[str]) -> str:
+    """A script in the control directory's bin/ that starts `argv` with the arguments it is given (read by the
+    image's /bin/sh); returns its path inside the sandbox."""
+    directory = layout.control / "bin"
+    directory.mkdir(exist_ok=True)
+    quoted = " ".join("'" + word.replace("'", "'\\''") + "'" for word in argv)
+    (directory / name).write_text(f'#!/bin/sh\nexec {quoted} "$@"\n')
+    (directory / name).chmod(0o755)
+    return f"{CONTROL_MOUNT}/bin/{name}"
+
+
+def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
+    """The rollout's root: an overlay whose lower layer is the image's cached tree seen id-mapped (its in-image
+    owners become the rollout's host uids) and whose writes land on the rollout's own size-bounded disk."""
+    layout.image_lower.mkdir()
+    mount_idmapped(rootfs, layout.image_lower, first=ids.root, count=IMAGE_UIDS)
+    changes = layout.fs / "image"
+    changes.mkdir(mode=0o700)
+    (changes / "upper").mkdir(mode=0o755)
+    os.chown(changes / "upper", ids.root, ids.root)
+    (changes / "work").mkdir(mode=0o700)
+    layout.image_root.mkdir()
+    options = f"lowerdir={layout.image_lower},upperdir={changes / 'upper'},workdir={changes / 'work'}"
+    mounted = subprocess.run(
+        ["mount", "-t", "overlay", "-o", options, "rollout-root", str(layout.image_root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        raise SandboxError(f"could not mount the image's overlay: {mounted.stderr.strip()[-500:]}")
+    for mount_point in IMAGE_MOUNT_POINTS:
+        if not os.path.lexists(layout.image_root / mount_point):
+            hostfs.make_dirs(layout.image_root, mount_point, owner=(ids.root, ids.root))
+    return layout.image_root
 
 
 def _mount_disk(layout: Layout, disk_mb: int) -> None:
@@ -109,11 +166,26 @@ def own_tree(layout: Layout, ids: HostIds) -> None:
 
 
 def remove_rollout(layout: Layout) -> None:
+    """Unmount, then remove; a tree an image is still mounted in is never walked (it would reach the image)."""
+    for mount_point in (layout.image_root, layout.image_lower):
+        if mount_point.is_dir() and str(mount_point) in _mount_points():
+            subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, check=False)
+            if str(mount_point) in _mount_points():
+                raise SandboxError(f"{mount_point} is still mounted: its rollout's tree is left in place")
     if layout.disk_image.exists():
         subprocess.run(["umount", "--lazy", str(layout.fs)], capture_output=True, check=False)
         layout.disk_image.unlink(missing_ok=True)
     hostfs.remove_tree(layout.sockets)
     hostfs.remove_tree(layout.root)
+
+
+def _mount_points() -> set[str]:
+    """This mount namespace's mount points (/proc/self/mountinfo's fifth field, octal escapes decoded)."""
+    points = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        field = line.split(" ")[4]
+        points.add(re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field))
+    return points
 
 
 def reap_orphans(base_dir: Path | None) -> list[str]:

@@ -3,7 +3,7 @@
 unshare(1) maps one uid unless newuidmap is installed (and configured for root in /etc/subuid); a privileged parent
 may write a map of several lines itself. Run as the host's root inside a sandbox's other namespaces:
 
-    python3 -I -S userns.py --map 0:2000000003 --map 1000:2000000000 --gid 1000 -- unshare --pid ... -- cmd
+    python3 -I -S userns.py --map 0:2000131072:1 --map 1000:2000132072:1 --gid 1000 -- unshare --pid ... -- cmd
 
 The child enters a new user namespace, the parent (still root in the parent namespace) writes its uid and gid
 maps, the child becomes the namespace's uid 0 (the first mapped host uid) with group `--gid`, and execs the command
@@ -25,16 +25,16 @@ PR_SET_NO_NEW_PRIVS = 38
 CHILD_SETUP_FAILED = 125
 
 
-def _pairs(specs: list[str]) -> list[tuple[int, int]]:
-    pairs = []
+def _ranges(specs: list[str]) -> list[tuple[int, int, int]]:
+    ranges = []
     for spec in specs:
-        inside, outside = spec.split(":")
-        pairs.append((int(inside), int(outside)))
-    return pairs
+        inside, outside, *count = spec.split(":")
+        ranges.append((int(inside), int(outside), int(count[0]) if count else 1))
+    return ranges
 
 
-def _map_text(pairs: list[tuple[int, int]]) -> str:
-    return "".join(f"{inside} {outside} 1\n" for inside, outside in sorted(pairs))
+def _map_text(ranges: list[tuple[int, int, int]]) -> str:
+    return "".join(f"{inside} {outside} {count}\n" for inside, outside, count in sorted(ranges))
 
 
 def _child(ready: int, go: int, gid: int, argv: list[str]) -> None:
@@ -54,13 +54,13 @@ def _child(ready: int, go: int, gid: int, argv: list[str]) -> None:
 
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="userns")
-    parser.add_argument("--map", action="append", required=True, help="INSIDE:OUTSIDE uid (and gid) pair")
+    parser.add_argument("--map", action="append", required=True, help="INSIDE:OUTSIDE[:COUNT] uids (and gids)")
     parser.add_argument("--gid", type=int, required=True, help="the group the command runs with (mapped)")
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     options = parser.parse_args(args)
     argv = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
-    pairs = _pairs(options.map)
-    if not argv or 0 not in dict(pairs):
+    ranges = _ranges(options.map)
+    if not argv or not any(inside == 0 for inside, _, _ in ranges):
         parser.error("a command and a map for uid 0 are required")
     child_ready, parent_ready = os.pipe()
     parent_go, child_go = os.pipe()
@@ -75,7 +75,7 @@ def main(args: list[str]) -> int:
     os.close(parent_ready)
     os.close(parent_go)
     if os.read(child_ready, 1) == b"u":
-        text = _map_text(pairs)
+        text = _map_text(ranges)
         with open(f"/proc/{pid}/uid_map", "w") as uid_map:
             uid_map.write(text)
         with open(f"/proc/{pid}/gid_map", "w") as gid_map:

@@ -1,0 +1,98 @@
+"""The host's programs inside a sandbox whose root file system is an image.
+
+The image's own libc may be another glibc, musl, or none at all, so a host program cannot simply be run there: the
+host's root is mounted read-only at HOST_MOUNT and each host program runs through the host's own dynamic loader,
+given the host's library directories (`ld.so --library-path DIRS PROGRAM`). What those programs start (the task's
+commands) runs with the image's own loader and libraries. Without an image the sandbox's root is the host's, and a
+host program runs as itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opencode_env.sandbox.base import SandboxError
+
+HOST_MOUNT = "/run/opencode-env/host"
+LDD_TIMEOUT_S = 30.0
+_LIBRARY = re.compile(r"=>\s+(/\S+)")
+_LOADER = re.compile(r"^\s*(/\S*ld-linux\S*|/\S*ld-musl\S*|/\S*ld\.so\S*)\s+\(")
+
+
+@dataclass(frozen=True)
+class HostRuntime:
+    """How a sandbox command starts a host program: as itself, or through the host's loader under `prefix`."""
+
+    prefix: str = ""
+    loader: str = ""
+    library_path: str = ""
+
+    def program(self, program: str) -> list[str]:
+        """argv that starts a host program (a path, or a name looked up on the host)."""
+        if not self.prefix:
+            return [program]
+        path = program if "/" in program else host_program(program)
+        return [self.inside(self.loader), "--library-path", self.library_path, self.inside(path)]
+
+    def inside(self, host_path: str) -> str:
+        """Where a host path is seen from inside the sandbox (links resolved on the host first: an absolute link
+        would otherwise be followed in the image)."""
+        if not self.prefix:
+            return host_path
+        return self.prefix + os.path.realpath(host_path)
+
+    def words(self, program: str) -> str:
+        """program(program) as shell words."""
+        return " ".join(shlex.quote(word) for word in self.program(program))
+
+
+HOST_ROOT = HostRuntime()
+
+
+@functools.cache
+def image_runtime(programs: tuple[str, ...]) -> HostRuntime:
+    """The loader and library directories the host's `programs` need, read once from ldd."""
+    loaders: set[str] = set()
+    directories: list[str] = []
+    for program in programs:
+        listed = subprocess.run(
+            ["ldd", os.path.realpath(program)], capture_output=True, text=True, timeout=LDD_TIMEOUT_S, check=False
+        )
+        if listed.returncode != 0:
+            raise SandboxError(f"cannot list the libraries of {program}: {listed.stderr.strip()[-300:]}")
+        for line in listed.stdout.splitlines():
+            if interpreter := _LOADER.match(line):
+                loaders.add(os.path.realpath(interpreter.group(1)))
+            elif library := _LIBRARY.search(line):
+                directory = os.path.dirname(os.path.realpath(library.group(1)))
+                if directory not in directories:
+                    directories.append(directory)
+    if len(loaders) != 1:
+        raise SandboxError(f"the host's programs name {len(loaders)} dynamic loaders ({sorted(loaders)}), not one")
+    loader = loaders.pop()
+    prefixed = [HOST_MOUNT + directory for directory in directories]
+    return HostRuntime(prefix=HOST_MOUNT, loader=loader, library_path=":".join(prefixed))
+
+
+HOST_PROGRAMS = ("setpriv", "unshare", "sh", "bash", "mount", "env", "sed", "sleep")
+"""What the local backend starts inside a sandbox: see isolation.py."""
+SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_program(name: str) -> str:
+    found = shutil.which(name, path=SEARCH_PATH)
+    if found is None:
+        raise SandboxError(f"{name} is not installed on this machine; the local backend needs it")
+    return found
+
+
+def host_programs(extra: Sequence[str]) -> tuple[str, ...]:
+    """Every host program a sandbox command may start, plus `extra` (the interpreter, OpenCode, ripgrep)."""
+    return tuple(dict.fromkeys([*(host_program(name) for name in HOST_PROGRAMS), *extra]))

@@ -1,0 +1,49 @@
+"""`opencode-env image`: build the local backend's base image, or unpack an image into the cache ahead of use."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from opencode_env.sandbox.local.base_image import MIRROR, SUITE, BaseImageError, build_base_image
+from opencode_env.sandbox.local.images import BASE_IMAGE, ImageStore
+from opencode_env.sandbox.local.tools import cache_root
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _cmd_build_base(args: argparse.Namespace) -> int:
+    try:
+        tag = build_base_image(suite=args.suite, mirror=args.mirror, tag=args.tag, force=args.force, say=_say)
+    except BaseImageError as error:
+        print(f"opencode-env image build-base: {error}", file=sys.stderr)
+        return 2
+    print(tag)
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    prepared = ImageStore(cache_root() / "images").prepare(args.image)
+    print(f"{prepared.ref}: {prepared.image_id[:19]} unpacked at {prepared.rootfs} (workdir {prepared.workdir or '/'})")
+    return 0
+
+
+def add_image_parser(subparsers: Any) -> None:
+    image = subparsers.add_parser("image", help="the local backend's images (build the base image, prepare one)")
+    commands = image.add_subparsers(dest="image_command", required=True)
+    base = commands.add_parser(
+        "build-base",
+        help=f"build {BASE_IMAGE} from Debian packages (debootstrap, no registry): what requests naming no image "
+        "run on, once built",
+    )
+    base.add_argument("--suite", default=SUITE)
+    base.add_argument("--mirror", default=MIRROR)
+    base.add_argument("--tag", default=BASE_IMAGE)
+    base.add_argument("--force", action="store_true", help="build again even when the image exists")
+    base.set_defaults(handler=_cmd_build_base)
+    prepare = commands.add_parser("prepare", help="unpack an image into the cache now, not at its first rollout")
+    prepare.add_argument("image", help="a name in podman's storage, oci-archive:PATH or docker-archive:PATH")
+    prepare.set_defaults(handler=_cmd_prepare)

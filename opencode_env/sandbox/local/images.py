@@ -1,0 +1,206 @@
+"""Images for the local backend: taken from this machine's container storage (podman, buildah) or from an OCI or
+docker archive, never pulled. Each image is unpacked once into a cache, a plain tree whose files keep their
+in-image owners (rootfs.py gives every rollout a writable overlay over an id-mapped view of it), with the two
+accounts every sandbox has (`user`, 1000; `grader`, 1001) added to its /etc/passwd and /etc/group."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opencode_env.sandbox.base import SandboxError
+
+log = logging.getLogger("opencode_env.images")
+ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
+HOST_IMAGE = "host"
+"""The image name that means none: the host's own root file system, read-only (the backend's default)."""
+DEFAULT_IMAGE_VAR = "OPENCODE_ENV_LOCAL_IMAGE"
+BASE_IMAGE = "localhost/opencode-env-base:bookworm"
+PODMAN_TIMEOUT_S = 600.0
+_LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
+ACCOUNTS = (("user", 1000, "/home/user"), ("grader", 1001, "/home/grader/home"))
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An image unpacked into the cache: its tree and what its configuration says about running it."""
+
+    ref: str
+    image_id: str
+    rootfs: Path
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    has_shell: bool = True
+
+
+def default_image(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The image a request that names none runs on: OPENCODE_ENV_LOCAL_IMAGE, else the base image when it has been
+    built on this machine (`opencode-env image build-base`), else the host's root."""
+    configured = environ.get(DEFAULT_IMAGE_VAR, "")
+    if configured:
+        return "" if configured == HOST_IMAGE else configured
+    return BASE_IMAGE if _podman() is not None and _exists(BASE_IMAGE) else ""
+
+
+def _podman() -> str | None:
+    return shutil.which("podman")
+
+
+def _run_podman(*args: str, timeout_s: float = PODMAN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    podman = _podman()
+    if podman is None:
+        raise SandboxError("podman is not installed: images come from its container storage (apt-get install podman)")
+    return subprocess.run([podman, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def _exists(ref: str) -> bool:
+    return _run_podman("image", "exists", ref, timeout_s=60).returncode == 0
+
+
+class ImageStore:
+    """The cache of unpacked images, one directory per image id; concurrent preparers wait on a file lock."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._resolved: dict[str, tuple[int, dict[str, object]]] = {}
+
+    def prepare(self, ref: str) -> PreparedImage:
+        inspected = self._inspect(self._in_storage(ref))
+        image_id = str(inspected["Id"])
+        config = inspected.get("Config") or {}
+        assert isinstance(config, dict)
+        rootfs = self._unpacked(image_id)
+        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+        return PreparedImage(
+            ref=ref,
+            image_id=image_id,
+            rootfs=rootfs,
+            env=env,
+            workdir=str(config.get("WorkingDir") or ""),
+            has_shell=os.path.lexists(rootfs / "bin" / "sh"),
+        )
+
+    def _in_storage(self, ref: str) -> str:
+        """The storage name of `ref`: itself, or what loading the archive it names gave (loaded once per file)."""
+        prefix = next((p for p in ARCHIVE_PREFIXES if ref.startswith(p)), None)
+        if prefix is None:
+            return ref
+        archive = Path(ref.removeprefix(prefix)).resolve()
+        if not archive.is_file():
+            raise SandboxError(f"image {ref}: no archive at {archive}")
+        stat = archive.stat()
+        key = f"{archive}:{stat.st_size}:{stat.st_mtime_ns}"
+        loaded = self.root / "loaded.json"
+        known = json.loads(loaded.read_text()) if loaded.is_file() else {}
+        if key in known and _exists(known[key]):
+            return str(known[key])
+        completed = _run_podman("load", "-i", str(archive))
+        match = _LOADED.search(completed.stdout)
+        if completed.returncode != 0 or match is None:
+            raise SandboxError(f"image {ref}: podman load failed: {completed.stderr.strip()[-500:]}")
+        name = match.group(1).split(",")[0]
+        known[key] = name
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write_atomically(loaded, json.dumps(known))
+        return name
+
+    def _inspect(self, ref: str) -> dict[str, object]:
+        """podman's description of an image in storage, kept while the storage's image list is unchanged."""
+        stamp = _storage_stamp()
+        cached = self._resolved.get(ref)
+        if cached is not None and cached[0] == stamp and stamp != 0:
+            return cached[1]
+        completed = _run_podman("image", "inspect", "--format", "json", ref, timeout_s=60)
+        if completed.returncode != 0:
+            raise SandboxError(
+                f"image {ref} is not in this machine's container storage: build it (podman build) or load it "
+                f"(podman load, or name an oci-archive:/docker-archive: file); images are never pulled"
+            )
+        described = json.loads(completed.stdout)[0]
+        self._resolved[ref] = (stamp, described)
+        return dict(described)
+
+    def _unpacked(self, image_id: str) -> Path:
+        directory = self.root / image_id.removeprefix("sha256:")[:64]
+        rootfs = directory / "rootfs"
+        if (directory / ".complete").exists():
+            return rootfs
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with (directory / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (directory / ".complete").exists():
+                return rootfs
+            staging = Path(tempfile.mkdtemp(prefix=".rootfs-", dir=directory))
+            try:
+                _copy_image_tree(image_id, staging)
+                _add_accounts(staging)
+                staging.chmod(0o755)
+                if rootfs.exists():
+                    shutil.rmtree(rootfs)
+                staging.rename(rootfs)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            (directory / ".complete").write_text(image_id)
+            log.info("unpacked image %s into %s", image_id[:19], rootfs)
+        return rootfs
+
+
+def _storage_stamp() -> int:
+    """When podman's list of images last changed (0 when unknown: then nothing is kept)."""
+    try:
+        return Path("/var/lib/containers/storage/overlay-images/images.json").stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _copy_image_tree(image_id: str, target: Path) -> None:
+    mounted = _run_podman("image", "mount", image_id)
+    if mounted.returncode != 0:
+        raise SandboxError(f"podman image mount {image_id[:19]} failed: {mounted.stderr.strip()[-500:]}")
+    try:
+        copied = subprocess.run(
+            ["cp", "-a", "--", f"{mounted.stdout.strip()}/.", str(target)],
+            capture_output=True,
+            text=True,
+            timeout=PODMAN_TIMEOUT_S,
+            check=False,
+        )
+        if copied.returncode != 0:
+            raise SandboxError(f"copying image {image_id[:19]} failed: {copied.stderr.strip()[-500:]}")
+    finally:
+        _run_podman("image", "unmount", image_id)
+
+
+def _add_accounts(rootfs: Path) -> None:
+    """`user` and `grader` in the image's account files, unless it has their uids already (under any name)."""
+    etc = rootfs / "etc"
+    if etc.is_symlink():
+        raise SandboxError("the image's /etc is a symbolic link")
+    etc.mkdir(mode=0o755, exist_ok=True)
+    for name, fields in (("passwd", "{name}:x:{uid}:{uid}:{name}:{home}:/bin/sh"), ("group", "{name}:x:{uid}:")):
+        path = etc / name
+        if path.is_symlink():
+            path.unlink()
+        text = path.read_text() if path.is_file() else "root:x:0:0:root:/root:/bin/sh\n" * (name == "passwd")
+        if name == "group" and not text:
+            text = "root:x:0:\n"
+        taken = {line.split(":")[2] for line in text.splitlines() if line.count(":") >= 2}
+        added = [fields.format(name=n, uid=uid, home=home) for n, uid, home in ACCOUNTS if str(uid) not in taken]
+        if added:
+            path.write_text(text + ("" if text.endswith("\n") or not text else "\n") + "\n".join(added) + "\n")
+            path.chmod(0o644)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(text)
+    staging.rename(path)

@@ -1,0 +1,222 @@
+"""Images on the local backend: an image's root file system as the sandbox's root (an id-mapped overlay), the same
+identities and isolation as without one, OpenCode and our helpers from the host even where the image has no libc,
+images from podman's storage and from OCI archives, and the base image a request naming none runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.host_runtime import HOST_MOUNT
+from opencode_env.sandbox.local.images import DEFAULT_IMAGE_VAR
+from opencode_env.sandbox.local.isolation import UID_BASE
+from opencode_env.sandbox.local.tools import cache_root, cached_tools
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.helpers import rollout
+
+BUSYBOX_IMAGE = f"localhost/opencode-env-test/busybox:{os.getpid()}"
+"""One tag per test process: xdist's workers each make and remove their own."""
+BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "test", "grep", "mkdir", "chown", "id", "env", "touch", "stat", "rm")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    return build_base_image()
+
+
+@pytest.fixture(scope="session")
+def busybox_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An image of one statically linked busybox: no libc, no Python, no Node."""
+    busybox = Path("/bin/busybox")
+    described = subprocess.run(["file", "-L", str(busybox)], capture_output=True, text=True, check=False).stdout
+    if not busybox.exists() or "statically linked" not in described:
+        pytest.skip("needs busybox-static (./dev setup installs it)")
+    archive = tmp_path_factory.mktemp("busybox") / "rootfs.tar"
+    with tarfile.open(archive, "w") as tar:
+        for directory in ("bin", "tmp", "etc", "root"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add(busybox, "bin/busybox")
+        for applet in BUSYBOX_APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    subprocess.run(
+        ["podman", "import", "--quiet", "--change", "ENV PATH=/bin", str(archive), BUSYBOX_IMAGE],
+        check=True,
+        capture_output=True,
+    )
+    yield BUSYBOX_IMAGE
+    subprocess.run(["podman", "rmi", "--force", BUSYBOX_IMAGE], check=False, capture_output=True)
+
+
+@pytest.fixture
+async def image_box(backend: LocalBackend, base_image: str) -> AsyncIterator[LocalSandbox]:
+    sandbox = await backend.create(SandboxSpec(image=base_image))
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+async def _sh(sandbox: LocalSandbox, cmd: str, identity: str = "user") -> str:
+    result = await sandbox.run(cmd, timeout_s=60, cwd="/", identity=identity)  # type: ignore[arg-type]
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.strip()
+
+
+async def test_each_identity_in_an_image(image_box: LocalSandbox) -> None:
+    assert await _sh(image_box, "id -u; id -g") == "1000\n1000"
+    assert (await _sh(image_box, "cat /etc/os-release")).startswith('PRETTY_NAME="Debian GNU/Linux 12')
+    assert await _sh(image_box, "stat -c '%u %U' /usr/bin/python3", "root") == "0 root"
+    await _sh(image_box, "touch /usr/local/bin/made-by-root && stat -c %U /usr/local/bin/made-by-root", "root")
+    refused = await image_box.run("touch /usr/local/bin/made-by-user", timeout_s=60, cwd="/")
+    assert refused.exit_code != 0
+    assert "Permission denied" in refused.stderr
+    assert await _sh(image_box, "id -u; echo $HOME; touch /tmp/x", "grader") == "1001\n/home/grader/home"
+
+
+async def test_in_image_root_is_an_unprivileged_host_uid(image_box: LocalSandbox) -> None:
+    """The image's root-owned files are the rollout's own host uid, outside every host account; what root changes
+    lands in the rollout's overlay, never in the cached image."""
+    await _sh(image_box, "echo planted > /etc/planted && chown root /etc/planted", "root")
+    on_host = image_box.layout.image_root / "etc" / "planted"
+    assert on_host.stat().st_uid >= UID_BASE
+    assert (image_box.layout.image_root / "usr" / "bin").stat().st_uid == on_host.stat().st_uid
+    assert image_box.image is not None
+    assert not (image_box.image.rootfs / "etc" / "planted").exists()
+
+
+async def test_changes_never_reach_another_rollout_on_the_image(backend: LocalBackend, base_image: str) -> None:
+    first = await backend.create(SandboxSpec(image=base_image))
+    try:
+        await _sh(first, "echo mine > /usr/local/share/first-rollout", "root")
+    finally:
+        await first.close()
+    second = await backend.create(SandboxSpec(image=base_image))
+    try:
+        assert await _sh(second, "test -e /usr/local/share/first-rollout && echo seen || echo absent") == "absent"
+    finally:
+        await second.close()
+
+
+async def test_host_is_read_only_and_its_private_places_hidden(image_box: LocalSandbox) -> None:
+    assert await _sh(image_box, f"cat {HOST_MOUNT}/etc/hostname") == Path("/etc/hostname").read_text().strip()
+    for identity in ("user", "root"):
+        written = await image_box.run(f"touch {HOST_MOUNT}/etc/x", timeout_s=60, cwd="/", identity=identity)
+        assert written.exit_code != 0
+        assert "Read-only file system" in written.stderr
+    for hidden in ("/tmp", "/run"):
+        assert await _sh(image_box, f"ls -A {HOST_MOUNT}{hidden}", "root") == "", hidden
+    cache = f"{HOST_MOUNT}{cache_root()}"
+    listed = (await _sh(image_box, f"ls -A {cache}", "root")).split()
+    assert "images" not in listed, "the image cache (every image's tree) is the host's, never a sandbox's"
+    assert listed, "the OpenCode install under the hidden home stays visible, read-only"
+
+
+async def test_readme_example_runs_on_the_default_image(
+    opencode_binary: Path, sandbox_base: Path, base_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request naming no image runs on the base image: `pip install pytest` (as the sandbox's root) and
+    `python -m pytest` (as the grader) work as the README writes them."""
+    monkeypatch.delenv(DEFAULT_IMAGE_VAR, raising=False)
+    backend = LocalBackend(cached_tools, base_dir=sandbox_base)
+    test_file = "from add import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    outcome = await rollout(
+        backend,
+        demo_script(),
+        setup=["pip install pytest"],
+        verify_files={"test_add.py": test_file},
+        verify=["cd /home/user/workdir && python -m pytest -q"],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert result.enforcement["image"].startswith(base_image)
+    assert result.reward == 1.0, [(v.stdout[-300:], v.stderr[-300:]) for v in result.verify_results]
+
+
+async def test_setup_as_root_installs_what_verify_uses(backend: LocalBackend, base_image: str) -> None:
+    site = "/usr/local/lib/python3.11/dist-packages"
+    outcome = await rollout(
+        backend,
+        demo_script(),
+        image=base_image,
+        setup=[f"mkdir -p {site} && echo 'ANSWER = 42' > {site}/planted_by_setup.py", "id -u > setup-uid"],
+        verify=[
+            "python -c 'import planted_by_setup as p; assert p.ANSWER == 42'",
+            'test "$(cat /home/user/workdir/setup-uid)" = 0 && test -O /home/user/workdir/add.py || true',
+            "python -c 'from add import add; print(float(add(0.5, 0.5)))' > /logs/verifier/reward.txt",
+        ],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert [v.exit_code for v in result.verify_results] == [0, 0, 0], result.verify_results
+    assert result.reward == 1.0
+    assert result.reward_source == "reward_txt"
+
+
+async def test_agent_runs_in_an_image_without_libc(backend: LocalBackend, busybox_image: str) -> None:
+    """OpenCode, its tools' shell and our helpers start from the host with the host's loader; the task's commands
+    run the image's own busybox."""
+    outcome = await rollout(
+        backend,
+        demo_script(),
+        image=busybox_image,
+        verify=["test -f add.py && grep -q 'def add' add.py && echo 1 > /logs/verifier/reward.txt"],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    assert result.enforcement["image"].startswith(busybox_image)
+    assert {(call.tool, call.status) for call in result.tool_calls} == {("write", "completed"), ("bash", "completed")}
+
+
+async def test_image_from_an_oci_archive(backend: LocalBackend, busybox_image: str, tmp_path: Path) -> None:
+    archive = tmp_path / "busybox.oci.tar"
+    saved = await asyncio.create_subprocess_exec(
+        "podman", "save", "--quiet", "--format", "oci-archive", "-o", str(archive), busybox_image
+    )
+    assert await saved.wait() == 0
+    sandbox = await backend.create(SandboxSpec(image=f"oci-archive:{archive}"))
+    try:
+        assert await _sh(sandbox, "busybox echo from-the-archive") == "from-the-archive"
+        assert sandbox.image is not None
+        assert sandbox.image.image_id
+    finally:
+        await sandbox.close()
+
+
+async def test_an_image_not_on_this_machine_is_never_pulled(backend: LocalBackend) -> None:
+    with ScriptedModelServer(demo_script()) as model:
+        request = demo_request(model.base_url, image="docker.io/library/never-pulled:1")
+        result = await run_rollout(request, backend)
+    assert result.status == "sandbox_error"
+    assert "never pulled" in (result.error or "")
+    assert "never-pulled" in (result.error or "")
+
+
+def test_busybox_image_has_no_libc(busybox_image: str) -> None:
+    """The premise of the libc-free test: nothing in the image but busybox and its links."""
+    mounted = subprocess.run(["podman", "image", "mount", busybox_image], capture_output=True, text=True, check=True)
+    try:
+        root = Path(mounted.stdout.strip())
+        files = sorted(str(path.relative_to(root)) for path in root.rglob("*") if not path.is_dir())
+        links = [str(path.relative_to(root)) for path in root.rglob("*") if path.is_symlink()]
+        assert sorted(set(files) - set(links)) == ["bin/busybox"]
+    finally:
+        subprocess.run(["podman", "image", "unmount", busybox_image], check=False, capture_output=True)
+    assert shutil.which("podman") is not None
