@@ -87,6 +87,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--instruction", help="the task for the agent")
     source.add_argument("--instruction-file", type=Path, help="a file holding the task for the agent")
+    source.add_argument("--task", type=Path, metavar="DIR", help="a Harbor task directory (its image built once)")
+    parser.add_argument("--oracle", action="store_true", help="with --task: run its solution/solve.sh, no agent")
+    parser.add_argument("--image", default="", help="the sandbox's image (see RolloutRequest.image)")
     parser.add_argument("--setup", action="append", default=[], metavar="CMD")
     parser.add_argument("--verify", action="append", default=[], metavar="CMD")
     parser.add_argument("--task-id", default="")
@@ -104,8 +107,13 @@ def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
         if args.api_key_env not in os.environ:
             raise SystemExit(f"opencode-env: --api-key-env names {args.api_key_env}, which is not set")
         api_key = os.environ[args.api_key_env]
+    if args.task is not None:
+        return _request_from_task(args, api_key)
+    if args.oracle:
+        raise SystemExit("opencode-env: --oracle runs a task directory's solution: give --task DIR")
     instruction = args.instruction if args.instruction is not None else args.instruction_file.read_text()
     return RolloutRequest(
+        image=args.image,
         endpoint=args.endpoint,
         base_url=args.base_url,
         api_key=api_key,
@@ -123,16 +131,31 @@ def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
     )
 
 
+def _request_from_task(args: argparse.Namespace, api_key: str) -> RolloutRequest:
+    from opencode_env.tasks.harbor import request_from_task_dir
+
+    model = {"endpoint": args.endpoint, "base_url": args.base_url, "model": args.model, "api_key": api_key}
+    overrides = {name: value for name, value in model.items() if value}
+    if args.mode != "transparent_proxy":
+        overrides["mode"] = args.mode
+    return request_from_task_dir(args.task, oracle=args.oracle, **overrides)
+
+
 def _validation_message(error: ValidationError) -> str:
     problems = [f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors()]
     return "invalid request: " + "; ".join(problems)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from opencode_env.tasks import ImageBuildError, TaskFormatError
+
     try:
         request = _request_from_args(args)
     except ValidationError as error:
         print(f"opencode-env: {_validation_message(error)}", file=sys.stderr)
+        return 2
+    except (TaskFormatError, ImageBuildError) as error:
+        print(f"opencode-env: {error}", file=sys.stderr)
         return 2
     result = asyncio.run(run_rollout(request, make_backend(args.backend), progress=_progress))
     print(result.model_dump_json(indent=2))

@@ -5,6 +5,9 @@ the eval runner over task dirs, resumed."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.tasks.harbor import request_from_task_dir
 from opencode_env.testing.script import Script, bash
 from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.wire.models import RolloutResult
 
 TEST_SH = """\
 #!/bin/bash
@@ -123,3 +127,31 @@ async def test_eval_over_task_dirs_resumes(backend: LocalBackend, tmp_path: Path
     again = await run_eval(tasks, out=out, k=2, concurrency=2, backend=backend, report=lines.append)
     assert again.overall.attempts == 4
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+
+
+async def test_run_a_task_dir_from_the_command_line(calc_task: Path, sandbox_base: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "opencode_env.cli",
+        "run",
+        "--task",
+        str(calc_task),
+        "--oracle",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(sandbox_base)},
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    result = RolloutResult.model_validate_json(stdout)
+    assert (result.status, result.reward, result.task.workdir if result.task else None) == ("completed", 1.0, "/app")
+
+
+async def test_the_shipped_example_task(backend: LocalBackend) -> None:
+    """examples/harbor/fix-calc, as the README runs it: the oracle solves it, doing nothing does not."""
+    task = Path(__file__).resolve().parents[1] / "examples" / "harbor" / "fix-calc"
+    solved = await run_rollout(request_from_task_dir(task, oracle=True), backend)
+    nothing = await run_rollout(request_from_task_dir(task, oracle=True).model_copy(update={"solution": []}), backend)
+    assert (solved.status, solved.reward) == ("completed", 1.0), solved.error
+    assert (nothing.status, nothing.reward) == ("completed", 0.0), nothing.error

@@ -101,6 +101,15 @@ async def test_in_image_root_is_an_unprivileged_host_uid(image_box: LocalSandbox
     assert not (image_box.image.rootfs / "etc" / "planted").exists()
 
 
+async def test_a_setuid_root_program_gives_no_root(image_box: LocalSandbox) -> None:
+    """The image's root may leave a setuid-root program (as images ship su, or a setup that means harm); run by
+    `user` or the grader it gains nothing: the overlay is nosuid and no identity may gain privileges."""
+    await _sh(image_box, "cp /usr/bin/id /usr/local/bin/rootid && chmod 4755 /usr/local/bin/rootid", "root")
+    assert await _sh(image_box, "stat -c '%a %U' /usr/local/bin/rootid", "root") == "4755 root"
+    assert await _sh(image_box, "/usr/local/bin/rootid -u") == "1000"
+    assert await _sh(image_box, "/usr/local/bin/rootid -u", "grader") == "1001"
+
+
 async def test_changes_never_reach_another_rollout_on_the_image(backend: LocalBackend, base_image: str) -> None:
     first = await backend.create(SandboxSpec(image=base_image))
     try:

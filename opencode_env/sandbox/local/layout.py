@@ -105,7 +105,7 @@ def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
     os.chown(changes / "upper", ids.root, ids.root)
     (changes / "work").mkdir(mode=0o700)
     layout.image_root.mkdir()
-    options = f"lowerdir={layout.image_lower},upperdir={changes / 'upper'},workdir={changes / 'work'}"
+    options = f"lowerdir={layout.image_lower},upperdir={changes / 'upper'},workdir={changes / 'work'},nosuid,nodev"
     mounted = subprocess.run(
         ["mount", "-t", "overlay", "-o", options, "rollout-root", str(layout.image_root)],
         capture_output=True,
