@@ -601,12 +601,15 @@ async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
 
 
 def _runtime_for(tools: ProvidedTools) -> HostRuntime:
+    """The host programs an image's sandbox starts, and what of the host they read: the interpreter's standard
+    library (userns.py runs with -I -S), userns.py itself, the certificates the host trusts."""
     extra = [os.path.realpath(HELPERS.python)]
     if tools.opencode:
         extra.append(os.path.realpath(tools.opencode))
     if ripgrep := shutil.which("rg", path=BASE_PATH):
         extra.append(ripgrep)
-    return image_runtime(host_programs(extra))
+    shown = [sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()]
+    return image_runtime(host_programs(extra), tuple(shown))
 
 
 def _launched_tools(layout: Layout, tools: ProvidedTools, runtime: HostRuntime) -> ProvidedTools:

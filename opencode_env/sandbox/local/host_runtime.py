@@ -33,6 +33,9 @@ class HostRuntime:
     prefix: str = ""
     loader: str = ""
     library_path: str = ""
+    view: tuple[str, ...] = ()
+    """The host paths shown under `prefix` (read-only), and nothing else of the host: the loader, the library
+    directories, the programs and what they read (the interpreter's standard library, userns.py, trust files)."""
 
     def program(self, program: str) -> list[str]:
         """argv that starts a host program (a path, or a name looked up on the host)."""
@@ -57,8 +60,9 @@ HOST_ROOT = HostRuntime()
 
 
 @functools.cache
-def image_runtime(programs: tuple[str, ...]) -> HostRuntime:
-    """The loader and library directories the host's `programs` need, read once from ldd."""
+def image_runtime(programs: tuple[str, ...], shown: tuple[str, ...] = ()) -> HostRuntime:
+    """The loader and library directories the host's `programs` need, read once from ldd; the host view is those,
+    the programs and `shown`."""
     loaders: set[str] = set()
     directories: list[str] = []
     for program in programs:
@@ -78,7 +82,18 @@ def image_runtime(programs: tuple[str, ...]) -> HostRuntime:
         raise SandboxError(f"the host's programs name {len(loaders)} dynamic loaders ({sorted(loaders)}), not one")
     loader = loaders.pop()
     prefixed = [HOST_MOUNT + directory for directory in directories]
-    return HostRuntime(prefix=HOST_MOUNT, loader=loader, library_path=":".join(prefixed))
+    view = {loader, *directories, *(os.path.realpath(path) for path in (*programs, *shown) if os.path.exists(path))}
+    return HostRuntime(prefix=HOST_MOUNT, loader=loader, library_path=":".join(prefixed), view=_outermost(view))
+
+
+def _outermost(paths: set[str]) -> tuple[str, ...]:
+    """The paths, without those inside another of them (a bind inside a bind would be redundant)."""
+    ordered = sorted(paths)
+    kept: list[str] = []
+    for path in ordered:
+        if not any(path == top or path.startswith(top.rstrip("/") + "/") for top in kept):
+            kept.append(path)
+    return tuple(kept)
 
 
 HOST_PROGRAMS = ("setpriv", "unshare", "sh", "bash", "mount", "env", "sed", "sleep")

@@ -225,8 +225,9 @@ def holder_argv(
     `own_network=False` is for test doubles of cloud sandboxes, which have the network of a VM. `config_deps`, a
     cached install of what OpenCode would npm-install into its config directory at start, is mounted there
     read-only: OpenCode finds it in place and contacts no registry. With `image_root` (the rollout's writable view
-    of an image), that is the root, the host's root is seen read-only at HOST_MOUNT (its private places hidden) for
-    the programs `runtime` starts from there, and /logs is the rollout's logs directory (Harbor's layout)."""
+    of an image), that is the root, HOST_MOUNT shows only what of the host the programs `runtime` starts need (its
+    `view`, read-only: an allow-list, nothing of the operator's), and /logs is the rollout's logs directory (Harbor's
+    layout)."""
     if image_root is None:
         root = ["--ro-bind", "/", "/", "--dev", "/dev", *_hidden_tmpfs()]
         users = ["--ro-bind", str(layout.control / "passwd"), "/etc/passwd"]
@@ -236,8 +237,12 @@ def holder_argv(
         root = ["--bind", str(image_root), "/", "--dev", "/dev"]
         users = ["--ro-bind", str(layout.control / "hosts"), "/etc/hosts"]
         users += ["--bind", str(layout.home / os.path.relpath(LOGS_DIR, "/home/user")), HARBOR_LOGS]
-        host = ["--ro-bind", "/", HOST_MOUNT, *_hidden_tmpfs(HOST_MOUNT)]
-        host += _binds_under_hidden(runtime_paths, prefix=HOST_MOUNT)
+        host = ["--tmpfs", HOST_MOUNT]
+        for path in runtime.view:
+            host += ["--ro-bind", path, HOST_MOUNT + path]
+        for directory in _ancestors(runtime.view):
+            host += ["--chmod", "0755", HOST_MOUNT + directory]
+        host += ["--remount-ro", HOST_MOUNT]
     return [
         "bwrap",
         "--die-with-parent",
@@ -276,6 +281,12 @@ def holder_argv(
         "-c",
         holder_script(runtime),
     ]
+
+
+def _ancestors(paths: Sequence[str]) -> list[str]:
+    """The directories above `paths` (bubblewrap makes them 0700 where it creates them), parents first."""
+    above = {str(parent) for path in paths for parent in Path(path).parents if str(parent) != "/"}
+    return sorted(above, key=lambda directory: (directory.count("/"), directory))
 
 
 def _config_deps_binds(config_deps: str | None) -> list[str]:
