@@ -91,6 +91,8 @@ def test_token_colour_follows_its_logprob_and_the_popup_shows_the_alternatives(
     browser: WebDriver, tmp_path: Path
 ) -> None:
     open_page(browser, token_result(), tmp_path)
+    # Turns are built as they scroll into view: wait for the first one's tokens (a busy machine renders late).
+    WebDriverWait(browser, 20).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#turn-0 .tok")) == 3)
     sure, unsure, middle = browser.find_elements(By.CSS_SELECTOR, "#turn-0 .tok")
     colours = [rgb(span.value_of_css_property("background-color")) for span in (sure, unsure, middle)]
     assert colours[0][1] > colours[0][0]

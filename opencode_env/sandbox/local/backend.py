@@ -38,7 +38,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.local import hostfs, netns, userns
+from opencode_env.sandbox.local import hostfs, netns, seccomp_exec, userns
 from opencode_env.sandbox.local.cgroup import Cgroup, Limits, detect
 from opencode_env.sandbox.local.egress import (
     LOOPBACK_NAMES,
@@ -107,7 +107,11 @@ PREFLIGHT_HINT = (
 )
 
 ToolsResolver = Callable[[], Awaitable[ProvidedTools]]
-HELPERS = Helpers(python=sys.executable, userns=str(Path(userns.__file__).resolve()))
+HELPERS = Helpers(
+    python=sys.executable,
+    userns=str(Path(userns.__file__).resolve()),
+    seccomp_exec=str(Path(seccomp_exec.__file__).resolve()),
+)
 
 
 class LocalProcess:
@@ -608,7 +612,7 @@ def _runtime_for(tools: ProvidedTools) -> HostRuntime:
         extra.append(os.path.realpath(tools.opencode))
     if ripgrep := shutil.which("rg", path=BASE_PATH):
         extra.append(ripgrep)
-    shown = [sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()]
+    shown = [sys.base_prefix, HELPERS.userns, HELPERS.seccomp_exec, *trust_settings(os.environ).values()]
     return image_runtime(host_programs(extra), tuple(shown))
 
 

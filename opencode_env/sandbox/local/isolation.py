@@ -33,6 +33,8 @@ IMAGE_UIDS = 1 << 16
 of them, keep their owners inside (its root's are the sandbox root's), and none is any other rollout's."""
 UID_REGISTRY = Path("/run/opencode-env/uids")
 SOCKETS_DIR = Path("/run/opencode-env/proxies")
+SYSCALL_FILTER = "syscalls.bpf"
+"""The syscall filter (syscall_filter.py), in the control directory: every command is started under it."""
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
 CONTROL_MOUNT = "/run/opencode-env"
 PASSWD = (
@@ -308,10 +310,12 @@ AGENT_UMASK = "002"
 
 @dataclass(frozen=True)
 class Helpers:
-    """Host programs every sandbox command may start with: a Python and the user-namespace starter (userns.py)."""
+    """Host programs every sandbox command may start with: a Python, the user-namespace starter (userns.py) and the
+    syscall filter's loader (seccomp_exec.py)."""
 
     python: str
     userns: str
+    seccomp_exec: str
 
 
 @dataclass(frozen=True)
@@ -340,14 +344,17 @@ def command_argv(
     whose maps (several uids) this still-privileged process writes. The sandbox's root maps every in-sandbox uid
     (IMAGE_UIDS of them, `user` and `grader` among them), so it can hand files between them and own an image's
     files as a VM's root would; OpenCode's namespace maps only itself and `user`; the grader's only itself (and the
-    root that mounts its fresh /tmp before dropping to it). Every program is started through `runtime`."""
+    root that mounts its fresh /tmp before dropping to it). The command itself starts under the syscall filter, once
+    every namespace and mount of ours is made. Every program is started through `runtime`."""
     run = runtime.program
     enter = ["nsenter", f"--target={holder_pid}", "--mount", "--pid", "--net", "--ipc", "--uts", "--root"]
     enter += [f"--wdns={cwd}", "--"]
     # Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
     # within (the agent's own tools), reaps orphans and passes the command's exit status on.
     init = [*run("/bin/sh"), "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
-    command = [*init, *run("/bin/bash"), "-c", cmd]
+    filtered = [*run(helpers.python), "-I", "-S", runtime.inside(helpers.seccomp_exec)]
+    filtered += [f"{CONTROL_MOUNT}/{SYSCALL_FILTER}", "--"]
+    command = [*filtered, *init, *run("/bin/bash"), "-c", cmd]
     pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []
     unshare = run("unshare")
     if identity == "agent":

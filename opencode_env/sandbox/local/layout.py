@@ -31,11 +31,13 @@ from opencode_env.sandbox.local.isolation import (
     HOSTS,
     IMAGE_UIDS,
     PASSWD,
+    SYSCALL_FILTER,
     TOOL_SHELL,
     HostIds,
     Layout,
     tool_shell_script,
 )
+from opencode_env.sandbox.local.syscall_filter import filter_program
 
 log = logging.getLogger("opencode_env.local")
 PREFIX = "opencode-env-"
@@ -69,6 +71,7 @@ def make_layout(base_dir: Path | None, disk_mb: int, runtime: HostRuntime | None
     _mount_disk(layout, disk_mb)
     for directory in (layout.control, layout.private):
         directory.mkdir()
+    (layout.control / SYSCALL_FILTER).write_bytes(filter_program())
     (layout.control / "passwd").write_text(PASSWD)
     (layout.control / "group").write_text(GROUP)
     shell = layout.control / os.path.relpath(TOOL_SHELL, CONTROL_MOUNT)
