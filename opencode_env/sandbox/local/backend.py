@@ -39,7 +39,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.local import hostfs, netns, seccomp_exec, userns
-from opencode_env.sandbox.local.cgroup import Cgroup, Limits, detect
+from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup, Limits, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.egress import (
     LOOPBACK_NAMES,
     EgressPolicy,
@@ -204,6 +204,7 @@ class LocalSandbox:
         self._holder: asyncio.subprocess.Process | None = None
         self._holder_pid = 0
         self._cgroup: Cgroup | None = None
+        self._proxy_cgroup: Cgroup | None = None
         self._egress: EgressProxy | None = None
         self._relays: list[LoopbackRelay] = []
         self.enforcement: dict[str, str] = {}
@@ -245,6 +246,8 @@ class LocalSandbox:
             await asyncio.to_thread(
                 self._cgroup.create, Limits(limits.memory_mb * 2**20, limits.max_processes, limits.cpus)
             )
+            self._proxy_cgroup = Cgroup(proxy_cgroup_name(self.layout.root.name), version)
+            await asyncio.to_thread(self._proxy_cgroup.create, PROXY_LIMITS)
             self.enforcement["limits"] = f"cgroup {version}"
         else:
             self.enforcement["limits"] = "none (no writable cgroup)"
@@ -508,6 +511,8 @@ class LocalSandbox:
                 str(self._ids.agent),
             ]
             argv = proxy_argv(self.layout, self._ids, runtime_paths(self._host_tools), program)
+            if self._proxy_cgroup is not None:
+                argv = [*self._proxy_cgroup.join_prefix(), *argv]
             log_file = self.layout.private / "proxy.log"
             with log_file.open("ab") as log_handle:
                 os.fchown(log_handle.fileno(), self._ids.root, self._ids.root)
@@ -563,8 +568,9 @@ class LocalSandbox:
                 await self._stop_holder()
             finally:
                 try:
-                    if self._cgroup is not None:
-                        await asyncio.to_thread(self._cgroup.destroy)
+                    for cgroup in (self._cgroup, self._proxy_cgroup):
+                        if cgroup is not None:
+                            await asyncio.to_thread(cgroup.destroy)
                 finally:
                     try:
                         await asyncio.to_thread(remove_rollout, self.layout)

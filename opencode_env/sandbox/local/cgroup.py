@@ -40,6 +40,15 @@ def detect() -> CgroupVersion | None:
     return "v1" if all(os.access(path, os.W_OK) for path in needed) else None
 
 
+PROXY_LIMITS = Limits(memory_bytes=512 * 2**20, max_processes=64, cpus=1.0)
+"""The capture proxy's own cgroup, beside its rollout's: what it holds is bounded (request bodies are capped at
+32 MiB), and an agent that exhausts its own memory or processes cannot take the proxy down with it."""
+
+
+def proxy_cgroup_name(rollout: str) -> str:
+    return f"{rollout}-proxy"
+
+
 class Cgroup:
     def __init__(self, name: str, version: CgroupVersion) -> None:
         self.name = name

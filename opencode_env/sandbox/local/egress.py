@@ -34,6 +34,9 @@ log = logging.getLogger("opencode_env.egress")
 HEADER_LIMIT = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0
 MAX_ATTEMPTS_RECORDED = 1000
+MAX_CONNECTIONS = 256
+"""Egress connections one sandbox may hold at once; more are closed as they arrive (the server's descriptors are
+shared by every rollout)."""
 
 
 TRUSTED_HOSTS_VAR = "OPENCODE_ENV_EGRESS_TRUSTED_HOSTS"
@@ -76,6 +79,7 @@ class EgressProxy:
     resolve: Resolver = system_resolver
     host_networks: frozenset[IPNetwork] | None = None
     """This machine's addresses, read at start unless given."""
+    max_connections: int = MAX_CONNECTIONS
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -93,6 +97,10 @@ class EgressProxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= self.max_connections:
+            self._record("", 0, None, f"over {self.max_connections} connections at once")
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)

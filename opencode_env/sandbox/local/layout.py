@@ -21,7 +21,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
 )
 from opencode_env.sandbox.local import hostfs
-from opencode_env.sandbox.local.cgroup import Cgroup, detect
+from opencode_env.sandbox.local.cgroup import Cgroup, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HostRuntime
 from opencode_env.sandbox.local.idmap import mount_idmapped
 from opencode_env.sandbox.local.isolation import (
@@ -206,7 +206,8 @@ def reap_orphans(base_dir: Path | None) -> list[str]:
                 continue
             version = detect()
             if version is not None:
-                Cgroup(root.name, version).destroy()
+                for name in (root.name, proxy_cgroup_name(root.name)):
+                    Cgroup(name, version).destroy()
             remove_rollout(Layout(root))
         reaped.append(root.name)
         log.warning("reaped %s, left by a server that is gone", root)
