@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
@@ -53,12 +54,6 @@ async def podman_run(image: str) -> float:
     )
     assert await process.wait() == 0
     return time.perf_counter() - started
-
-
-def spread(values: list[float]) -> str:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return f"p10 {pick(0.1) * 1000:7.1f}  p50 {statistics.median(ordered) * 1000:7.1f}  p90 {pick(0.9) * 1000:7.1f} ms"
 
 
 async def main(runs: int) -> None:

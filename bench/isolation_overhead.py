@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
@@ -40,12 +41,6 @@ async def sandbox_lifetime(backend: LocalBackend) -> tuple[float, float, float]:
     await sandbox.close()
     closed = time.perf_counter()
     return created - started, ran - created, closed - ran
-
-
-def spread(values: list[float]) -> str:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return f"p10 {pick(0.1) * 1000:7.1f}  p50 {statistics.median(ordered) * 1000:7.1f}  p90 {pick(0.9) * 1000:7.1f} ms"
 
 
 async def main(runs: int) -> None:

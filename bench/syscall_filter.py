@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local import seccomp_exec
 from opencode_env.sandbox.local.backend import LocalBackend
@@ -28,12 +29,6 @@ LOADER_ALONE = (
     f"s=$(date +%s%N); {sys.base_prefix}/bin/python3 -I -S {Path(seccomp_exec.__file__).resolve()} "
     f"{CONTROL_MOUNT}/{SYSCALL_FILTER} -- true; echo $(( $(date +%s%N) - s ))"
 )
-
-
-def spread(values: list[float]) -> str:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return f"p10 {pick(0.1) * 1000:7.1f}  p50 {statistics.median(ordered) * 1000:7.1f}  p90 {pick(0.9) * 1000:7.1f} ms"
 
 
 async def main(runs: int) -> None:
