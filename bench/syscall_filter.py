@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -18,15 +19,14 @@ from pathlib import Path
 
 from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
-from opencode_env.sandbox.local import seccomp_exec
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.images import HOST_IMAGE
-from opencode_env.sandbox.local.isolation import CONTROL_MOUNT, SYSCALL_FILTER
+from opencode_env.sandbox.local.isolation import CONTROL_MOUNT, SECCOMP_EXEC, SYSCALL_FILTER
 from opencode_env.sandbox.local.syscall_filter import filter_program
 from opencode_env.sandbox.local.tools import cached_tools
 
 LOADER_ALONE = (
-    f"s=$(date +%s%N); {sys.base_prefix}/bin/python3 -I -S {Path(seccomp_exec.__file__).resolve()} "
+    f"s=$(date +%s%N); {os.path.realpath(sys.executable)} -I -S {CONTROL_MOUNT}/{SECCOMP_EXEC} "
     f"{CONTROL_MOUNT}/{SYSCALL_FILTER} -- true; echo $(( $(date +%s%N) - s ))"
 )
 

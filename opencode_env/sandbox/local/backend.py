@@ -38,7 +38,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.local import hostfs, netns, seccomp_exec, userns
+from opencode_env.sandbox.local import hostfs, netns, userns
 from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup, Limits, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.egress import (
     LOOPBACK_NAMES,
@@ -107,11 +107,7 @@ PREFLIGHT_HINT = (
 )
 
 ToolsResolver = Callable[[], Awaitable[ProvidedTools]]
-HELPERS = Helpers(
-    python=sys.executable,
-    userns=str(Path(userns.__file__).resolve()),
-    seccomp_exec=str(Path(seccomp_exec.__file__).resolve()),
-)
+HELPERS = Helpers(python=os.path.realpath(sys.executable), userns=str(Path(userns.__file__).resolve()))
 
 
 class LocalProcess:
@@ -612,13 +608,13 @@ async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
 
 def _runtime_for(tools: ProvidedTools) -> HostRuntime:
     """The host programs an image's sandbox starts, and what of the host they read: the interpreter's standard
-    library (userns.py runs with -I -S), userns.py itself, the certificates the host trusts."""
+    library (userns.py and seccomp_exec.py run with -I -S), userns.py itself, the certificates the host trusts."""
     extra = [os.path.realpath(HELPERS.python)]
     if tools.opencode:
         extra.append(os.path.realpath(tools.opencode))
     if ripgrep := shutil.which("rg", path=BASE_PATH):
         extra.append(ripgrep)
-    shown = [sys.base_prefix, HELPERS.userns, HELPERS.seccomp_exec, *trust_settings(os.environ).values()]
+    shown = [sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()]
     return image_runtime(host_programs(extra), tuple(shown))
 
 

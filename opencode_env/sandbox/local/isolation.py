@@ -34,6 +34,7 @@ of them, keep their owners inside (its root's are the sandbox root's), and none 
 UID_REGISTRY = Path("/run/opencode-env/uids")
 SOCKETS_DIR = Path("/run/opencode-env/proxies")
 SYSCALL_FILTER = "syscalls.bpf"
+SECCOMP_EXEC = "seccomp_exec.py"
 """The syscall filter (syscall_filter.py), in the control directory: every command is started under it."""
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
 CONTROL_MOUNT = "/run/opencode-env"
@@ -310,12 +311,12 @@ AGENT_UMASK = "002"
 
 @dataclass(frozen=True)
 class Helpers:
-    """Host programs every sandbox command may start with: a Python, the user-namespace starter (userns.py) and the
-    syscall filter's loader (seccomp_exec.py)."""
+    """Host programs every sandbox command may start with: a Python (its real path: a virtualenv's link may live
+    where a command's fresh /tmp hides it) and the user-namespace starter (userns.py). The syscall filter's loader
+    is copied into the control directory (SECCOMP_EXEC), which no mount of a command hides."""
 
     python: str
     userns: str
-    seccomp_exec: str
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,7 @@ def command_argv(
     # Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
     # within (the agent's own tools), reaps orphans and passes the command's exit status on.
     init = [*run("/bin/sh"), "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
-    filtered = [*run(helpers.python), "-I", "-S", runtime.inside(helpers.seccomp_exec)]
+    filtered = [*run(helpers.python), "-I", "-S", f"{CONTROL_MOUNT}/{SECCOMP_EXEC}"]
     filtered += [f"{CONTROL_MOUNT}/{SYSCALL_FILTER}", "--"]
     command = [*filtered, *init, *run("/bin/bash"), "-c", cmd]
     pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []

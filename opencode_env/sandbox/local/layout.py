@@ -20,7 +20,7 @@ from opencode_env.sandbox.base import (
     WORKDIR,
     SandboxError,
 )
-from opencode_env.sandbox.local import hostfs
+from opencode_env.sandbox.local import hostfs, seccomp_exec
 from opencode_env.sandbox.local.cgroup import Cgroup, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HostRuntime
 from opencode_env.sandbox.local.idmap import mount_idmapped
@@ -31,6 +31,7 @@ from opencode_env.sandbox.local.isolation import (
     HOSTS,
     IMAGE_UIDS,
     PASSWD,
+    SECCOMP_EXEC,
     SYSCALL_FILTER,
     TOOL_SHELL,
     HostIds,
@@ -72,6 +73,7 @@ def make_layout(base_dir: Path | None, disk_mb: int, runtime: HostRuntime | None
     for directory in (layout.control, layout.private):
         directory.mkdir()
     (layout.control / SYSCALL_FILTER).write_bytes(filter_program())
+    (layout.control / SECCOMP_EXEC).write_text(Path(seccomp_exec.__file__).read_text())
     (layout.control / "passwd").write_text(PASSWD)
     (layout.control / "group").write_text(GROUP)
     shell = layout.control / os.path.relpath(TOOL_SHELL, CONTROL_MOUNT)
