@@ -39,6 +39,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.local import hostfs, netns, userns
+from opencode_env.sandbox.local.admission import MemoryAdmission, budget_from_env
 from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup, Limits, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.egress import (
     LOOPBACK_NAMES,
@@ -645,6 +646,7 @@ class LocalBackend:
         base_dir: Path | None = None,
         extra_path: tuple[str, ...] = (),
         own_network: bool = True,
+        admission: MemoryAdmission | None = None,
     ) -> None:
         self._own_network = own_network
         self._reaped = False
@@ -655,8 +657,30 @@ class LocalBackend:
         self._base_dir = base_dir
         self._images = ImageStore(cache_root() / "images")
         self._default_image: str | None = None
+        self._admission = admission
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        """A sandbox, once its memory limit (and its proxy's) fits this machine's budget: see admission.py."""
+        if self._admission is None:
+            self._admission = MemoryAdmission(await asyncio.to_thread(budget_from_env))
+        admission, memory_mb = self._admission, spec.limits.memory_mb + PROXY_LIMITS.memory_bytes // 2**20
+        await admission.admit(memory_mb)
+        try:
+            sandbox = await self._create(spec)
+        except BaseException:
+            admission.release(memory_mb)
+            raise
+        discard = sandbox.on_close
+
+        def released(closed: LocalSandbox) -> None:
+            admission.release(memory_mb)
+            if discard is not None:
+                discard(closed)
+
+        sandbox.on_close = released
+        return sandbox
+
+    async def _create(self, spec: SandboxSpec) -> LocalSandbox:
         if not bwrap_available():
             raise SandboxError(INSTALL_HINT)
         if os.geteuid() != 0:

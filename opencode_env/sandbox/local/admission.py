@@ -1,0 +1,80 @@
+"""Memory admission for the local backend: sandboxes whose memory limits (their own plus their proxy's) would add up
+beyond what this machine can give wait for room, in arrival order, within their caller's deadline; one that could
+never fit is refused at once. The budget is the machine's memory times an overcommit factor
+(OPENCODE_ENV_MEMORY_OVERCOMMIT, default 4: a limit is a ceiling most rollouts never reach)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+
+from opencode_env.sandbox.base import SandboxError
+
+OVERCOMMIT_VAR = "OPENCODE_ENV_MEMORY_OVERCOMMIT"
+DEFAULT_OVERCOMMIT = 4.0
+
+
+def machine_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    raise SandboxError("cannot read MemTotal from /proc/meminfo")
+
+
+def budget_from_env(environ: Mapping[str, str] = os.environ) -> int:
+    raw = environ.get(OVERCOMMIT_VAR, "")
+    try:
+        factor = float(raw) if raw else DEFAULT_OVERCOMMIT
+    except ValueError as error:
+        raise SandboxError(f"{OVERCOMMIT_VAR}={raw!r} is not a number") from error
+    if factor <= 0:
+        raise SandboxError(f"{OVERCOMMIT_VAR} must be above 0, got {factor}")
+    return int(machine_memory_mb() * factor)
+
+
+class MemoryAdmission:
+    """Reservations of memory limits (MiB) against a budget. `admit` reserves at once when nobody waits and it fits,
+    else waits its turn (first come, first served); `release` (synchronous, callable from a close hook) hands freed
+    room to the waiters in order."""
+
+    def __init__(self, budget_mb: int) -> None:
+        self.budget_mb = budget_mb
+        self.reserved_mb = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def admit(self, memory_mb: int) -> None:
+        if memory_mb > self.budget_mb:
+            raise SandboxError(
+                f"memory_mb: {memory_mb} MiB (with the proxy's) is over this machine's budget of {self.budget_mb} MiB "
+                f"(its memory times {OVERCOMMIT_VAR}); it could never start here"
+            )
+        if not self._waiting and self.reserved_mb + memory_mb <= self.budget_mb:
+            self.reserved_mb += memory_mb
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (memory_mb, turn)
+        self._waiting.append(entry)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+                self._wake()
+            elif turn.done() and not turn.cancelled():
+                self.release(memory_mb)
+            raise
+
+    def release(self, memory_mb: int) -> None:
+        self.reserved_mb -= memory_mb
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting and self.reserved_mb + self._waiting[0][0] <= self.budget_mb:
+            memory_mb, turn = self._waiting.popleft()
+            if turn.done():
+                continue
+            self.reserved_mb += memory_mb
+            turn.set_result(None)

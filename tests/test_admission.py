@@ -1,0 +1,83 @@
+"""Memory admission on the local backend: sandboxes whose memory limits would add up beyond the machine's budget
+wait their turn (first come, first served, within their deadline); one that could never fit is refused with the
+field and the budget named."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import ResourceLimits, SandboxError, SandboxSpec
+from opencode_env.sandbox.local.admission import MemoryAdmission, budget_from_env, machine_memory_mb
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.images import HOST_IMAGE
+from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+
+SMALL = SandboxSpec(image=HOST_IMAGE, limits=ResourceLimits(memory_mb=64))
+"""64 MiB plus the proxy's 512: 576 MiB reserved."""
+
+
+async def test_reservations_wait_their_turn_in_order() -> None:
+    admission = MemoryAdmission(1000)
+    await admission.admit(600)
+    big = asyncio.ensure_future(admission.admit(600))
+    small = asyncio.ensure_future(admission.admit(100))
+    await asyncio.sleep(0.05)
+    assert (big.done(), small.done()) == (False, False), "the small one fits but waits behind the first waiter"
+    admission.release(600)
+    await asyncio.wait_for(asyncio.gather(big, small), timeout=1)
+    assert admission.reserved_mb == 700
+
+
+async def test_a_cancelled_waiter_gives_its_place_up() -> None:
+    admission = MemoryAdmission(1000)
+    await admission.admit(900)
+    waiter = asyncio.ensure_future(admission.admit(500))
+    after = asyncio.ensure_future(admission.admit(50))
+    await asyncio.sleep(0.05)
+    waiter.cancel()
+    await asyncio.wait_for(after, timeout=1)
+    assert admission.reserved_mb == 950
+
+
+async def test_what_could_never_fit_is_refused_at_once() -> None:
+    with pytest.raises(SandboxError, match=r"memory_mb: 2000 MiB .* budget of 1000 MiB"):
+        await MemoryAdmission(1000).admit(2000)
+
+
+def test_the_budget_is_the_machines_memory_times_the_factor() -> None:
+    assert budget_from_env({"OPENCODE_ENV_MEMORY_OVERCOMMIT": "0.5"}) == int(machine_memory_mb() * 0.5)
+    with pytest.raises(SandboxError, match="OPENCODE_ENV_MEMORY_OVERCOMMIT"):
+        budget_from_env({"OPENCODE_ENV_MEMORY_OVERCOMMIT": "lots"})
+
+
+async def test_a_sandbox_waits_for_room_and_starts_when_one_closes(opencode_binary: Path, sandbox_base: Path) -> None:
+    backend = LocalBackend(cached_tools, base_dir=sandbox_base, admission=MemoryAdmission(1200))
+    first = await backend.create(SMALL)
+    second = await backend.create(SMALL)
+    third = asyncio.ensure_future(backend.create(SMALL))
+    try:
+        await asyncio.sleep(0.5)
+        assert not third.done(), "two sandboxes hold 1,152 of 1,200 MiB: the third waits"
+        await first.close()
+        started = await asyncio.wait_for(third, timeout=30)
+        assert (await started.run("true", timeout_s=30)).exit_code == 0
+        await started.close()
+    finally:
+        await second.close()
+        if not third.done():
+            third.cancel()
+
+
+async def test_a_rollout_too_big_for_the_machine_says_so(opencode_binary: Path, sandbox_base: Path) -> None:
+    backend = LocalBackend(cached_tools, base_dir=sandbox_base, admission=MemoryAdmission(1000))
+    with ScriptedModelServer(demo_script()) as model:
+        result = await run_rollout(demo_request(model.base_url, memory_mb=4096), backend)
+    assert result.status == "sandbox_error"
+    assert "memory_mb: 4608 MiB" in (result.error or "")
