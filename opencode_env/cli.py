@@ -33,6 +33,7 @@ from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.pins import OPENCODE_VERSION
+from opencode_env.wire.summary import result_summary
 from opencode_env.wire.version import VERSION
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
@@ -52,20 +53,7 @@ def _progress(phase: Phase, message: str) -> None:
 
 
 def summarize(result: RolloutResult) -> str:
-    timings = result.timings.model_dump()
-    phases = ", ".join(f"{name[:-2]} {value:.2f}s" for name, value in timings.items() if value is not None)
-    tools = ", ".join(f"{call.tool}({call.status})" for call in result.tool_calls) or "none"
-    lines = [
-        f"status:     {result.status}" + (f" in {result.failed_phase}: {result.error}" if result.error else ""),
-        f"reward:     {result.reward} ({result.reward_source})",
-        f"turns:      {len(result.proxy_turns)} captured, {result.usage.llm_calls} LLM calls, "
-        f"{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} completion tokens",
-        f"tool calls: {tools}",
-        "verify:     " + ", ".join(f"exit {r.exit_code}" for r in result.verify_results),
-        f"timings:    {phases}; wall {result.wall_s:.2f}s",
-        f"sandbox:    {result.backend} {result.sandbox_id}, OpenCode {result.opencode_version}",
-    ]
-    return "\n".join(lines)
+    return result_summary(result)
 
 
 def _needs(names: Sequence[str]) -> str:

@@ -107,7 +107,7 @@ def build_mcp(rollouts: Rollouts) -> FastMCP:
             if ctx is not None:
                 await ctx.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        return await asyncio.to_thread(mcp_tool_result, await rollouts.run(request, progress))
+        return await asyncio.to_thread(mcp_tool_result, await rollouts.run(request, progress), request.result_text)
 
     signature, annotations = _tool_signature()
     run_rollout_tool.__signature__ = signature  # type: ignore[attr-defined]

@@ -13,23 +13,25 @@ from typing import Any
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
 
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire.models import ResultText, RolloutResult
+from opencode_env.wire.summary import tool_text
 from opencode_env.wire.version import VERSION
 
 SERVER_NAME = "opencode_env"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 
 
-def mcp_tool_result(result: RolloutResult) -> ToolResult:
-    """For the MCP transports: whole, so FastMCP passes it on instead of converting the model again."""
-    return ToolResult(
-        content=[TextContent(type="text", text=result.model_dump_json())],
-        structured_content=result.model_dump(mode="json"),
-    )
+def mcp_tool_result(result: RolloutResult, text: ResultText = "summary") -> ToolResult:
+    """For the MCP transports: whole in the structured content, so FastMCP passes it on instead of converting the
+    model again; the text block a short summary (a chat model's context is not filled with token arrays) unless the
+    caller asked for the JSON."""
+    block = result.model_dump_json() if text == "json" else tool_text(result)
+    return ToolResult(content=[TextContent(type="text", text=block)], structured_content=result.model_dump(mode="json"))
 
 
 def session_tool_result(result: RolloutResult) -> dict[str, Any]:
-    """For OpenEnv sessions (`/ws`, `/step`): the MCP tool result as an observation's `result` carries it."""
+    """For OpenEnv sessions (`/ws`, `/step`): the MCP tool result as an observation's `result` carries it, in the
+    shape OpenEnv's clients read (the text block the whole result as JSON: programs, not chat models, call here)."""
     as_json = result.model_dump(mode="json")
     return {
         "content": [{"type": "text", "text": result.model_dump_json(), "annotations": None, "meta": None}],

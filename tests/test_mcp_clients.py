@@ -140,3 +140,22 @@ def test_mcp_inspector_2_on_node_22_lists_the_tool(server: StubServer) -> None:
     version, _, listing = completed.stdout.partition("\n")
     assert version.startswith("v22.")
     assert [tool["name"] for tool in json.loads(listing)["tools"]] == ["run_rollout"]
+
+
+async def test_the_text_block_is_a_summary_unless_the_json_is_asked_for(server: StubServer) -> None:
+    """A chat model that calls the tool reads the text block: a few lines, not the result's token arrays; the whole
+    result stays in the structured content, and result_text='json' puts it in the text too."""
+    async with FastMCPClient(f"{server.url}/mcp") as client:
+        summary = await client.call_tool("run_rollout", stub_arguments("short"))
+        whole = await client.call_tool("run_rollout", {**stub_arguments("whole"), "result_text": "json"})
+    [text] = summary.content
+    assert text.type == "text"
+    lines = text.text.splitlines()
+    assert lines[0] == "task:       short"
+    assert lines[1].startswith("status:     agent_error")
+    assert "structured content" in lines[-1]
+    assert len(text.text) < 2_000
+    assert_stub_result(summary.structured_content)
+    [json_text] = whole.content
+    assert json_text.type == "text"
+    assert json.loads(json_text.text) == whole.structured_content

@@ -75,6 +75,7 @@ TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
 VerifySandbox = Literal["same", "fresh"]
 VerifyAs = Literal["grader", "root"]
+ResultText = Literal["summary", "json"]
 SetupAs = Literal["root", "user"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
 RecordedOutcome = Literal[
@@ -241,6 +242,11 @@ class RolloutRequest(BaseModel):
         "same",
         description="same: verify runs in the agent's sandbox, under a grader identity with a fresh HOME and /tmp; "
         "fresh: verify runs in a new sandbox into which only the agent's work dir is copied (stronger, slower).",
+    )
+    result_text: ResultText = Field(
+        "summary",
+        description="The MCP tool result's text block: summary (a few lines for a chat model; the whole result is in "
+        "the structured content) or json (the whole result as JSON text as well).",
     )
     verify_as: VerifyAs = Field(
         "grader",
