@@ -15,14 +15,17 @@ import asyncio
 import json
 from typing import Literal
 
+from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from opencode_env.wire.models import TOOL_NAME, RolloutRequest
 from server.disconnect import PendingReplies
 
 STANDARD_PATH = "/mcp"
 STANDARD_ALIASES = ("/mcp/stream",)
 MODERN_META_KEY = "io.modelcontextprotocol/protocolVersion"
 SHIM_METHODS = frozenset({"tools/list", "tools/call"})
+INVALID_PARAMS = -32602
 
 
 Route = Literal["openenv", "stateless", "standard"]
@@ -86,11 +89,37 @@ class McpRouter:
         body, replay = await _buffered(receive)
         route = route_post(list(scope.get("headers") or []), body)
         if route == "openenv" and path.rstrip("/") == STANDARD_PATH:
+            refusal = invalid_params_answer(body)
+            if refusal is not None:
+                await _answer_json(send, refusal)
+                return
             await self.app(standard_scope, replay, send)
         elif route == "stateless":
             await self.stateless(standard_scope, replay, send)
         else:
             await self.standard(standard_scope, replay, send)
+
+
+def invalid_params_answer(body: bytes) -> bytes | None:
+    """A plain JSON-RPC `tools/call` of run_rollout whose arguments are not a valid request, answered as JSON-RPC
+    says (-32602, invalid params, naming each field and its problem) instead of OpenEnv's -32603; None otherwise."""
+    message = json.loads(body)
+    params = message.get("params") if isinstance(message, dict) else None
+    if message.get("method") != "tools/call" or not isinstance(params, dict) or params.get("name") != TOOL_NAME:
+        return None
+    try:
+        RolloutRequest.model_validate(params.get("arguments") or {})
+    except ValidationError as error:
+        problems = [f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()]
+        refusal = {"code": INVALID_PARAMS, "message": f"invalid arguments for {TOOL_NAME}: " + "; ".join(problems)}
+        return json.dumps({"jsonrpc": "2.0", "id": message.get("id"), "error": refusal}).encode()
+    return None
+
+
+async def _answer_json(send: Send, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _until(closing: asyncio.Event, receive: Receive) -> Receive:

@@ -80,6 +80,17 @@ async def test_openenv_clients_keep_working_at_mcp(server: StubServer) -> None:
     assert_stub_result(answer["result"]["structured_content"])
 
 
+async def test_invalid_arguments_on_the_plain_json_rpc_path_are_invalid_params(server: StubServer) -> None:
+    """JSON-RPC's code for bad arguments (-32602), naming the field and its limit, not an internal error."""
+    plain = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+    plain["params"] = {"name": "run_rollout", "arguments": {**stub_arguments(), "memory_mb": 1}}
+    async with httpx.AsyncClient(timeout=60) as http:
+        answer = (await http.post(f"{server.url}/mcp", json=plain)).json()
+    assert answer["id"] == 7
+    assert answer["error"]["code"] == -32602
+    assert "memory_mb: Input should be greater than or equal to 64" in answer["error"]["message"]
+
+
 async def test_a_one_shot_call_without_a_session_is_served_by_the_standard_transport(server: StubServer) -> None:
     """curl and scripts: one tools/call with the streamable-HTTP headers, no initialize, no session."""
     message = {"jsonrpc": "2.0", "id": 5, "method": "tools/call"}
