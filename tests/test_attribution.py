@@ -140,4 +140,4 @@ def test_export_counts_the_unattributed_calls_it_left_out(tmp_path: Path, capsys
     captured = capsys.readouterr()
     [row] = [json.loads(line) for line in captured.out.splitlines()]
     assert (row["turns"], row["unattributed_turns"]) == ([0, 2], [1])
-    assert "1 rows from 1 rollouts (0 not completed, 1 unattributed calls)" in captured.err
+    assert "1 rows (1 usable, 0 not) from 1 rollouts (0 not completed, 1 unattributed calls)" in captured.err

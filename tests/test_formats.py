@@ -12,9 +12,9 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.training.formats import harness_result, rollout_reward, training_rows, trl_batch
+from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
 from opencode_env.training.trl_rollout import InProcess, make_rollout_func
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 from tests.test_training import history, result_of, turn
 
 EOS = 99
@@ -124,7 +124,28 @@ def test_export_writes_jsonl_rows(tmp_path: Path, capsys: pytest.CaptureFixture[
         [10, EOS, 50, 11, EOS],
         [12, EOS],
     ]
-    assert "2 rows from 2 rollouts" in captured.err
+    assert "2 rows (2 usable, 0 not) from 2 rollouts" in captured.err
+
+
+def test_export_leaves_oracle_runs_out_and_counts_rows_honestly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    oracle = RolloutResult(task_id="solved-by-its-solution", oracle=True, reward=1.0)
+    failed = clean().model_copy(update={"status": "agent_timeout"})
+    paths = []
+    for index, result in enumerate([clean(), oracle, failed]):
+        path = tmp_path / f"r{index}.json"
+        path.write_text(result.model_dump_json())
+        paths.append(str(path))
+    assert main(["export", "--format", "trl", *paths]) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert [row["task_id"] for row in rows] == [clean().task_id, clean().task_id]
+    assert "2 rows" in captured.err
+    assert "from 2 rollouts (1 not completed" in captured.err
+    assert "1 oracle runs left out" in captured.err
+    [placeholder] = training_rows([oracle])
+    assert (placeholder.usable, placeholder.problem) == (False, ORACLE_PROBLEM)
 
 
 def test_export_names_a_file_that_is_not_a_result(tmp_path: Path) -> None:

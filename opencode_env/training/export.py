@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from opencode_env.training.formats import training_rows
+from opencode_env.training.formats import TrainingRow, training_rows
 from opencode_env.training.sequences import unattributed_turns
 from opencode_env.wire.models import RolloutResult
 
@@ -41,22 +41,29 @@ def read_results(paths: list[Path]) -> list[RolloutResult]:
     return results
 
 
-def write_rows(results: list[RolloutResult], row_format: str, out: TextIO, filler_token_id: int = 0) -> int:
-    rows = training_rows(results, every_sequence=row_format == "sequences", filler_token_id=filler_token_id)
-    for row in rows:
-        out.write(row.model_dump_json() + "\n")
-    return len(rows)
-
-
 def run_export(args: argparse.Namespace) -> int:
-    results = read_results(args.results)
+    """Rows of every result but oracle runs (the task's solution ran, no model: nothing to train on), which are left
+    out and counted; the summary counts the rows' own usability."""
+    everything = read_results(args.results)
+    results = [result for result in everything if not result.oracle]
+    rows = training_rows(results, every_sequence=args.row_format == "sequences", filler_token_id=args.filler_token_id)
     if args.output is None:
-        count = write_rows(results, args.row_format, sys.stdout, args.filler_token_id)
+        _write(rows, sys.stdout)
     else:
         with args.output.open("w") as out:
-            count = write_rows(results, args.row_format, out, args.filler_token_id)
-    unusable = sum(1 for result in results if result.status != "completed")
+            _write(rows, out)
+    usable = sum(1 for row in rows if row.usable)
+    not_completed = sum(1 for result in results if result.status != "completed")
     unattributed = sum(len(unattributed_turns(result)) for result in results)
-    summary = f"{count} rows from {len(results)} rollouts ({unusable} not completed, {unattributed} unattributed calls)"
-    print(summary, file=sys.stderr)
+    print(
+        f"{len(rows)} rows ({usable} usable, {len(rows) - usable} not) from {len(results)} rollouts "
+        f"({not_completed} not completed, {unattributed} unattributed calls); "
+        f"{len(everything) - len(results)} oracle runs left out",
+        file=sys.stderr,
+    )
     return 0
+
+
+def _write(rows: list[TrainingRow], out: TextIO) -> None:
+    for row in rows:
+        out.write(row.model_dump_json() + "\n")

@@ -70,6 +70,9 @@ TRL_EXTRA_KEYS = (
 )
 
 
+ORACLE_PROBLEM = "an oracle run: the task's solution ran, no model was called, nothing to train on"
+
+
 def _row(
     result: RolloutResult,
     found: TrainingSequences,
@@ -95,7 +98,9 @@ def _row(
             env_mask=[0],
             reward=None,
             usable=False,
-            problem=found.no_sequences_reason or result.error or f"no sequence ({result.status})",
+            problem=ORACLE_PROBLEM
+            if result.oracle
+            else found.no_sequences_reason or result.error or f"no sequence ({result.status})",
             dropped_turns=agent_turns,
             **common,
         )
