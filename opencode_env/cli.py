@@ -68,25 +68,37 @@ def _add_serving_backend_argument(parser: argparse.ArgumentParser) -> None:
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     help_text = f"where the rollout runs ({_needs(backend_names())})"
     parser.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help=help_text)
-    parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
-    parser.add_argument("--base-url", default="")
-    parser.add_argument("--model", default="")
-    parser.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
+    model = parser.add_argument_group("the model (or the VLLM_URL / OPENAI_* / HF_* variables of an --endpoint)")
+    model.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="", help="a named endpoint")
+    model.add_argument("--base-url", default="", help="an OpenAI-compatible base URL, e.g. http://gpu:8000/v1")
+    model.add_argument("--model", default="", help="the model id the endpoint serves")
+    model.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--instruction", help="the task for the agent")
     source.add_argument("--instruction-file", type=Path, help="a file holding the task for the agent")
     source.add_argument("--task", type=Path, metavar="DIR", help="a Harbor task directory (its image built once)")
     parser.add_argument("--oracle", action="store_true", help="with --task: run its solution/solve.sh, no agent")
     parser.add_argument("--image", default="", help="the sandbox's image (see RolloutRequest.image)")
-    parser.add_argument("--setup", action="append", default=[], metavar="CMD")
-    parser.add_argument("--verify", action="append", default=[], metavar="CMD")
-    parser.add_argument("--task-id", default="")
-    parser.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
-    parser.add_argument("--agent-timeout", type=float, default=600.0, metavar="S")
-    parser.add_argument("--max-tokens-cap", type=int, default=4096, metavar="N")
-    parser.add_argument("--top-logprobs", type=int, default=5, metavar="K")
-    parser.add_argument("--disable-thinking", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--template", default="")
+    parser.add_argument("--workdir", default="", help="the agent's work dir (default /home/user/workdir)")
+    parser.add_argument("--setup", action="append", default=[], metavar="CMD", help="a setup command (repeat)")
+    parser.add_argument("--verify", action="append", default=[], metavar="CMD", help="a verify command (repeat)")
+    parser.add_argument("--task-id", default="", help="your label for the task, echoed in the result")
+    parser.add_argument(
+        "--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy", help="capture or not"
+    )
+    parser.add_argument(
+        "--network", choices=["internet", "model_only"], default="internet", help="the sandbox's way out"
+    )
+    parser.add_argument("--agent-timeout", type=float, default=600.0, metavar="S", help="the agent's time limit")
+    parser.add_argument("--setup-timeout", type=float, default=300.0, metavar="S", help="each setup command's limit")
+    parser.add_argument("--verify-timeout", type=float, default=300.0, metavar="S", help="each verify command's limit")
+    parser.add_argument("--max-tokens-cap", type=int, default=4096, metavar="N", help="max_tokens per model call")
+    parser.add_argument("--top-logprobs", type=int, default=5, metavar="K", help="alternatives kept per token")
+    parser.add_argument(
+        "--disable-thinking", action=argparse.BooleanOptionalAction, default=None, help="enable_thinking=false"
+    )
+    parser.add_argument("--template", default="", help="an E2B template (an alias of --image there)")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="write the result JSON here instead of stdout")
 
 
 def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
@@ -102,6 +114,10 @@ def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
     instruction = args.instruction if args.instruction is not None else args.instruction_file.read_text()
     return RolloutRequest(
         image=args.image,
+        workdir=args.workdir,
+        network=args.network,
+        setup_timeout_s=args.setup_timeout,
+        verify_timeout_s=args.verify_timeout,
         endpoint=args.endpoint,
         base_url=args.base_url,
         api_key=api_key,
@@ -146,7 +162,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"opencode-env: {error}", file=sys.stderr)
         return 2
     result = asyncio.run(run_rollout(request, make_backend(args.backend), progress=_progress))
-    print(result.model_dump_json(indent=2))
+    if args.out is not None:
+        args.out.write_text(result.model_dump_json(indent=2))
+        print(summarize(result), file=sys.stderr)
+    else:
+        print(result.model_dump_json(indent=2))
+    if result.status == "invalid_request":
+        hint = (
+            " (on the command line: --base-url and --model, or --endpoint)"
+            if "base_url" in (result.error or "")
+            else ""
+        )
+        print(f"opencode-env run: {result.error}{hint}", file=sys.stderr)
+        return 2
     return 0 if result.status == "completed" else 1
 
 
