@@ -54,12 +54,14 @@ def round_trip(result: RolloutResult) -> RolloutResult:
     via_dict = RolloutResult.model_validate(standard_json(json.dumps(result.model_dump(mode="json"), allow_nan=False)))
     assert via_dict.model_dump_json() == text
 
-    tool = mcp_tool_result(result)
+    tool = mcp_tool_result(result, "json")
     schema = RolloutResult.model_json_schema(mode="serialization")
     validators.validator_for(schema)(schema).validate(tool.structured_content)
     structured = json.dumps(tool.structured_content, allow_nan=False)
     assert RolloutResult.model_validate(standard_json(structured)).model_dump_json() == text
     assert RolloutResult.model_validate_json(tool.content[0].text).model_dump_json() == text  # type: ignore[union-attr]
+    summary = mcp_tool_result(result).content[0].text  # type: ignore[union-attr]
+    assert f"status:     {result.status}" in summary
 
     splices = Splices()
     frame = splices.splice(json.dumps({"result": splices.hold(session_tool_result_json(result))}))
