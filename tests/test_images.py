@@ -19,7 +19,7 @@ from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT
-from opencode_env.sandbox.local.images import DEFAULT_IMAGE_VAR
+from opencode_env.sandbox.local.images import DEFAULT_IMAGE_VAR, ImageStore
 from opencode_env.sandbox.local.isolation import UID_BASE
 from opencode_env.sandbox.local.tools import cache_root, cached_tools
 from opencode_env.testing.demo import demo_request
@@ -62,6 +62,7 @@ def busybox_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     yield BUSYBOX_IMAGE
     subprocess.run(["podman", "rmi", "--force", BUSYBOX_IMAGE], check=False, capture_output=True)
+    ImageStore(cache_root() / "images").prune()
 
 
 @pytest.fixture
@@ -233,6 +234,39 @@ async def test_an_image_not_on_this_machine_is_never_pulled(backend: LocalBacken
     assert result.status == "sandbox_error"
     assert "never pulled" in (result.error or "")
     assert "never-pulled" in (result.error or "")
+
+
+async def test_prune_removes_what_storage_dropped_but_never_what_is_mounted(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    store = ImageStore(cache_root() / "images")
+    archive = tmp_path / "tiny.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add("/bin/busybox", "bin/busybox")
+        link = tarfile.TarInfo("bin/sh")
+        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+        tar.addfile(link)
+    tags = [f"localhost/opencode-env-test/prune-{name}:{os.getpid()}" for name in ("gone", "mounted")]
+    for index, tag in enumerate(tags):
+        changed = ["--change", f"ENV MARK={index}-{RUN_MARK}"]
+        made = await asyncio.create_subprocess_exec("podman", "import", "--quiet", *changed, str(archive), tag)
+        assert await made.wait() == 0
+    gone, mounted = (store.prepare(tag) for tag in tags)
+    sandbox = await backend.create(SandboxSpec(image=tags[1]))
+    try:
+        for tag in tags:
+            removed = await asyncio.create_subprocess_exec(
+                "podman", "rmi", "--force", tag, stdout=asyncio.subprocess.DEVNULL
+            )
+            assert await removed.wait() == 0
+        pruned = store.prune()
+        assert gone.image_id.removeprefix("sha256:") in pruned
+        assert not gone.rootfs.exists()
+        assert mounted.rootfs.exists(), "a tree a rollout has mounted stays"
+        assert await _sh(sandbox, "busybox echo still-here") == "still-here"
+    finally:
+        await sandbox.close()
+    assert mounted.image_id.removeprefix("sha256:") in store.prune()
 
 
 def test_busybox_image_has_no_libc(busybox_image: str) -> None:

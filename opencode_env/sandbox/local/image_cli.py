@@ -31,6 +31,14 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prune(_: argparse.Namespace) -> int:
+    removed = ImageStore(cache_root() / "images").prune()
+    for image_id in removed:
+        print(image_id)
+    print(f"removed {len(removed)} unpacked image(s) no longer in podman's storage", file=sys.stderr)
+    return 0
+
+
 def add_image_parser(subparsers: Any) -> None:
     image = subparsers.add_parser("image", help="the local backend's images (build the base image, prepare one)")
     commands = image.add_subparsers(dest="image_command", required=True)
@@ -47,3 +55,7 @@ def add_image_parser(subparsers: Any) -> None:
     prepare = commands.add_parser("prepare", help="unpack an image into the cache now, not at its first rollout")
     prepare.add_argument("image", help="a name in podman's storage, oci-archive:PATH or docker-archive:PATH")
     prepare.set_defaults(handler=_cmd_prepare)
+    prune = commands.add_parser(
+        "prune", help="remove unpacked images that are gone from podman's storage (never one a rollout has mounted)"
+    )
+    prune.set_defaults(handler=_cmd_prune)

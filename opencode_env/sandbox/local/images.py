@@ -128,6 +128,26 @@ class ImageStore:
         self._resolved[ref] = (stamp, described)
         return dict(described)
 
+    def prune(self) -> list[str]:
+        """Remove the unpacked trees of images no longer in podman's storage, unless a rollout still has one mounted;
+        returns the ids removed."""
+        if not self.root.is_dir():
+            return []
+        in_use = _mounted_sources()
+        removed = []
+        for directory in sorted(self.root.iterdir()):
+            if not directory.is_dir() or len(directory.name) != 64 or _exists(directory.name):
+                continue
+            rootfs = str(directory / "rootfs")
+            if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
+                continue
+            with (directory / ".lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                (directory / ".complete").unlink(missing_ok=True)
+            shutil.rmtree(directory)
+            removed.append(directory.name)
+        return removed
+
     def _unpacked(self, image_id: str) -> Path:
         directory = self.root / image_id.removeprefix("sha256:")[:64]
         rootfs = directory / "rootfs"
@@ -152,6 +172,12 @@ class ImageStore:
             (directory / ".complete").write_text(image_id)
             log.info("unpacked image %s into %s", image_id[:19], rootfs)
         return rootfs
+
+
+def _mounted_sources() -> set[str]:
+    """The source paths of this mount namespace's mounts (/proc/self/mountinfo's fourth field: the root of the
+    mount within its file system, which for an id-mapped view of an unpacked image is that image's tree)."""
+    return {line.split(" ")[3] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
 def _storage_stamp() -> int:
