@@ -91,6 +91,7 @@ class TraceWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._compactor = TraceCompactor()
         self.turns_written = 0
+        self.completion_tokens_written = 0
 
     def write_turn(self, pending: Pending, fold: Fold | None) -> None:
         record = pending.record
@@ -101,6 +102,7 @@ class TraceWriter:
             self._write({"type": "tools", "sha256": blob[0], "tools": blob[1]})
         self._write({"type": "turn", **record, "request": request, **prompt})
         self.turns_written += 1
+        self.completion_tokens_written += len(fold.tokens) if fold else 0
 
     def write_undelivered(self, relayed: Relayed) -> None:
         detail = f"the agent's connection closed before it had read the whole response ({relayed.size} bytes relayed)"
@@ -424,7 +426,13 @@ class ProxyApp:
         self._expected = f"bearer {token}".encode("latin-1") if token else b""
 
     async def _health(self) -> dict[str, Any]:
-        return {"ok": True, "turns_written": self.proxy.trace.turns_written, "pending": self.proxy.pending()}
+        trace = self.proxy.trace
+        return {
+            "ok": True,
+            "turns_written": trace.turns_written,
+            "completion_tokens_written": trace.completion_tokens_written,
+            "pending": self.proxy.pending(),
+        }
 
     async def _drain(self) -> dict[str, Any]:
         return {"turns_written": await self.proxy.drain()}

@@ -62,6 +62,10 @@ T = TypeVar("T")
 EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
 WORKDIR_COPY_LIMIT = 256 * 2**20
+AGENT_PROGRESS_S = {"local": 1.0}
+"""How often the agent phase's progress asks the proxy how many model calls it recorded: each second where the
+proxy is a unix socket away, every CLOUD_PROGRESS_S where asking starts a process in a cloud VM."""
+CLOUD_PROGRESS_S = 5.0
 INSTALL_TIMEOUT_S = 600.0
 INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
@@ -428,12 +432,34 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
     agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env, identity="agent"))
     if proxy is not None:
         await _proxy_healthy_or_stop(rollout, proxy, agent)
-    outcome = await agent
+        watcher = asyncio.ensure_future(_report_model_calls(rollout, proxy, agent))
+        try:
+            outcome = await agent
+        finally:
+            if not agent.done() or agent.cancelled() or _cancelling():
+                watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    else:
+        outcome = await agent
     rollout.result.agent_exit_code = outcome.exit_code
     if outcome.timed_out:
         raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
     if outcome.exit_code != 0:
         raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+
+
+async def _report_model_calls(rollout: _Rollout, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
+    """Progress inside the agent phase: each time the proxy has recorded another model call, how many and how many
+    tokens the model sampled so far (read from the proxy's health answer, off its hot path)."""
+    reported, every_s = 0, AGENT_PROGRESS_S.get(rollout.backend.name, CLOUD_PROGRESS_S)
+    while not agent.done():
+        await asyncio.wait({agent}, timeout=every_s)
+        health = await proxy.call("/healthz", "GET", 1.0)
+        calls = int(health.get("turns_written", 0)) if health else 0
+        if calls > reported:
+            reported = calls
+            tokens = int(health.get("completion_tokens_written", 0)) if health else 0
+            await rollout.report("agent", f"{calls} model call{'s' * (calls != 1)} recorded, {tokens} tokens sampled")
 
 
 def _after_verify_reserve(rollout: _Rollout) -> float:
