@@ -7,7 +7,7 @@ from collections.abc import Callable
 from html import escape
 from urllib.parse import quote
 
-from opencode_env.evals.summary import AttemptOutcome, EvalSummary, Tally
+from opencode_env.evals.summary import AttemptOutcome, EvalSummary, Tally, number, tally_cells
 from opencode_env.viewer.page import html_document
 
 Href = Callable[[str, int], str]
@@ -37,10 +37,6 @@ p.note { color: var(--muted); font-size: 12.5px; }
 """
 
 
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def _statuses(tally: Tally) -> str:
     scored = ", ".join(f"{status} {count}" for status, count in sorted(tally.statuses.items()))
     infra = ", ".join(f"{status} {count}" for status, count in sorted(tally.infrastructure_failures.items()))
@@ -64,18 +60,8 @@ def _attempt_link(task_id: str, outcome: AttemptOutcome, threshold: float, href:
 
 
 def _cells(tally: Tally, pass_k: str) -> str:
-    values = [
-        str(tally.attempts),
-        str(tally.scored),
-        str(tally.successes),
-        _number(tally.pass_at_1),
-        pass_k,
-        _number(tally.mean_reward),
-        str(sum(tally.infrastructure_failures.values())),
-        str(tally.total_tokens),
-        f"{tally.rollout_s:.1f}",
-    ]
-    return "".join(f"<td>{escape(value)}</td>" for value in values) + f'<td class="statuses">{_statuses(tally)}</td>'
+    cells = "".join(f"<td>{escape(value)}</td>" for value in tally_cells(tally, pass_k))
+    return cells + f'<td class="statuses">{_statuses(tally)}</td>'
 
 
 def _task_rows(summary: EvalSummary, href: Href) -> str:
@@ -84,7 +70,7 @@ def _task_rows(summary: EvalSummary, href: Href) -> str:
         marker = "*" if task.task_id in summary.reduced_k else ""
         links = " ".join(_attempt_link(task.task_id, outcome, summary.threshold, href) for outcome in task.outcomes)
         rows.append(
-            f'<tr><td class="name">{escape(task.task_id)}</td>{_cells(task, _number(task.pass_at_k) + marker)}'
+            f'<tr><td class="name">{escape(task.task_id)}</td>{_cells(task, number(task.pass_at_k) + marker)}'
             f'<td class="attempts">{links}</td></tr>'
         )
     return "".join(rows)
@@ -116,7 +102,7 @@ def render_index(summary: EvalSummary, href: Href) -> str:
         f"k={summary.k}, model {summary.model or '-'}, {len(summary.tasks)} tasks, "
         f"{summary.overall.attempts} attempts; this run took {summary.run_wall_s:.1f}s"
     )
-    overall = _cells(summary.overall, _number(summary.overall.pass_at_k))
+    overall = _cells(summary.overall, number(summary.overall.pass_at_k))
     footer = f'<tfoot><tr><td class="name">overall</td>{overall}<td></td></tr></tfoot>'
     table = f"<table>{_header(summary.k)}<tbody>{_task_rows(summary, href)}</tbody>{footer}</table>"
     body = f'<main><h1>opencode-env eval</h1><p class="meta">{escape(meta)}</p>{table}{_notes(summary)}</main>'

@@ -201,8 +201,9 @@ def summarize_results(
     return summarize(outcomes, k=k, threshold=threshold, model=model)
 
 
-def _number(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def number(value: float | None) -> str:
+    """A rate or mean as the table and the index page show it: three decimals, '-' for none."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _statuses(tally: Tally) -> str:
@@ -211,17 +212,16 @@ def _statuses(tally: Tally) -> str:
     return scored + (f"; infrastructure: {infra}" if infra else "")
 
 
-def _row(name: str, tally: Tally, pass_k: str) -> list[str]:
-    infra = sum(tally.infrastructure_failures.values())
+def tally_cells(tally: Tally, pass_k: str) -> list[str]:
+    """A tally's columns after its name, in the table's order (the index page shows the same)."""
     return [
-        name,
         str(tally.attempts),
         str(tally.scored),
         str(tally.successes),
-        _number(tally.pass_at_1),
+        number(tally.pass_at_1),
         pass_k,
-        _number(tally.mean_reward),
-        str(infra),
+        number(tally.mean_reward),
+        str(sum(tally.infrastructure_failures.values())),
         str(tally.total_tokens),
         f"{tally.rollout_s:.1f}",
     ]
@@ -234,8 +234,8 @@ def format_table(summary: EvalSummary) -> str:
     rows = [header]
     for task in summary.tasks:
         marker = "*" if task.task_id in summary.reduced_k else ""
-        rows.append(_row(task.task_id, task, _number(task.pass_at_k) + marker))
-    rows.append(_row("overall", summary.overall, _number(summary.overall.pass_at_k)))
+        rows.append([task.task_id, *tally_cells(task, number(task.pass_at_k) + marker)])
+    rows.append(["overall", *tally_cells(summary.overall, number(summary.overall.pass_at_k))])
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(f"statuses: {_statuses(summary.overall) or 'none'}")
