@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from opencode_env.sandbox.local.images import BASE_IMAGE
+from opencode_env.sandbox.local.images import BASE_IMAGE, image_exists
 from opencode_env.sandbox.local.tools import cache_root
 
 log = logging.getLogger("opencode_env.base_image")
@@ -39,11 +39,6 @@ class BaseImageError(Exception):
     """The base image could not be built."""
 
 
-def base_image_exists(tag: str = BASE_IMAGE) -> bool:
-    podman = shutil.which("podman")
-    return podman is not None and subprocess.run([podman, "image", "exists", tag], check=False).returncode == 0
-
-
 def build_base_image(
     *,
     suite: str = SUITE,
@@ -53,7 +48,7 @@ def build_base_image(
     say: Callable[[str], None] = log.info,
 ) -> str:
     """Build (or find) the base image; the Debian tree is cached as a tar, so a rebuild imports it again in seconds."""
-    if not force and base_image_exists(tag):
+    if not force and image_exists(tag):
         say(f"{tag} is in podman's storage already")
         return tag
     for program in ("debootstrap", "podman"):
@@ -62,27 +57,8 @@ def build_base_image(
     if os.geteuid() != 0:
         raise BaseImageError("building the base image needs root (debootstrap makes a root file system)")
     archive = _debian_tree(suite, mirror, force=force, say=say)
-    imported = subprocess.run(
-        [
-            "podman",
-            "import",
-            "--quiet",
-            "--change",
-            f"ENV PATH={PATH}",
-            "--change",
-            "ENV LANG=C.UTF-8",
-            "--change",
-            "WORKDIR /",
-            str(archive),
-            tag,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
-    if imported.returncode != 0:
-        raise BaseImageError(f"podman import failed: {imported.stderr.strip()[-800:]}")
+    changes = ["--change", f"ENV PATH={PATH}", "--change", "ENV LANG=C.UTF-8", "--change", "WORKDIR /"]
+    _run(["podman", "import", "--quiet", *changes, str(archive), tag], "podman import")
     say(f"imported {tag} from {archive}")
     return tag
 
@@ -96,15 +72,10 @@ def _debian_tree(suite: str, mirror: str, *, force: bool, say: Callable[[str], N
     root = Path(tempfile.mkdtemp(prefix="opencode-env-base-"))
     try:
         say(f"debootstrap {suite} with {', '.join(PACKAGES)} (a minute or two)")
-        made = subprocess.run(
+        _run(
             ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", suite, str(root), mirror],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
+            "debootstrap",
         )
-        if made.returncode != 0:
-            raise BaseImageError(f"debootstrap failed: {(made.stderr or made.stdout).strip()[-800:]}")
         for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
             marker.unlink()
         for leftovers in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -112,17 +83,18 @@ def _debian_tree(suite: str, mirror: str, *, force: bool, say: Callable[[str], N
                 if entry.is_file():
                     entry.unlink()
         staging = archive.with_name(f".{archive.name}.{os.getpid()}")
-        packed = subprocess.run(
-            ["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(staging), "."],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-        if packed.returncode != 0:
+        try:
+            _run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(staging), "."], "packing the tree")
+        except BaseImageError:
             staging.unlink(missing_ok=True)
-            raise BaseImageError(f"packing the Debian tree failed: {packed.stderr.strip()[-800:]}")
+            raise
         staging.rename(archive)
         return archive
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise BaseImageError(f"{what} failed: {(done.stderr or done.stdout).strip()[-800:]}")

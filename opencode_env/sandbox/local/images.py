@@ -47,7 +47,7 @@ def default_image(environ: dict[str, str] | os._Environ[str] = os.environ) -> st
     configured = environ.get(DEFAULT_IMAGE_VAR, "")
     if configured:
         return "" if configured == HOST_IMAGE else configured
-    return BASE_IMAGE if _podman() is not None and _exists(BASE_IMAGE) else ""
+    return BASE_IMAGE if image_exists(BASE_IMAGE) else ""
 
 
 def _podman() -> str | None:
@@ -61,8 +61,9 @@ def _run_podman(*args: str, timeout_s: float = PODMAN_TIMEOUT_S) -> subprocess.C
     return subprocess.run([podman, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
-def _exists(ref: str) -> bool:
-    return _run_podman("image", "exists", ref, timeout_s=60).returncode == 0
+def image_exists(ref: str) -> bool:
+    """Whether podman's storage holds `ref` (False when podman is not installed)."""
+    return _podman() is not None and _run_podman("image", "exists", ref, timeout_s=60).returncode == 0
 
 
 class ImageStore:
@@ -100,7 +101,7 @@ class ImageStore:
         key = f"{archive}:{stat.st_size}:{stat.st_mtime_ns}"
         loaded = self.root / "loaded.json"
         known = json.loads(loaded.read_text()) if loaded.is_file() else {}
-        if key in known and _exists(known[key]):
+        if key in known and image_exists(known[key]):
             return str(known[key])
         completed = _run_podman("load", "-i", str(archive))
         match = _LOADED.search(completed.stdout)
@@ -136,7 +137,7 @@ class ImageStore:
         in_use = _mounted_sources()
         removed = []
         for directory in sorted(self.root.iterdir()):
-            if not directory.is_dir() or len(directory.name) != 64 or _exists(directory.name):
+            if not directory.is_dir() or len(directory.name) != 64 or image_exists(directory.name):
                 continue
             rootfs = str(directory / "rootfs")
             if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
