@@ -40,6 +40,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxError,
     SandboxSpec,
+    task_path,
 )
 from opencode_env.sandbox.local.tools import InstallError
 from opencode_env.training.attribution import attribute_turns
@@ -328,9 +329,9 @@ async def _run_install_step(rollout: _Rollout, step: opencode.InstallStep) -> No
 async def _prepare(rollout: _Rollout) -> None:
     await rollout.report("prepare", "writing the task files and the instruction")
     if rollout.request.workdir:
-        await _hand_workdir_to_user(rollout)
+        await _hand_workdir_to_user(rollout, recursive=False)
     for path, content in rollout.request.files.items():
-        await rollout.sandbox.write_file(path if path.startswith("/") else f"{rollout.workdir}/{path}", content)
+        await rollout.sandbox.write_file(task_path(path, rollout.workdir), content)
     rollout.instruction_path = await rollout.sandbox.write_control_file("instruction.md", rollout.request.instruction)
 
 
@@ -372,14 +373,15 @@ async def _setup(rollout: _Rollout) -> None:
         failed = results[-1]
         why = "timed out" if failed.timed_out else f"exited {failed.exit_code}"
         raise PhaseFailure("setup_failed", "setup", f"setup command {len(results)} {why}: {failed.cmd[:200]}")
-    await _hand_workdir_to_user(rollout)
+    await _hand_workdir_to_user(rollout, recursive=True)
 
 
-async def _hand_workdir_to_user(rollout: _Rollout) -> None:
-    """The work dir, as setup (as root) or the image left it, becomes the agent's: made if missing, then every
-    entry owned by `user` (links themselves, never what they name)."""
+async def _hand_workdir_to_user(rollout: _Rollout, *, recursive: bool) -> None:
+    """The work dir becomes the agent's: made if missing and owned by `user` before setup (so setup and the task's
+    files have it), then, as setup (as root) or the image left it, every entry in it (links themselves, never what
+    they name)."""
     workdir = shlex.quote(rollout.workdir)
-    command = f"mkdir -p -- {workdir} && chown -R -h {SANDBOX_USER_IDS} -- {workdir}"
+    command = f"mkdir -p -- {workdir} && chown {'-R ' if recursive else ''}-h {SANDBOX_USER_IDS} -- {workdir}"
     handed = await rollout.sandbox.run(
         command, timeout_s=rollout.budget("setup", rollout.request.setup_timeout_s), cwd="/", identity="root"
     )

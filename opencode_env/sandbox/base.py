@@ -30,6 +30,11 @@ PRIVATE_ENV_PREFIX = "OPENCODE_ENV_"
 its tools, the tools never see them (the proxy's token travels in one)."""
 
 
+def task_path(path: str, workdir: str) -> str:
+    """Where a task file (`files`, `verify_files`) goes in the sandbox: its own absolute path, or under the work dir."""
+    return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
+
+
 class SandboxError(Exception):
     """The sandbox could not be created, reached or used (not a command's own failure)."""
 

@@ -43,9 +43,10 @@ from opencode_env.sandbox.base import (
     ProxyLaunch,
     SandboxError,
     SandboxSpec,
+    task_path,
 )
 from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
-from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER, handoff_script, protected_path
+from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER, handoff_script
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire.models import CommandResult, LimitHit
@@ -262,7 +263,7 @@ class E2BSandbox:
             raise SandboxError(f"could not hand the work dir to the grader in {self.sandbox_id}: {output[-500:]}")
         for path, text in protected.items():
             with _mapped(self.sandbox_id, "writing a protected file"):
-                await self._sandbox.files.write(protected_path(path, workdir), text, user=GRADER_USER)
+                await self._sandbox.files.write(task_path(path, workdir), text, user=GRADER_USER)
 
     def limits_hit(self) -> list[LimitHit]:
         return []

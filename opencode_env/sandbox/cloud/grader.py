@@ -14,7 +14,7 @@ import posixpath
 import shlex
 from collections.abc import Iterable
 
-from opencode_env.sandbox.base import HOME, LOGS_DIR, VERIFIER_DIR, WORKDIR
+from opencode_env.sandbox.base import HOME, LOGS_DIR, VERIFIER_DIR, WORKDIR, task_path
 
 GRADER_USER = "grader"
 GRADER_UID = 1001
@@ -31,11 +31,6 @@ GRADER_ENV = {
 def _plain_dir(path: str) -> str:
     quoted = shlex.quote(path)
     return f"{{ if [ -L {quoted} ] || {{ [ -e {quoted} ] && [ ! -d {quoted} ]; }}; then rm -f -- {quoted}; fi; }}"
-
-
-def protected_path(path: str, workdir: str) -> str:
-    """Where a protected file goes: its own absolute path, or relative to the work dir."""
-    return path if path.startswith("/") else posixpath.join(workdir, path)
 
 
 def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
@@ -63,7 +58,7 @@ def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
     lines += [f"rm -rf -- {shlex.quote(VERIFIER_DIR)}", f"mkdir -- {shlex.quote(VERIFIER_DIR)}"]
     lines += [f"chown {grader} -- {shlex.quote(VERIFIER_DIR)}"]
     for path in protected:
-        lines += _clear_path(protected_path(path, workdir), grader, workdir)
+        lines += _clear_path(task_path(path, workdir), grader, workdir)
     return "\n".join(lines) + "\n"
 
 

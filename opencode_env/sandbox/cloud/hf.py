@@ -40,10 +40,11 @@ from opencode_env.sandbox.base import (
     ProxyLaunch,
     SandboxError,
     SandboxSpec,
+    task_path,
 )
 from opencode_env.sandbox.cloud import hf_shell
 from opencode_env.sandbox.cloud.admission import Admission, limit_from_env
-from opencode_env.sandbox.cloud.grader import handoff_script, protected_path
+from opencode_env.sandbox.cloud.grader import handoff_script
 from opencode_env.sandbox.cloud.hf_sdk import (
     CALL_TIMEOUT_S,
     MAX_SANDBOXES_VAR,
@@ -299,7 +300,7 @@ class HFSandbox:
             raise SandboxError(f"could not hand the work dir to the grader: {result.stderr.strip()[-500:]}")
         for path, text in protected.items():
             payload = base64.b64encode(text.encode()).decode()
-            target = protected_path(path, workdir)
+            target = task_path(path, workdir)
             await self._file_command(hf_shell.write_file(target), f"write {target}", stdin=payload, identity="grader")
 
     async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:

@@ -37,6 +37,7 @@ from opencode_env.sandbox.base import (
     ResourceLimits,
     SandboxError,
     SandboxSpec,
+    task_path,
 )
 from opencode_env.sandbox.local import hostfs, netns, userns
 from opencode_env.sandbox.local.admission import MemoryAdmission, budget_from_env
@@ -48,7 +49,7 @@ from opencode_env.sandbox.local.egress import (
     LoopbackRelay,
     trusted_hosts_from_env,
 )
-from opencode_env.sandbox.local.host_runtime import HOST_ROOT, HostRuntime, host_programs, image_runtime
+from opencode_env.sandbox.local.host_runtime import BASE_PATH, HOST_ROOT, HostRuntime, host_programs, image_runtime
 from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore, PreparedImage, default_image
 from opencode_env.sandbox.local.isolation import (
     AGENT_HOME,
@@ -80,7 +81,6 @@ from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire.models import CommandResult, LimitHit
 
 log = logging.getLogger("opencode_env.local")
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Which certificates to trust is machine configuration, not a secret: tasks that install packages need it.
 TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 PIPE_DRAIN_S = 2.0
@@ -477,7 +477,7 @@ class LocalSandbox:
         await asyncio.to_thread(hostfs.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
         await asyncio.to_thread(hostfs.reset_dir, self.layout.grader_dir, "home", owner=grader, mode=0o700)
         for path, text in protected.items():
-            base, relative = self._relative(path if path.startswith("/") else f"{workdir}/{path}")
+            base, relative = self._relative(task_path(path, workdir))
             await asyncio.to_thread(hostfs.place_file, base, relative, text.encode("utf-8"), owner=grader)
 
     async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:

@@ -98,11 +98,12 @@ def _outermost(paths: set[str]) -> tuple[str, ...]:
 
 HOST_PROGRAMS = ("setpriv", "unshare", "sh", "bash", "mount", "env", "sed", "sleep")
 """What the local backend starts inside a sandbox: see isolation.py."""
-SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""Where the host's programs are looked up, and a sandbox command's PATH unless its image sets one."""
 
 
 def host_program(name: str) -> str:
-    found = shutil.which(name, path=SEARCH_PATH)
+    found = shutil.which(name, path=BASE_PATH)
     if found is None:
         raise SandboxError(f"{name} is not installed on this machine; the local backend needs it")
     return found

@@ -177,7 +177,7 @@ class Layout:
         return self.root / "rootfs"
 
 
-def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = (), prefix: str = "") -> list[str]:
+def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = ()) -> list[str]:
     """Re-expose runtime paths that a hidden root covers. bubblewrap creates the directories leading to them with
     their host modes (a 0700 CI checkout or /root), which the sandbox's uid could not cross: those directories
     exist only in the sandbox's tmpfs, so they are opened up there (never a host directory)."""
@@ -186,9 +186,9 @@ def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = (), pref
     argv: list[str] = []
     for path in paths:
         if path in bound:
-            argv += ["--ro-bind", path, prefix + path]
+            argv += ["--ro-bind", path, path]
     for path in writable:
-        argv += ["--bind", path, prefix + path]
+        argv += ["--bind", path, path]
     leading: set[str] = set()
     for path in bound:
         root = next(root for root in hidden if path.startswith(root + "/"))
@@ -197,7 +197,7 @@ def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = (), pref
             leading.add(f"{root}/{'/'.join(parts[:depth])}")
     for directory in sorted(leading):
         if not any(directory == path or directory.startswith(path + "/") for path in bound):
-            argv += ["--chmod", "0755", prefix + directory]
+            argv += ["--chmod", "0755", directory]
     return argv
 
 
@@ -206,11 +206,11 @@ def _host_home() -> str:
     return home if home not in ("", "/") else "/nonexistent"
 
 
-def _hidden_tmpfs(prefix: str = "") -> list[str]:
+def _hidden_tmpfs() -> list[str]:
     argv: list[str] = []
     for root in sorted({*HIDDEN_ROOTS, _host_home()}):
         if os.path.isdir(root) and not any(root.startswith(other + "/") for other in HIDDEN_ROOTS):
-            argv += ["--tmpfs", prefix + root]
+            argv += ["--tmpfs", root]
     return argv
 
 
