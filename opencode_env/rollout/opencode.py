@@ -96,6 +96,12 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _unix_seconds(milliseconds: Any) -> float | None:
+    """OpenCode stamps times in milliseconds since the epoch."""
+    value = _int(milliseconds)
+    return value / 1000 if value is not None and value > 0 else None
+
+
 def parse_events(text: str) -> AgentEvents:
     events = AgentEvents()
     for line in text.split("\n"):
@@ -122,12 +128,18 @@ def _apply_event(events: AgentEvents, event: dict[str, Any]) -> None:
         assert isinstance(state, dict)
         metadata = state.get("metadata") if isinstance(state.get("metadata"), dict) else {}
         assert isinstance(metadata, dict)
+        times = state.get("time") if isinstance(state.get("time"), dict) else {}
+        assert isinstance(times, dict)
+        session = part.get("sessionID")
         events.tool_calls.append(
             ToolCallSummary(
                 tool=str(part.get("tool", "")),
                 status=str(state.get("status", "")),
                 title=str(state.get("title", ""))[:200],
                 exit_code=_int(metadata.get("exit")),
+                started_at=_unix_seconds(times.get("start")),
+                ended_at=_unix_seconds(times.get("end")),
+                session_id=session[:200] if isinstance(session, str) else None,
             )
         )
     elif kind == "text":

@@ -4,7 +4,9 @@ Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResu
 kept as they are; everything added is optional with a safe default. Results are parsed leniently (unknown fields
 are ignored), so an older client reads a newer server's result.
 
-The wire shape of a result (schema_version 2; a result without `schema_version` is version 1):
+The wire shape of a result (schema_version 3; a result without `schema_version` is version 1; version 3 added
+`task`, `warnings` and each turn's session, parent session and prompt source, all optional, so every earlier
+result still parses):
 - In Python, `RolloutTurn.prompt_token_ids` always holds the turn's whole prompt.
 - On the wire, a turn whose prompt starts with an earlier turn's ids carries `prompt_base: {turn, count}` and
   `prompt_suffix_ids`, and an empty `prompt_token_ids`: its prompt is the first `count` ids of
@@ -78,6 +80,10 @@ VerifyAs = Literal["grader", "root"]
 ResultText = Literal["summary", "json"]
 SetupAs = Literal["root", "user"]
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
+TokenIn = Literal["off", "auto"]
+PromptSource = Literal["chat_template", "token_in"]
+"""How a turn's prompt ids were made: chat_template, the model server rendered the messages itself (every call);
+token_in, the proxy sent the previous turn's prompt + completion ids followed by the new messages' ids."""
 RecordedOutcome = Literal[
     "complete",
     "bad_request",
@@ -94,7 +100,7 @@ TurnOutcome = RecordedOutcome | Literal["cut_by_deadline"]
 LimitHit = Literal["memory", "processes", "disk"]
 
 TOOL_NAME = "run_rollout"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 COMPACTION_WINDOW = 4
 MAX_INSTRUCTION_CHARS = 200_000
 MAX_COMMANDS = 64
@@ -208,6 +214,14 @@ class RolloutRequest(BaseModel):
         None,
         description="Sampling parameters set on every model call by the capture proxy and recorded in each turn's "
         "request (transparent_proxy mode); None leaves the model server's defaults.",
+    )
+    token_in: TokenIn = Field(
+        "off",
+        description="auto: where the model server takes prompt token ids (a vLLM with /tokenize and "
+        "/v1/chat/completions/tokens), each agent turn's prompt is the previous turn's prompt + completion ids and "
+        "the new messages' ids, so the model sees its own earlier tokens exactly (reasoning a chat template would "
+        "drop included) and one training sequence covers the session; off: the server renders every prompt from "
+        "the messages (transparent_proxy mode).",
     )
     agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
     image: ImageRef = Field(
@@ -324,6 +338,8 @@ class RolloutRequest(BaseModel):
             raise ValueError("total_timeout_s must be at least 1 second")
         if self.sampling is not None and self.mode == "black_box":
             raise ValueError("sampling: set by the capture proxy, so transparent_proxy mode only (mode='black_box')")
+        if self.token_in != "off" and self.mode == "black_box":
+            raise ValueError("token_in: done by the capture proxy, so transparent_proxy mode only (mode='black_box')")
         return self
 
 
@@ -399,6 +415,16 @@ class RolloutTurn(BaseModel):
         description="Request fields the proxy overrode before forwarding (e.g. n: 64 sent as 1), with the "
         "values the agent sent.",
     )
+    session_id: str | None = Field(None, description="The OpenCode session that made the call (x-session-id).")
+    parent_session_id: str | None = Field(
+        None, description="For a sub-agent's call: the session that started it (OpenCode's own session store)."
+    )
+    prompt_source: PromptSource = Field(
+        "chat_template", description="How the prompt ids were made (token_in mode: see RolloutRequest.token_in)."
+    )
+    token_in_fallback: str | None = Field(
+        None, description="token_in mode: why this turn's prompt was rendered by the server instead (first turn, ...)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -422,6 +448,9 @@ class ToolCallSummary(BaseModel):
     status: str
     title: str = ""
     exit_code: int | None = None
+    started_at: WireFloat | None = Field(None, description="Unix time the tool started (OpenCode's event).")
+    ended_at: WireFloat | None = Field(None, description="Unix time the tool ended (OpenCode's event).")
+    session_id: str | None = Field(None, description="The OpenCode session whose step ran the tool.")
 
 
 class TokenUsage(BaseModel):
@@ -540,6 +569,11 @@ class RolloutResult(BaseModel):
         None,
         description="The request this rollout ran, without its api_key: a saved result can be compared or run "
         "again (`run_rollout(result.task)`, the key coming from the environment as usual).",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What a trainer should know before using the data, e.g. logprobs that may not be those of the "
+        "distribution that sampled (non-neutral top_p/top_k on a server that returns raw logprobs).",
     )
     schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
 
