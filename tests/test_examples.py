@@ -17,6 +17,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.wire.models import SCHEMA_VERSION
 from server.app import build_app
 from server.environment import configure
 
@@ -93,7 +94,7 @@ async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_
         exchanges = list(model.exchanges)
     wire = answer.structured_content
     assert wire is not None
-    assert wire["schema_version"] == 2
+    assert wire["schema_version"] == SCHEMA_VERSION == 3
     assert [turn["prompt_base"] is not None for turn in wire["proxy_turns"]] == [False, True, True]
     assert all(turn["prompt_token_ids"] == [] for turn in wire["proxy_turns"][1:])
     result = parse_result(wire)

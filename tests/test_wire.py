@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from opencode_env.client.client import parse_result
 from opencode_env.rollout.proxy_session import parse_trace
 from opencode_env.training.sequences import training_sequences
-from opencode_env.wire.models import MessagesBase, RolloutResult, RolloutTurn
+from opencode_env.wire.models import SCHEMA_VERSION, MessagesBase, RolloutResult, RolloutTurn
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V0_DEMO = FIXTURES / "result_v0_demo.json"
@@ -54,7 +54,7 @@ def long_rollout(turns: int, *, start: int = 200, completion: int = 20, tool_out
 def test_the_compact_shape_round_trips_losslessly_and_writes_each_prompt_id_once() -> None:
     result = long_rollout(50)
     wire = json.loads(result.model_dump_json())
-    assert wire["schema_version"] == 2
+    assert wire["schema_version"] == SCHEMA_VERSION == 3
     turns = wire["proxy_turns"]
     assert len(turns[0]["prompt_token_ids"]) == 200
     assert turns[0]["prompt_base"] is None
@@ -120,7 +120,7 @@ def test_bad_references_are_named() -> None:
 
 def test_a_client_reads_a_newer_servers_result() -> None:
     wire = json.loads(long_rollout(3).model_dump_json())
-    wire["schema_version"] = 3
+    wire["schema_version"] = SCHEMA_VERSION + 1
     wire["a_field_from_the_future"] = {"x": 1}
     wire["proxy_turns"][1]["another_new_field"] = [1, 2]
     result = parse_result(wire)

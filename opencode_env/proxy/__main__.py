@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-request-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
     parser.add_argument("--peer-uid", type=int, default=-1, help="with --peer-table-fd: the one uid that may call")
+    parser.add_argument("--token-in", action="store_true", help="send agent turns' prompts as token ids where possible")
     return parser.parse_args(argv)
 
 
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         max_request_bytes=args.max_request_bytes,
         upstream_address=args.upstream_address,
         peers=PeerOwners(args.peer_table_fd, args.peer_uid) if args.peer_table_fd >= 0 else None,
+        token_in=args.token_in,
     )
     app = create_app(settings)
     protocol = delivery_aware_protocol(app.proxy.deliveries)

@@ -37,6 +37,7 @@ from opencode_env.proxy.capture import (
 from opencode_env.proxy.delivery import Client, Deliveries, Relayed
 from opencode_env.proxy.json_values import loads
 from opencode_env.proxy.peers import PeerOwners
+from opencode_env.proxy.token_in import TOKENS_ROUTE, Ticket, TokenIn
 from opencode_env.proxy.upstream import (
     Origin,
     UpstreamDisconnected,
@@ -69,6 +70,8 @@ class ProxySettings:
     """A request body over this is answered 413 and recorded as the agent's doing, read no further."""
     peers: PeerOwners | None = None
     """Where set, a call from a socket any other uid owns is refused (403): only OpenCode itself calls the model."""
+    token_in: bool = False
+    """Send agent turns' prompts as token ids where the server takes them (see token_in.py)."""
 
     def __repr__(self) -> str:
         return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"
@@ -82,6 +85,7 @@ class Pending:
     started: float
     sent: dict[str, Any]
     record: dict[str, Any]
+    ticket: Ticket | None = None
 
 
 class TraceWriter:
@@ -128,15 +132,22 @@ class CaptureProxy:
         self._pending: set[asyncio.Task[Any]] = set()
         self._answering: set[asyncio.Task[Any]] = set()
         self.deliveries = Deliveries(self._undelivered)
+        origin = dataclasses.replace(Origin.parse(settings.upstream_url), connect_address=settings.upstream_address)
         self._pool = UpstreamPool(
-            dataclasses.replace(Origin.parse(settings.upstream_url), connect_address=settings.upstream_address),
+            origin, connect_timeout_s=settings.connect_timeout_s, idle_timeout_s=settings.idle_timeout_s
+        )
+        self._token_in = TokenIn() if settings.token_in else None
+        self._server_root = UpstreamPool(
+            dataclasses.replace(origin, base_path=server_root(origin.base_path)),
             connect_timeout_s=settings.connect_timeout_s,
             idle_timeout_s=settings.idle_timeout_s,
+            size=2,
         )
 
     async def aclose(self) -> None:
         await self.drain()
         self._pool.close()
+        self._server_root.close()
         self.trace.close()
 
     async def drain(self) -> int:
@@ -225,9 +236,13 @@ class CaptureProxy:
                 "clamped": clamped,
             },
         )
-        payload = _request_bytes(sent)
+        path, payload = "/chat/completions", _request_bytes(sent)
+        if self._token_in is not None:
+            path, payload = await self._token_in_route(pending, sent, incoming)
         try:
-            upstream = await self._pool.post("/chat/completions", payload, self._upstream_headers(incoming))
+            upstream = await self._pool.post(path, payload, self._upstream_headers(incoming))
+            if upstream.status == 404 and path == TOKENS_ROUTE:
+                upstream = await self._without_tokens_route(pending, upstream, incoming)
         except UpstreamStalled as error:
             await self._failed(send, pending, "stalled", 504, str(error))
             return
@@ -246,6 +261,60 @@ class CaptureProxy:
             await self._relay(receive, send, pending, upstream, client)
         else:
             await self._whole(send, pending, upstream)
+
+    async def _token_in_route(
+        self, pending: Pending, sent: dict[str, Any], incoming: dict[str, str]
+    ) -> tuple[str, bytes]:
+        """The route and body of a turn in token-in mode: its prompt as ids where it continues its session."""
+        assert self._token_in is not None
+        ticket = self._token_in.ticket(sent, incoming.get("x-session-id"), pending.record["kind"])
+        if isinstance(ticket, str):
+            pending.record["token_in_fallback"] = ticket
+            return "/chat/completions", _request_bytes(sent)
+        pending.ticket = ticket
+        plan = await self._token_in.plan(ticket, sent, lambda body: self._tokenize(body, incoming))
+        if plan.prompt_ids is None:
+            pending.record["token_in_fallback"] = plan.fallback
+            return "/chat/completions", _request_bytes(sent)
+        pending.record["prompt_source"] = "token_in"
+        return TOKENS_ROUTE, _request_bytes({**sent, "tokens": plan.prompt_ids})
+
+    async def _without_tokens_route(
+        self, pending: Pending, answer: UpstreamResponse, incoming: dict[str, str]
+    ) -> UpstreamResponse:
+        """The server has no token route: this turn and every later one take the chat route."""
+        assert self._token_in is not None
+        assert pending.ticket is not None
+        await answer.read()
+        reason = f"the server has no {self._pool.origin.base_path}{TOKENS_ROUTE} (404)"
+        self._token_in.route_missing(reason)
+        pending.ticket.sent_ids = None
+        pending.record.pop("prompt_source", None)
+        pending.record["token_in_fallback"] = reason
+        return await self._pool.post(
+            "/chat/completions", _request_bytes(pending.sent), self._upstream_headers(incoming)
+        )
+
+    async def _tokenize(self, body: dict[str, Any], incoming: dict[str, str]) -> list[int] | str:
+        """POST /tokenize at the server's root (vLLM): the ids the chat template gives, or why there are none."""
+        assert self._token_in is not None
+        try:
+            answer = await self._server_root.post("/tokenize", _request_bytes(body), self._upstream_headers(incoming))
+            raw = await answer.read()
+        except UpstreamError as error:
+            return f"/tokenize failed: {error}"
+        if answer.status == 404:
+            reason = f"the server has no {self._server_root.origin.base_path}/tokenize (404)"
+            self._token_in.route_missing(reason)
+            return reason
+        try:
+            parsed = loads(raw) if answer.status == 200 else None
+        except ValueError:
+            parsed = None
+        tokens = parsed.get("tokens") if isinstance(parsed, dict) else None
+        if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
+            return f"/tokenize answered {answer.status} without a list of token ids"
+        return tokens
 
     async def _failed(self, send: Send, pending: Pending, outcome: str, status: int, error: str) -> None:
         stop = self.breaker.could_not_connect() if outcome == "unreachable" else None
@@ -344,6 +413,8 @@ class CaptureProxy:
 
     async def _record(self, pending: Pending, fold: Fold | None) -> None:
         pending.record.setdefault("latency_s", round(time.monotonic() - pending.started, 6))
+        if pending.ticket is not None:
+            self._settle(pending, fold)
         self.trace.write_turn(pending, fold)
         record = pending.record
         log.info(
@@ -354,6 +425,28 @@ class CaptureProxy:
             record.get("outcome"),
             len(record.get("per_token_logps", [])),
         )
+
+    def _settle(self, pending: Pending, fold: Fold | None) -> None:
+        """Token-in mode: the session's state after this turn (the engine's prompt ids are the truth)."""
+        assert self._token_in is not None
+        assert pending.ticket is not None
+        ticket, record = pending.ticket, pending.record
+        if fold is None or record.get("outcome") != "complete" or not fold.aligned():
+            self._token_in.forget(ticket)
+            return
+        if ticket.sent_ids is not None and not fold.prompt_token_ids:
+            fold.prompt_token_ids = ticket.sent_ids
+        elif ticket.sent_ids is not None and fold.prompt_token_ids != ticket.sent_ids:
+            record["token_in_fallback"] = "the engine reported other prompt ids than the ones sent (its own are kept)"
+        if not fold.prompt_token_ids:
+            self._token_in.forget(ticket)
+            return
+        self._token_in.settle(ticket, fold.prompt_token_ids, fold.ids(), fold.finish_reason)
+
+
+def server_root(base_path: str) -> str:
+    """The server's root under an OpenAI-style base path ('/v1' -> ''), where vLLM serves /tokenize."""
+    return base_path[: -len("/v1")] if base_path.endswith("/v1") else base_path
 
 
 def _outcome(fold: Fold, streamed: bool) -> tuple[str, str | None]:

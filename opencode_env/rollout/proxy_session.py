@@ -63,6 +63,8 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> Pr
         args += ["--upstream-address", upstream.connect_address]
     if request.sampling is not None:
         args += ["--sampling", json.dumps(request.sampling.sent())]
+    if request.token_in == "auto":
+        args.append("--token-in")
     env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1"}
     return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 

@@ -94,13 +94,16 @@ def _message_segments(message: dict[str, Any]) -> list[Segment]:
     ]
 
 
-def render_prompt(messages: Sequence[dict[str, Any]]) -> list[Segment]:
+def render_prompt(messages: Sequence[dict[str, Any]], *, generation_prompt: bool = True) -> list[Segment]:
+    """Like a thinking model's template: an earlier reply is rendered without its reasoning, so a reply the model
+    sampled with reasoning is not a prefix of the next prompt."""
     segments: list[Segment] = []
     for message in messages:
         segments.extend(_message_segments(message))
-    segments.extend([Segment(IM_START, "special"), Segment("assistant\n")])
+    if generation_prompt:
+        segments.extend([Segment(IM_START, "special"), Segment("assistant\n")])
     return segments
 
 
-def prompt_token_ids(messages: Sequence[dict[str, Any]]) -> list[int]:
-    return [token for _, token, _ in tokenize_segments(render_prompt(messages))]
+def prompt_token_ids(messages: Sequence[dict[str, Any]], *, generation_prompt: bool = True) -> list[int]:
+    return [token for _, token, _ in tokenize_segments(render_prompt(messages, generation_prompt=generation_prompt))]

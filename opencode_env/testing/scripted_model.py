@@ -113,18 +113,25 @@ def _delta(token: PlannedToken, step: Step, first_of_call: bool, serial: int) ->
 class ScriptedModel:
     """The model's state: scripts per agent session, and the log of every exchange."""
 
-    def __init__(self, script: Script, *, model_name: str = "scripted-policy", seed: int = 7) -> None:
+    def __init__(
+        self, script: Script, *, model_name: str = "scripted-policy", seed: int = 7, token_routes: bool = False
+    ) -> None:
         self.script = script
         self.model_name = model_name
         self.exchanges: list[Exchange] = []
         self._cursors: dict[str, int] = {}
         self._seed = seed
-        self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
+        routes = [
+            Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ]
+        if token_routes:
+            routes += [
+                Route("/v1/chat/completions/tokens", self._chat_completions, methods=["POST"]),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
             ]
-        )
+        self.tokenize_requests: list[dict[str, Any]] = []
+        self.app = Starlette(routes=routes)
 
     def _next_step(self, session: str, request: dict[str, Any]) -> Step:
         if not request.get("tools"):
@@ -132,6 +139,14 @@ class ScriptedModel:
         index = self._cursors.get(session, 0)
         self._cursors[session] = index + 1
         return self.script.steps[index] if index < len(self.script.steps) else Step(content=self.script.final_text)
+
+    async def _tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize for chat messages: the ids the template gives, with or without the generation prompt."""
+        body = json.loads(await request.body())
+        self.tokenize_requests.append(body)
+        generation_prompt = bool(body.get("add_generation_prompt", True))
+        tokens = prompt_token_ids(body.get("messages", []), generation_prompt=generation_prompt)
+        return JSONResponse({"count": len(tokens), "max_model_len": 131_072, "tokens": tokens, "token_strs": None})
 
     async def _models(self, _: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
@@ -149,7 +164,13 @@ class ScriptedModel:
         top_k = int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
         rng = random.Random(self._seed * 1_000_003 + len(self.exchanges))
         exchange.tokens = plan_tokens(step, rng, top_k=max(top_k, 1))
-        exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []))
+        tokens = body.get("tokens")
+        if request.url.path.endswith("/tokens"):
+            if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
+                return JSONResponse({"error": {"message": "tokens: a list of token ids is required"}}, 400)
+            exchange.prompt_token_ids = list(tokens)
+        else:
+            exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []))
         if body.get("stream"):
             return StreamingResponse(self._stream(exchange, step, body), media_type="text/event-stream")
         return self._complete(exchange, step, body)

@@ -13,11 +13,14 @@ SESSION_HEADER = "x-session-id"
 
 
 def attribute_turns(turns: list[RolloutTurn]) -> int:
-    """Mark as "unattributed" every agent turn that does not name OpenCode's session; return how many were marked.
+    """Fill each turn's session_id from its header, and mark as "unattributed" every agent turn that does not name
+    OpenCode's session; return how many were marked.
 
     OpenCode's session is the one named by the first agent turn (in `turns`' order) that names one. Auxiliary and
     sub-agent turns are left as they are; a second call marks nothing more.
     """
+    for turn in turns:
+        turn.session_id = _session_of(turn)
     session = _opencode_session(turns)
     marked = 0
     for turn in turns:

@@ -10,7 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from opencode_env.wire.models import PromptBase, RecordedOutcome, TokenIdSource, TopLogprob, TurnKind
+from opencode_env.wire.models import (
+    PromptBase,
+    PromptSource,
+    RecordedOutcome,
+    TokenIdSource,
+    TopLogprob,
+    TurnKind,
+)
 
 
 class ToolsRecord(BaseModel):
@@ -59,6 +66,8 @@ class TurnRecord(BaseModel):
     token_id_source: TokenIdSource = "none"
     aligned: bool = False
     request: dict[str, Any] = Field(default_factory=dict)
+    prompt_source: PromptSource = "chat_template"
+    token_in_fallback: str | None = None
     prompt_base: PromptBase | None = None
     prompt_token_ids: list[int] = Field(default_factory=list)
 
