@@ -155,6 +155,31 @@ async def test_the_host_view_is_an_allow_list(image_box: LocalSandbox, canaries:
     assert await _sh(image_box, f"test -e {HOST_MOUNT}/etc/hostname || echo hidden", "root") == "hidden"
 
 
+async def test_a_sandbox_on_the_host_s_own_system_sees_only_its_system_directories(
+    backend: LocalBackend, canaries: list[Path]
+) -> None:
+    """Image "host": the host's programs, libraries and /etc, read-only; the checkout, /opt, /var and the operator's
+    homes are not there at all, and a build/test workload still runs."""
+    sandbox = await backend.create(SandboxSpec(image="host"))
+    try:
+        for canary in canaries:
+            for identity in ("user", "root"):
+                seen = await sandbox.run(f"cat {canary}", timeout_s=60, cwd="/", identity=identity)
+                assert seen.exit_code != 0, (identity, canary)
+                assert "No such file" in seen.stderr
+        for hidden in ("/opt", "/srv", "/var/lib", "/var/log"):
+            assert await _sh(sandbox, f"test -e {hidden} || echo hidden", "root") == "hidden", hidden
+        checkout = Path(__file__).resolve().parents[1]
+        shown = await _sh(sandbox, f"find /{checkout.parts[1]} -type f", "root")
+        assert shown == str(checkout / "opencode_env/sandbox/local/userns.py")
+        written = await sandbox.run("touch /usr/bin/x /etc/x", timeout_s=60, cwd="/", identity="root")
+        assert "Read-only file system" in written.stderr
+        work = "cd /home/user/workdir && git init -q && printf 'def test_a():\\n    assert 1\\n' > test_a.py"
+        assert await _sh(sandbox, f"{work} && python3 -c 'import json, ssl, sqlite3; print(1)'") == "1"
+    finally:
+        await sandbox.close()
+
+
 async def test_readme_example_runs_on_the_default_image(
     opencode_binary: Path, sandbox_base: Path, base_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -136,10 +136,19 @@ class LocalProcess:
 
 
 def runtime_paths(tools: ProvidedTools) -> list[str]:
-    """Host paths a sandbox needs to see even when they live under a hidden root (interpreters, OpenCode)."""
+    """Host paths the capture proxy's compartment needs even when they live under a hidden root (its interpreter,
+    its packages, this checkout)."""
     paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[3])}
     if tools.python:
         paths.add(str(Path(tools.python).parent.parent))
+    return sorted(paths)
+
+
+def sandbox_runtime_paths(tools: ProvidedTools) -> list[str]:
+    """What a sandbox on the host's own system sees of the host beyond its system directories: the standard library
+    userns.py and seccomp_exec.py run with (-I -S), userns.py itself, OpenCode's install, the trusted certificates;
+    never this checkout, its environment or its results."""
+    paths = {sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()}
     if tools.opencode:
         paths.add(_install_root(tools.opencode))
     return sorted(paths)
@@ -252,7 +261,7 @@ class LocalSandbox:
             *self._join(),
             *holder_argv(
                 self.layout,
-                runtime_paths(self._host_tools),
+                sandbox_runtime_paths(self._host_tools),
                 own_network=self._own_network,
                 config_deps=self.tools.opencode_config_deps,
                 image_root=self.layout.image_root if self.image is not None else None,

@@ -1,12 +1,13 @@
 """The local backend's process model, as argv builders (pure) plus the host uids a rollout runs as.
 
 One long-lived holder per rollout (bubblewrap, started as root) owns the rollout's mount, PID, network, IPC and
-UTS namespaces: the host's root filesystem read-only, host-only places (/home, /tmp, /run, /root, ...) hidden,
-the rollout's own tree mounted at /home/user and /tmp, loopback as its only network. Every command enters those
-namespaces (nsenter), drops to the rollout's own unprivileged host uid (setpriv) and runs as uid 1000 in a user
-namespace of its own (unshare), so no process of the sandbox holds a capability over any host resource. Agent and
-verify commands also get a PID namespace of their own, so killing a command ends everything it started; setup
-commands run in the holder's, so services they leave in the background live until the sandbox closes.
+UTS namespaces: an image's tree as its root (or, for image "host", the host's system directories read-only and
+nothing else of the host: SYSTEM_DIRS), the rollout's own tree mounted at /home/user and /tmp, loopback as its only
+network. Every command enters those namespaces (nsenter), drops to the rollout's own unprivileged host uid
+(setpriv) and runs as uid 1000 in a user namespace of its own (unshare), so no process of the sandbox holds a
+capability over any host resource. Agent and verify commands also get a PID namespace of their own, so killing a
+command ends everything it started; setup commands run in the holder's, so services they leave in the background
+live until the sandbox closes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import fcntl
 import os
 import random
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,12 @@ SYSCALL_FILTER = "syscalls.bpf"
 SECCOMP_EXEC = "seccomp_exec.py"
 """The syscall filter (syscall_filter.py), in the control directory: every command is started under it."""
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
+"""Our own compartments on the host's root (the capture proxy) see it read-only without these."""
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+"""All a sandbox on the host's own system (image "host") sees of the host, read-only: its programs, libraries and
+their configuration. The operator's files (checkouts and their results, homes, /opt, /srv, /var, data directories
+anywhere) are not there at all; the runtime paths our programs need are bound one by one."""
+EMPTY_DIRS = ("/tmp", "/var/tmp", "/run", "/home", "/root")
 CONTROL_MOUNT = "/run/opencode-env"
 PASSWD = (
     "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
@@ -177,26 +184,38 @@ class Layout:
         return self.root / "rootfs"
 
 
-def _binds_under_hidden(paths: Sequence[str], writable: Sequence[str] = ()) -> list[str]:
-    """Re-expose runtime paths that a hidden root covers. bubblewrap creates the directories leading to them with
-    their host modes (a 0700 CI checkout or /root), which the sandbox's uid could not cross: those directories
-    exist only in the sandbox's tmpfs, so they are opened up there (never a host directory)."""
-    hidden = (*HIDDEN_ROOTS, _host_home())
-    bound = [path for path in [*paths, *writable] if any(path.startswith(root + "/") for root in hidden)]
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _hidden_roots() -> tuple[str, ...]:
+    return (*HIDDEN_ROOTS, _host_home())
+
+
+def _outside_system(path: str) -> bool:
+    return not _under(path, SYSTEM_DIRS)
+
+
+def _inside_hidden_roots(path: str) -> bool:
+    return _under(path, _hidden_roots())
+
+
+def _runtime_binds(paths: Sequence[str], hidden: Callable[[str], bool], writable: Sequence[str] = ()) -> list[str]:
+    """Bind the runtime paths that `hidden` says the root does not show. bubblewrap creates the directories leading
+    to them with their host modes (a 0700 CI checkout or /root), which the sandbox's uid could not cross: those
+    directories exist only in the sandbox's own tmpfs, so they are opened up there (never a host directory)."""
+    bound = [path for path in [*paths, *writable] if hidden(path)]
     argv: list[str] = []
     for path in paths:
         if path in bound:
             argv += ["--ro-bind", path, path]
     for path in writable:
         argv += ["--bind", path, path]
-    leading: set[str] = set()
-    for path in bound:
-        root = next(root for root in hidden if path.startswith(root + "/"))
-        parts = path[len(root) + 1 :].split("/")[:-1]
-        for depth in range(1, len(parts) + 1):
-            leading.add(f"{root}/{'/'.join(parts[:depth])}")
+    leading = {
+        "/" + "/".join(path.strip("/").split("/")[:depth]) for path in bound for depth in range(1, path.count("/"))
+    }
     for directory in sorted(leading):
-        if not any(directory == path or directory.startswith(path + "/") for path in bound):
+        if hidden(directory) and not any(directory == path or directory.startswith(path + "/") for path in bound):
             argv += ["--chmod", "0755", directory]
     return argv
 
@@ -208,9 +227,24 @@ def _host_home() -> str:
 
 def _hidden_tmpfs() -> list[str]:
     argv: list[str] = []
-    for root in sorted({*HIDDEN_ROOTS, _host_home()}):
+    for root in sorted(set(_hidden_roots())):
         if os.path.isdir(root) and not any(root.startswith(other + "/") for other in HIDDEN_ROOTS):
             argv += ["--tmpfs", root]
+    return argv
+
+
+def system_root() -> list[str]:
+    """The root of a sandbox on the host's own system: SYSTEM_DIRS read-only (a merged-/usr link as a link), empty
+    places to write, and nothing else of the host."""
+    argv: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--dev", "/dev", "--dir", "/proc"]
+    for path in EMPTY_DIRS:
+        argv += ["--tmpfs", path]
     return argv
 
 
@@ -232,10 +266,10 @@ def holder_argv(
     `view`, read-only: an allow-list, nothing of the operator's), and /logs is the rollout's logs directory (Harbor's
     layout)."""
     if image_root is None:
-        root = ["--ro-bind", "/", "/", "--dev", "/dev", *_hidden_tmpfs()]
+        root = system_root()
         users = ["--ro-bind", str(layout.control / "passwd"), "/etc/passwd"]
         users += ["--ro-bind", str(layout.control / "group"), "/etc/group"]
-        host = _binds_under_hidden(runtime_paths)
+        host = _runtime_binds(runtime_paths, _outside_system)
     else:
         root = ["--bind", str(image_root), "/", "--dev", "/dev"]
         users = ["--ro-bind", str(layout.control / "hosts"), "/etc/hosts"]
@@ -459,7 +493,7 @@ def proxy_argv(layout: Layout, ids: HostIds, runtime_paths: Sequence[str], progr
         "--proc",
         "/proc",
         *_hidden_tmpfs(),
-        *_binds_under_hidden(runtime_paths, writable=[private, str(layout.sockets)]),
+        *_runtime_binds(runtime_paths, _inside_hidden_roots, writable=[private, str(layout.sockets)]),
         "--chdir",
         private,
         "--",
