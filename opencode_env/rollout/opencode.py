@@ -41,9 +41,11 @@ def install_commands(tools: ProvidedTools, *, proxy: bool) -> list[InstallStep]:
 
 
 def render_config(
-    *, base_url: str, model_id: str, max_tokens_cap: int, model_options: Mapping[str, Any]
+    *, base_url: str, model_id: str, max_tokens_cap: int, model_options: Mapping[str, Any], sub_agents: bool = False
 ) -> dict[str, Any]:
-    """The OpenCode config for one rollout; the API key is referenced by env var, never written here."""
+    """The OpenCode config for one rollout; the API key is referenced by env var, never written here. With
+    `sub_agents`, the task tool is allowed (its child sessions' calls are attributed through OpenCode's store)."""
+    denied = [tool for tool in DENIED_TOOLS if not (sub_agents and tool == "task")]
     model: dict[str, Any] = {"name": model_id, "limit": {"context": 262_144, "output": max_tokens_cap}}
     if model_options:
         model["options"] = dict(model_options)
@@ -59,7 +61,7 @@ def render_config(
         },
         "model": f"{PROVIDER_ID}/{model_id}",
         "small_model": f"{PROVIDER_ID}/{model_id}",
-        "permission": {"*": "allow", **dict.fromkeys(DENIED_TOOLS, "deny")},
+        "permission": {"*": "allow", **dict.fromkeys(denied, "deny")},
         "autoupdate": False,
         "share": "disabled",
         "snapshot": False,

@@ -139,6 +139,9 @@ class Sandbox(Protocol):
     """What isolation and limits are active (for the result): e.g. {"limits": "cgroup v1", "disk": "loop ext4"}."""
     opencode_data_dir: str
     """Where OpenCode keeps its sessions and logs (its XDG_DATA_HOME)."""
+    opencode_isolated: bool
+    """True where the agent's tools can neither write OpenCode's data nor call the proxy as OpenCode (the local
+    backend): OpenCode's own store then decides which session a call belongs to."""
 
     async def run(
         self,

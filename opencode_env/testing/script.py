@@ -51,6 +51,12 @@ def write(path: str, content: str) -> Step:
     return Step(tool_calls=[ToolCallStep(name="write", arguments={"filePath": path, "content": content})])
 
 
+def task(prompt: str, description: str = "A sub-task") -> Step:
+    """Start a sub-agent (OpenCode's task tool; the request must allow sub_agents)."""
+    arguments = {"description": description, "prompt": prompt, "subagent_type": "general"}
+    return Step(tool_calls=[ToolCallStep(name="task", arguments=arguments)])
+
+
 def fail(status: int, *, retry_after_s: float | None = None, message: str = "scripted failure") -> Step:
     kind = "server_error" if status >= 500 else "invalid_request_error"
     return Step(

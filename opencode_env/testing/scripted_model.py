@@ -114,9 +114,18 @@ class ScriptedModel:
     """The model's state: scripts per agent session, and the log of every exchange."""
 
     def __init__(
-        self, script: Script, *, model_name: str = "scripted-policy", seed: int = 7, token_routes: bool = False
+        self,
+        script: Script,
+        *,
+        model_name: str = "scripted-policy",
+        seed: int = 7,
+        token_routes: bool = False,
+        sub_script: Script | None = None,
     ) -> None:
         self.script = script
+        self.sub_script = sub_script
+        """Played in every session after the first (sub-agents OpenCode's task tool starts); None: the script."""
+        self._first_session: str | None = None
         self.model_name = model_name
         self.exchanges: list[Exchange] = []
         self._cursors: dict[str, int] = {}
@@ -136,9 +145,11 @@ class ScriptedModel:
     def _next_step(self, session: str, request: dict[str, Any]) -> Step:
         if not request.get("tools"):
             return Step(content=self.script.title)
+        self._first_session = self._first_session or session
+        script = self.sub_script if self.sub_script and session != self._first_session else self.script
         index = self._cursors.get(session, 0)
         self._cursors[session] = index + 1
-        return self.script.steps[index] if index < len(self.script.steps) else Step(content=self.script.final_text)
+        return script.steps[index] if index < len(script.steps) else Step(content=script.final_text)
 
     async def _tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize for chat messages: the ids the template gives, with or without the generation prompt."""

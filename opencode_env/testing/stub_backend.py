@@ -94,6 +94,7 @@ class StubSandbox(MemoryFiles):
     backend = "stub"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every stub
     opencode_data_dir = OPENCODE_DATA_DIR
+    opencode_isolated = False
 
     def __init__(self, sandbox_id: str, command_s: float, registry: set[str]) -> None:
         self.sandbox_id = sandbox_id

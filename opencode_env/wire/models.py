@@ -215,6 +215,11 @@ class RolloutRequest(BaseModel):
         description="Sampling parameters set on every model call by the capture proxy and recorded in each turn's "
         "request (transparent_proxy mode); None leaves the model server's defaults.",
     )
+    sub_agents: bool = Field(
+        False,
+        description="Let the agent start sub-agents (OpenCode's task tool). Their calls are recorded as sub_agent "
+        "turns tied to their parent session (OpenCode's own store, local backend), in sequences of their own.",
+    )
     token_in: TokenIn = Field(
         "off",
         description="auto: where the model server takes prompt token ids (a vLLM with /tokenize and "
@@ -453,6 +458,24 @@ class ToolCallSummary(BaseModel):
     session_id: str | None = Field(None, description="The OpenCode session whose step ran the tool.")
 
 
+class AttributionCheck(BaseModel):
+    """Each model call tied to the OpenCode session that made it, and the proxy's record checked against OpenCode's
+    own session store (read from the host side once the agent has stopped): every assistant step OpenCode recorded
+    should have a turn, and every agent or sub-agent turn a recorded step."""
+
+    source: Literal["opencode_store", "headers_only"] = Field(
+        "headers_only",
+        description="opencode_store: sessions and their parents from OpenCode's database; headers_only: the store "
+        "could not be read (see note), so the first session named is OpenCode's and any other is unattributed.",
+    )
+    sessions: int = Field(0, description="Sessions OpenCode recorded (the root and its sub-agents).")
+    sub_agent_sessions: int = 0
+    steps_recorded: int = Field(0, description="Assistant steps (model calls that answered) in OpenCode's store.")
+    turns_matched: int = Field(0, description="Complete agent and sub-agent turns matched to a recorded step.")
+    disagreements: list[str] = Field(default_factory=list, description="Steps without a turn, turns without a step.")
+    note: str | None = Field(None, description="Why the store was not used, when it was not.")
+
+
 class TokenUsage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -569,6 +592,9 @@ class RolloutResult(BaseModel):
         None,
         description="The request this rollout ran, without its api_key: a saved result can be compared or run "
         "again (`run_rollout(result.task)`, the key coming from the environment as usual).",
+    )
+    attribution: AttributionCheck | None = Field(
+        None, description="How the model calls were tied to OpenCode's sessions, and the check against its store."
     )
     warnings: list[str] = Field(
         default_factory=list,

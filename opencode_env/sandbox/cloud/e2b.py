@@ -149,6 +149,7 @@ class E2BSandbox:
             "verify": "as grader (a second user), fresh HOME and TMPDIR; OpenCode and its tools both as user",
         }
         self.opencode_data_dir = OPENCODE_DATA_DIR
+        self.opencode_isolated = False
         self._closer = CloseOnce(self._close)
 
     @property

@@ -158,6 +158,7 @@ class HFSandbox:
         self._closer = CloseOnce(self._close)
         self.enforcement = dict(ENFORCEMENT)
         self.opencode_data_dir = OPENCODE_DATA_DIR
+        self.opencode_isolated = False
 
     @property
     def closed(self) -> bool:
