@@ -20,14 +20,14 @@ from tests.test_training import history, result_of, turn
 EOS = 99
 
 
-def clean():
+def clean() -> RolloutResult:
     return result_of(
         turn(0, [1, 2, 3], [10, EOS], messages=history(0)),
         turn(1, [1, 2, 3, 10, EOS, 50], [11, EOS], messages=history(1)),
     )
 
 
-def forked():
+def forked() -> RolloutResult:
     return result_of(
         turn(0, [1, 2, 3], [7, EOS], messages=history(0)),
         turn(1, [1, 2, 3, 8, EOS, 50], [12, EOS], messages=history(1)),
@@ -43,6 +43,7 @@ def test_trl_batch_has_the_required_keys_and_one_row_per_rollout_in_order() -> N
     assert [len(lp) for lp in batch["logprobs"]] == [5, 2]
     assert batch["reward"] == [1.0, 0.5]
     assert batch["dropped_turns"] == [[], [0]]
+    assert (batch["covered_tokens"], batch["agent_tokens"]) == ([4, 2], [4, 4])
     assert batch["forks"] == [0, 1]
     assert batch["usable"] == [True, True]
     assert len({len(values) for values in batch.values()}) == 1
@@ -80,6 +81,7 @@ def test_the_openenv_harness_result_carries_the_final_sequence() -> None:
     assert exported.done
     failed = harness_result(result_of(status="timeout", reward=None))
     assert (failed.done, failed.completion_ids, failed.metrics["usable"]) == (False, [], False)
+    assert (exported.metrics["covered_tokens"], exported.metrics["agent_tokens"]) == (2, 4)
 
 
 async def test_the_rollout_func_runs_each_prompt_and_returns_rows_in_order(backend: LocalBackend) -> None:
@@ -125,6 +127,7 @@ def test_export_writes_jsonl_rows(tmp_path: Path, capsys: pytest.CaptureFixture[
         [12, EOS],
     ]
     assert "2 rows (2 usable, 0 not) from 2 rollouts" in captured.err
+    assert "coverage: 6 of 8 agent tokens (75.0%, 3 of 4 turns) in the trl rows" in captured.err
 
 
 def test_export_leaves_oracle_runs_out_and_counts_rows_honestly(

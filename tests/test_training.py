@@ -108,7 +108,7 @@ def test_a_prompt_shorter_than_the_sequence_forks_past_its_end() -> None:
     assert (fork.position, fork.sequence_id, fork.prompt_id) == (4, 99, None)
 
 
-def test_auxiliary_sub_agent_and_failed_calls_are_left_out() -> None:
+def test_auxiliary_and_failed_calls_are_left_out_and_a_sub_agent_turn_is_its_own_sequence() -> None:
     result = result_of(
         turn(0, [1, 2], [10, 99]),
         turn(1, [400, 401], [402, 99], kind="auxiliary"),
@@ -118,9 +118,10 @@ def test_auxiliary_sub_agent_and_failed_calls_are_left_out() -> None:
         turn(5, [1, 2, 10, 99, 50, 11, 99, 51], [12], outcome="client_disconnected"),
     )
     found = training_sequences(result)
-    [sequence] = found.sequences
-    assert sequence.turns == [0, 4]
-    assert sequence.completion_ids == [10, 99, 50, 11, 99]
+    root, sub_agent = found.sequences
+    assert (root.kind, root.turns, sub_agent.kind, sub_agent.turns) == ("agent", [0, 4], "sub_agent", [2])
+    assert root.completion_ids == [10, 99, 50, 11, 99]
+    assert (found.final(), found.forks) == (root, [])
     summary = training_summary(result, found)
     assert {kind: (u.calls, u.prompt_tokens, u.completion_tokens) for kind, u in summary.usage_by_kind.items()} == {
         "agent": (2, 7, 4),
@@ -128,7 +129,7 @@ def test_auxiliary_sub_agent_and_failed_calls_are_left_out() -> None:
         "sub_agent": (1, 1, 2),
     }
     assert summary.all_aligned
-    assert "sequences:  1" in summary.text()
+    assert "sequences:  2 (1 of sub-agents)" in summary.text()
 
 
 def test_no_engine_ids_give_no_sequences_and_say_why() -> None:

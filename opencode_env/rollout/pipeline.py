@@ -20,6 +20,7 @@ from opencode_env.rollout import opencode
 from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.rollout.endpoints import EndpointError, Upstream, resolve_upstream
 from opencode_env.rollout.limits import LimitError, sandbox_limits
+from opencode_env.rollout.opencode_store import attribution_store
 from opencode_env.rollout.proxy_session import (
     ProxyStartError,
     proxy_log_tail,
@@ -43,7 +44,8 @@ from opencode_env.sandbox.base import (
     task_path,
 )
 from opencode_env.sandbox.local.tools import InstallError
-from opencode_env.training.attribution import attribute_turns
+from opencode_env.training.attribution import attribution_check
+from opencode_env.training.sampling import sampling_warnings
 from opencode_env.wire.deadline import Deadline, DeadlineExceeded, total_budget_s
 from opencode_env.wire.models import (
     CommandResult,
@@ -139,6 +141,7 @@ async def run_rollout(
         result = RolloutResult()
     result.task_id, result.mode, result.backend = request.task_id, request.mode, backend.name
     result.task = request.model_copy(update={"api_key": ""})
+    result.warnings = sampling_warnings(result.task)
     result.oracle = request.solution is not None
     try:
         upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request)
@@ -418,6 +421,7 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
         model_id=model_id,
         max_tokens_cap=request.max_tokens_cap,
         model_options=_model_options(rollout),
+        sub_agents=request.sub_agents,
     )
     config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))
     command = opencode.run_command(
@@ -587,7 +591,8 @@ async def _collect_turns(rollout: _Rollout, proxy: ProxyHandle) -> None:
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
     result.proxy_log_tail = await proxy_log_tail(proxy)
-    unattributed = attribute_turns(trace.turns)
+    store, note = await attribution_store(rollout.sandbox)
+    result.attribution, unattributed = attribution_check(trace.turns, store, note)
     if unattributed:
         log.warning("%s: %d model calls OpenCode did not make (kept as unattributed)", result.sandbox_id, unattributed)
     own = [turn for turn in trace.turns if turn.kind != "unattributed"]

@@ -15,6 +15,11 @@ Pure: results in, rows out. Checked against trl 1.16.0 (PyPI), `trl/trainer/grpo
 A failed rollout (an infrastructure status, no sequence, or no engine ids) is never dropped, since TRL needs
 `num_generations` rows per prompt: its row keeps whatever ids it has (or one filler token), its `env_mask` is all
 zeros so no token of it is trained on, `usable` is False and `reward` None, and `rollout_reward` returns None for it.
+
+A rollout's row is its root agent's final sequence, so it may carry few of the rollout's agent tokens (a chat
+template that drops earlier reasoning forks every turn; sub-agents have sequences of their own): each row says how
+many it carries (`covered_tokens`) of how many (`agent_tokens`), and which turns it leaves out (`dropped_turns`).
+The step-wise export (steps.py) carries them all.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from opencode_env.training.sequences import TrainingSequence, TrainingSequences, is_trainable_turn, training_sequences
+from opencode_env.training.coverage import SessionKind, agent_tokens_carried, is_root_agent_turn, is_trainable_turn
+from opencode_env.training.sequences import TrainingSequence, TrainingSequences, training_sequences
 from opencode_env.wire.models import RolloutResult, RolloutStatus, is_infrastructure_failure
 
 if TYPE_CHECKING:
@@ -45,10 +51,15 @@ class TrainingRow(BaseModel):
     problem: str | None = Field(None, description="Why the row is unusable, or None.")
     rollout_index: int = Field(description="Index of the rollout in the group it came from.")
     sequence_index: int = Field(0, description="Index of the sequence within its rollout.")
+    kind: SessionKind = Field("agent", description="agent: the root session's sequence; sub_agent: a sub-agent's.")
+    session_id: str | None = None
+    parent_session_id: str | None = Field(None, description="For a sub-agent's sequence: the session that started it.")
     turns: list[int] = Field(default_factory=list)
     dropped_turns: list[int] = Field(
-        default_factory=list, description="Completed agent turns of the rollout that are not in this row."
+        default_factory=list, description="Completed agent and sub-agent turns of the rollout that are not in this row."
     )
+    agent_tokens: int = Field(0, description="The rollout's agent tokens (completed agent and sub-agent turns).")
+    covered_tokens: int = Field(0, description="How many of them this row carries as trainable tokens.")
     unattributed_turns: list[int] = Field(
         default_factory=list,
         description="Calls of the rollout not tied to OpenCode's session: in no row, listed so coverage adds up.",
@@ -64,6 +75,8 @@ TRL_EXTRA_KEYS = (
     "usable",
     "problem",
     "dropped_turns",
+    "agent_tokens",
+    "covered_tokens",
     "unattributed_turns",
     "forks",
     "rollout_index",
@@ -82,12 +95,17 @@ def _row(
     filler_token_id: int,
 ) -> TrainingRow:
     agent_turns = [t.turn for t in result.proxy_turns if is_trainable_turn(t)]
+    covered_tokens, agent_tokens = agent_tokens_carried(
+        result, sequence.turns if sequence is not None and sequence.usable else []
+    )
     common = {
         "status": result.status,
         "task_id": result.task_id,
         "rollout_index": rollout_index,
         "forks": len(found.forks),
         "unattributed_turns": found.unattributed,
+        "agent_tokens": agent_tokens,
+        "covered_tokens": covered_tokens,
     }
     if sequence is None:
         first_prompt = next((t.prompt_token_ids for t in result.proxy_turns if t.prompt_token_ids), [])
@@ -98,9 +116,7 @@ def _row(
             env_mask=[0],
             reward=None,
             usable=False,
-            problem=ORACLE_PROBLEM
-            if result.oracle
-            else found.no_sequences_reason or result.error or f"no sequence ({result.status})",
+            problem=ORACLE_PROBLEM if result.oracle else _no_sequence_problem(result, found),
             dropped_turns=agent_turns,
             **common,
         )
@@ -114,16 +130,26 @@ def _row(
         usable=usable,
         problem=sequence.unusable_reason,
         sequence_index=found.sequences.index(sequence),
+        kind=sequence.kind,
+        session_id=sequence.session_id,
+        parent_session_id=sequence.parent_session_id,
         turns=sequence.turns,
         dropped_turns=[t for t in agent_turns if t not in covered],
         **common,
     )
 
 
+def _no_sequence_problem(result: RolloutResult, found: TrainingSequences) -> str:
+    if found.sequences:
+        return "the root agent has no usable turn (only sub-agents' sequences: export sequences or steps)"
+    return found.no_sequences_reason or result.error or f"no sequence ({result.status})"
+
+
 def training_rows(
     results: Sequence[RolloutResult], *, every_sequence: bool = False, filler_token_id: int = 0
 ) -> list[TrainingRow]:
-    """One row per rollout (its final sequence), or one per sequence when `every_sequence` (for offline use)."""
+    """One row per rollout (its final sequence), or one per sequence of every session when `every_sequence` (for
+    offline use)."""
     rows: list[TrainingRow] = []
     for index, result in enumerate(results):
         found = training_sequences(result)
@@ -162,7 +188,7 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
     has_sequence = found.final() is not None
     messages: list[dict[str, Any]] = []
     last_agent = next(
-        (i for i in reversed(range(len(result.proxy_turns))) if is_trainable_turn(result.proxy_turns[i])), None
+        (i for i in reversed(range(len(result.proxy_turns))) if is_root_agent_turn(result.proxy_turns[i])), None
     )
     if last_agent is not None:
         messages = [*result.turn_messages(last_agent), {"role": "assistant", **result.proxy_turns[last_agent].response}]
@@ -194,6 +220,8 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
             "env_mask": row.env_mask if has_sequence else [],
             "forks": len(found.forks),
             "dropped_turns": row.dropped_turns,
+            "agent_tokens": row.agent_tokens,
+            "covered_tokens": row.covered_tokens,
             "unattributed_turns": row.unattributed_turns,
         },
         prompt_ids=row.prompt_ids if has_sequence else [],

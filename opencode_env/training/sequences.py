@@ -5,6 +5,10 @@ agent turn's engine `prompt_token_ids`; each turn appends its completion (mask 1
 turn's prompt ids start with the sequence so far, the extra suffix (tool output, template tokens) is appended with
 mask 0 and logprob 0.0. When no open sequence is a prefix of the next prompt (template drift, compaction, a
 rewritten history), a new sequence starts and the fork is recorded. Text is never re-tokenized.
+
+Each session is merged on its own: the root agent's turns (kind "agent") and each sub-agent session's (kind
+"sub_agent", by session_id), so a sub-agent's conversation forms its own sequences, and forks are only looked for
+within a session. The final sequence (the TRL row) is the root agent's.
 """
 
 from __future__ import annotations
@@ -14,24 +18,28 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from opencode_env.wire.models import (
-    RolloutResult,
-    RolloutStatus,
-    RolloutTurn,
-    TurnKind,
-    common_prefix_length,
-    is_infrastructure_failure,
+from opencode_env.training.coverage import (
+    Coverage,
+    RolloutCoverage,
+    SessionKey,
+    SessionKind,
+    coverage,
+    ids_problem,
+    rollout_failure,
+    trainable_sessions,
 )
+from opencode_env.training.steps import steps_coverage
+from opencode_env.wire.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
 
 SequenceStart = Literal["first", "drift", "after_unusable_turn"]
-"""Why a sequence started: the rollout's first usable agent turn; a prompt that extends no open sequence (a fork
+"""Why a sequence started: its session's first usable turn; a prompt that extends no open sequence (a fork
 is recorded); or the turn after an agent turn whose ids could not be used (its tokens would be masked as
 environment tokens otherwise, so the sequence is cut there rather than mislabelled)."""
 
 ForkCause = Literal["template_drift", "history_rewritten"]
 """template_drift: the message history was append-only but the engine's prompt ids were not (a chat template that
 drops earlier reasoning, a re-rendering that changes tokens). history_rewritten: the messages themselves changed
-(OpenCode compacting the conversation, a sub-agent's own conversation, a truncated history)."""
+(OpenCode compacting the conversation, a truncated history)."""
 
 
 class TrainingSequence(BaseModel):
@@ -53,6 +61,9 @@ class TrainingSequence(BaseModel):
     task_id: str = ""
     usable: bool = True
     unusable_reason: str | None = None
+    kind: SessionKind = Field("agent", description="agent: the root session's; sub_agent: a sub-agent session's.")
+    session_id: str | None = Field(None, description="The OpenCode session whose turns it holds, when recorded.")
+    parent_session_id: str | None = Field(None, description="For a sub-agent's sequence: the session that started it.")
 
 
 class Fork(BaseModel):
@@ -75,7 +86,8 @@ class TrainingSequences(BaseModel):
     sequences: list[TrainingSequence] = Field(default_factory=list)
     forks: list[Fork] = Field(default_factory=list)
     skipped: list[SkippedTurn] = Field(
-        default_factory=list, description="Agent turns in no sequence, with why (not auxiliary or sub-agent turns)."
+        default_factory=list,
+        description="Agent and sub-agent turns in no sequence, with why (not auxiliary or unattributed turns).",
     )
     unattributed: list[int] = Field(
         default_factory=list,
@@ -84,10 +96,9 @@ class TrainingSequences(BaseModel):
     no_sequences_reason: str | None = None
 
     def final(self) -> TrainingSequence | None:
-        """The sequence that holds the rollout's last usable agent turn."""
-        if not self.sequences:
-            return None
-        return max(self.sequences, key=lambda sequence: sequence.turns[-1])
+        """The root agent's sequence that holds its last usable turn (sub-agents' sequences are never final)."""
+        root = [sequence for sequence in self.sequences if sequence.kind == "agent"]
+        return max(root, key=lambda sequence: sequence.turns[-1]) if root else None
 
 
 class KindUsage(BaseModel):
@@ -108,6 +119,9 @@ class TrainingSummary(BaseModel):
     all_aligned: bool = Field(description="Every completed turn has len(ids) == len(logprobs) == completion tokens.")
     misaligned_turns: list[int]
     usage_by_kind: dict[TurnKind, KindUsage]
+    sub_agent_sequences: int = 0
+    coverage: RolloutCoverage = Field(description="How many of the rollout's agent tokens each export carries.")
+    warnings: list[str] = Field(default_factory=list, description="The result's warnings (RolloutResult.warnings).")
 
     def text(self) -> str:
         usage = "; ".join(
@@ -116,11 +130,13 @@ class TrainingSummary(BaseModel):
         )
         forks = ", ".join(f"turn {f.turn} at {f.position} ({f.cause})" for f in self.forks) or "none"
         aligned = "yes" if self.all_aligned else f"no (turns {self.misaligned_turns})"
+        sub_agents = f" ({self.sub_agent_sequences} of sub-agents)" if self.sub_agent_sequences else ""
         lines = [
-            f"sequences:  {self.sequences}" + ("" if self.usable else " (unusable)"),
+            f"sequences:  {self.sequences}{sub_agents}" + ("" if self.usable else " (unusable)"),
             f"forks:      {forks}",
             f"aligned:    {aligned}",
             f"usage:      {usage or 'no calls'}",
+            f"coverage:   {self.coverage.text()}",
         ]
         if self.skipped:
             lines.append("skipped:    " + ", ".join(f"turn {s.turn} ({s.reason})" for s in self.skipped))
@@ -128,6 +144,7 @@ class TrainingSummary(BaseModel):
             lines.append(f"unattributed: turns {self.unattributed} (not OpenCode's session, never trained)")
         if self.no_sequences_reason:
             lines.append(f"no sequences: {self.no_sequences_reason}")
+        lines += [f"warning:    {warning}" for warning in self.warnings]
         return "\n".join(lines)
 
 
@@ -138,26 +155,8 @@ class _Open:
     last_position: int = 0
 
 
-def is_trainable_turn(turn: RolloutTurn) -> bool:
-    """A completed call of OpenCode's own agent: the only turns sequences are built from (auxiliary, sub-agent and
-    unattributed calls never are)."""
-    return turn.kind == "agent" and turn.outcome == "complete"
-
-
 def unattributed_turns(result: RolloutResult) -> list[int]:
     return [turn.turn for turn in result.proxy_turns if turn.kind == "unattributed"]
-
-
-def _unusable_ids(turn: RolloutTurn) -> str | None:
-    if not turn.prompt_token_ids:
-        return "no engine prompt ids"
-    if not turn.completion_token_ids:
-        return "no engine completion ids"
-    if len(turn.completion_token_ids) != len(turn.per_token_logps):
-        return f"{len(turn.completion_token_ids)} ids but {len(turn.per_token_logps)} logprobs"
-    if not turn.aligned:
-        return "ids, logprobs and the engine's completion token count disagree"
-    return None
 
 
 def _cause(result: RolloutResult, earlier: int, later: int) -> ForkCause:
@@ -168,42 +167,62 @@ def _cause(result: RolloutResult, earlier: int, later: int) -> ForkCause:
 def _no_ids_reason(turns: list[RolloutTurn]) -> str:
     sources = sorted({turn.token_id_source for turn in turns})
     return (
-        f"none of the {len(turns)} completed agent turns carries engine token ids (token_id_source: "
+        f"none of the {len(turns)} completed agent and sub-agent turns carries engine token ids (token_id_source: "
         f"{', '.join(sources)}); OpenAI and the Hugging Face router return none: train against a vllm endpoint"
     )
 
 
 def training_sequences(result: RolloutResult) -> TrainingSequences:
-    """The rollout's agent turns as training sequences, with forks and skipped turns recorded."""
+    """The rollout's agent and sub-agent turns as training sequences, with forks and skipped turns recorded."""
     out = TrainingSequences(unattributed=unattributed_turns(result))
-    positions = {turn.turn: index for index, turn in enumerate(result.proxy_turns)}
-    agent = [turn for turn in result.proxy_turns if is_trainable_turn(turn)]
-    if not agent:
+    sessions = trainable_sessions(result)
+    trainable = [turn for turns in sessions.values() for turn in turns]
+    if not trainable:
         out.no_sequences_reason = (
             "no turns were captured (black_box mode)"
             if not result.proxy_turns
-            else "no agent turn completed (only auxiliary, sub-agent, unattributed or failed calls)"
+            else "no agent turn completed (only auxiliary, unattributed or failed calls)"
         )
         return _mark(out, result)
-    if all(_unusable_ids(turn) for turn in agent):
-        out.no_sequences_reason = _no_ids_reason(agent)
-        out.skipped = [SkippedTurn(turn=turn.turn, reason=str(_unusable_ids(turn))) for turn in agent]
+    if all(ids_problem(turn) for turn in trainable):
+        out.no_sequences_reason = _no_ids_reason(trainable)
+        out.skipped = [SkippedTurn(turn=turn.turn, reason=str(ids_problem(turn))) for turn in trainable]
         return _mark(out, result)
+    positions = {turn.turn: index for index, turn in enumerate(result.proxy_turns)}
+    for key, turns in sessions.items():
+        _merge_session(result, out, key, turns, positions)
+    return _mark(out, result)
+
+
+def _merge_session(
+    result: RolloutResult, out: TrainingSequences, key: SessionKey, turns: list[RolloutTurn], positions: dict[int, int]
+) -> None:
+    kind, session_id = key
+    session_id = session_id or next((turn.session_id for turn in turns if turn.session_id), None)
+    parent_session_id = next((turn.parent_session_id for turn in turns if turn.parent_session_id), None)
     open_sequences: list[_Open] = []
     after_gap = False
-    for turn in agent:
-        problem = _unusable_ids(turn)
+    for turn in turns:
+        problem = ids_problem(turn)
         if problem:
             out.skipped.append(SkippedTurn(turn=turn.turn, reason=problem))
             open_sequences, after_gap = [], True
             continue
         target = _extended(open_sequences, turn.prompt_token_ids)
         if target is None:
-            start: SequenceStart = "after_unusable_turn" if after_gap else "first" if not out.sequences else "drift"
+            start: SequenceStart = "after_unusable_turn" if after_gap else "drift" if open_sequences else "first"
             if start == "drift":
                 out.forks.append(_fork(result, open_sequences, turn, positions))
             target = _Open(len(out.sequences), list(turn.prompt_token_ids))
-            out.sequences.append(TrainingSequence(prompt_ids=list(turn.prompt_token_ids), started=start))
+            out.sequences.append(
+                TrainingSequence(
+                    prompt_ids=list(turn.prompt_token_ids),
+                    started=start,
+                    kind=kind,
+                    session_id=session_id,
+                    parent_session_id=parent_session_id,
+                )
+            )
             open_sequences.append(target)
         else:
             suffix = turn.prompt_token_ids[len(target.ids) :]
@@ -222,7 +241,6 @@ def training_sequences(result: RolloutResult) -> TrainingSequences:
         target.last_position = positions[turn.turn]
         open_sequences.remove(target)
         open_sequences.append(target)
-    return _mark(out, result)
 
 
 def _extended(open_sequences: list[_Open], prompt: list[int]) -> _Open | None:
@@ -248,13 +266,40 @@ def _fork(result: RolloutResult, open_sequences: list[_Open], turn: RolloutTurn,
 
 
 def _mark(out: TrainingSequences, result: RolloutResult) -> TrainingSequences:
-    failed = is_infrastructure_failure(result.status)
+    failure = rollout_failure(result)
     for sequence in out.sequences:
         sequence.reward, sequence.status, sequence.task_id = result.reward, result.status, result.task_id
-        if failed:
-            sequence.usable = False
-            sequence.unusable_reason = f"the rollout failed on our side ({result.status}: {result.error or ''})"[:500]
+        if failure:
+            sequence.usable, sequence.unusable_reason = False, failure
     return out
+
+
+def sequences_coverage(result: RolloutResult, found: TrainingSequences | None = None) -> Coverage:
+    """How many of the rollout's agent tokens its usable sequences (every session's) carry."""
+    found = found if found is not None else training_sequences(result)
+    reasons = {skipped.turn: skipped.reason for skipped in found.skipped}
+    for sequence in found.sequences:
+        if not sequence.usable:
+            reasons.update(dict.fromkeys(sequence.turns, sequence.unusable_reason or "an unusable sequence"))
+    carried = [turn for sequence in found.sequences if sequence.usable for turn in sequence.turns]
+    return coverage(result, "sequences", carried, reasons)
+
+
+def trl_row_coverage(result: RolloutResult, found: TrainingSequences | None = None) -> Coverage:
+    """How many of the rollout's agent tokens its TRL row (the root agent's final sequence) carries."""
+    found = found if found is not None else training_sequences(result)
+    final = found.final()
+    reasons = {skipped.turn: skipped.reason for skipped in found.skipped}
+    for index, sequence in enumerate(found.sequences):
+        if sequence is final:
+            reason = sequence.unusable_reason or "an unusable sequence"
+        elif sequence.kind == "sub_agent":
+            reason = "a sub-agent's turn: in its session's own sequence, not the root agent's"
+        else:
+            reason = f"in sequence {index}, not the final one (a fork: export sequences or steps to keep it)"
+        reasons.update(dict.fromkeys(sequence.turns, reason))
+    carried = final.turns if final is not None and final.usable else []
+    return coverage(result, "trl_row", carried, reasons)
 
 
 def training_summary(result: RolloutResult, sequences: TrainingSequences | None = None) -> TrainingSummary:
@@ -272,6 +317,7 @@ def training_summary(result: RolloutResult, sequences: TrainingSequences | None 
         kind.completion_tokens += turn.usage.get("completion_tokens", 0)
     return TrainingSummary(
         sequences=len(found.sequences),
+        sub_agent_sequences=sum(1 for sequence in found.sequences if sequence.kind == "sub_agent"),
         usable=bool(found.sequences) and all(s.usable for s in found.sequences),
         forks=found.forks,
         skipped=found.skipped,
@@ -280,4 +326,10 @@ def training_summary(result: RolloutResult, sequences: TrainingSequences | None 
         all_aligned=not misaligned,
         misaligned_turns=misaligned,
         usage_by_kind=usage,
+        coverage=RolloutCoverage(
+            trl_row=trl_row_coverage(result, found),
+            sequences=sequences_coverage(result, found),
+            steps=steps_coverage(result),
+        ),
+        warnings=result.warnings,
     )
