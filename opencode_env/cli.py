@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -65,84 +67,164 @@ def _add_serving_backend_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=[AUTO, *backend_names()], default=AUTO, help=help_text)
 
 
+RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
+from --instruction / --instruction-file, or from --task DIR; each flag given beside it replaces that field (--file
+and --verify-file add paths, replacing those the request already has). A field no one sets keeps the request's own
+default. The API key comes from --api-key-env VAR, else from the request file if it holds one, else from the
+endpoint's variables on this machine; it is never printed. With --solution (or a request file holding a
+`solution`) the commands run in place of the agent: an oracle run, which needs no model."""
+FILE_FLAGS = {"files": "--file", "verify_files": "--verify-file"}
+"""The flags that add files to the request; every other flag whose dest is a request field sets that field."""
+
+
+class RunArgumentError(Exception):
+    """A `run` flag that cannot be used as given; the message names the flag."""
+
+
+def _sandbox_file(value: str) -> tuple[str, str]:
+    """An argparse type for `PATH=LOCALFILE`: (PATH, the local file's text); argparse names the flag on a failure."""
+    path, equals, local = value.partition("=")
+    if not equals or not path or not local:
+        raise argparse.ArgumentTypeError(f"{value[:200]!r} is not PATH=LOCALFILE (a path in the sandbox=a file here)")
+    return path, _read_text(Path(local))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror or error}") from error
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise argparse.ArgumentTypeError(
+            f"{path} is not UTF-8 text (byte {error.start}): a request carries text files only"
+        ) from error
+
+
+def _text_argument(value: str) -> str:
+    return _read_text(Path(value))
+
+
+def _request_file(value: str) -> dict[str, Any]:
+    """An argparse type for --request: the file's JSON object (validated as a request once the flags are merged)."""
+    text = _read_text(Path(value))
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{value} is not JSON: {error.msg} (line {error.lineno})") from error
+    if not isinstance(fields, dict):
+        raise argparse.ArgumentTypeError(f"{value} holds JSON {type(fields).__name__}, not a RolloutRequest object")
+    return fields
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     help_text = f"where the rollout runs ({_needs(backend_names())})"
     parser.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help=help_text)
     model = parser.add_argument_group("the model (or the VLLM_URL / OPENAI_* / HF_* variables of an --endpoint)")
-    model.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="", help="a named endpoint")
-    model.add_argument("--base-url", default="", help="an OpenAI-compatible base URL, e.g. http://gpu:8000/v1")
-    model.add_argument("--model", default="", help="the model id the endpoint serves")
+    model.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], help="a named endpoint")
+    model.add_argument("--base-url", help="an OpenAI-compatible base URL, e.g. http://gpu:8000/v1")
+    model.add_argument("--model", help="the model id the endpoint serves")
     model.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
-    source = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument(
+        "--request", type=_request_file, metavar="FILE.json", help="a whole RolloutRequest as JSON; flags beside it win"
+    )
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--instruction", help="the task for the agent")
-    source.add_argument("--instruction-file", type=Path, help="a file holding the task for the agent")
+    source.add_argument("--instruction-file", type=_text_argument, help="a file holding the task for the agent")
     source.add_argument("--task", type=Path, metavar="DIR", help="a Harbor task directory (its image built once)")
     parser.add_argument("--oracle", action="store_true", help="with --task: run its solution/solve.sh, no agent")
-    parser.add_argument("--image", default="", help="the sandbox's image (see RolloutRequest.image)")
-    parser.add_argument("--workdir", default="", help="the agent's work dir (default /home/user/workdir)")
-    parser.add_argument("--setup", action="append", default=[], metavar="CMD", help="a setup command (repeat)")
-    parser.add_argument("--verify", action="append", default=[], metavar="CMD", help="a verify command (repeat)")
-    parser.add_argument("--task-id", default="", help="your label for the task, echoed in the result")
+    parser.add_argument("--image", help="the sandbox's image (see RolloutRequest.image)")
+    parser.add_argument("--workdir", help="the agent's work dir (default /home/user/workdir)")
+    parser.add_argument("--setup", action="append", metavar="CMD", help="a setup command (repeat)")
+    parser.add_argument("--verify", action="append", metavar="CMD", help="a verify command (repeat)")
     parser.add_argument(
-        "--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy", help="capture or not"
+        "--solution", action="append", metavar="CMD", help="a solution command (repeat): an oracle run, no model"
     )
     parser.add_argument(
-        "--network", choices=["internet", "model_only"], default="internet", help="the sandbox's way out"
+        "--file",
+        dest="files",
+        action="append",
+        type=_sandbox_file,
+        metavar="PATH=LOCALFILE",
+        help="write LOCALFILE's text to PATH in the sandbox before setup (relative to the work dir, or absolute)",
     )
-    parser.add_argument("--agent-timeout", type=float, default=600.0, metavar="S", help="the agent's time limit")
-    parser.add_argument("--setup-timeout", type=float, default=300.0, metavar="S", help="each setup command's limit")
-    parser.add_argument("--verify-timeout", type=float, default=300.0, metavar="S", help="each verify command's limit")
-    parser.add_argument("--max-tokens-cap", type=int, default=4096, metavar="N", help="max_tokens per model call")
-    parser.add_argument("--top-logprobs", type=int, default=5, metavar="K", help="alternatives kept per token")
     parser.add_argument(
-        "--disable-thinking", action=argparse.BooleanOptionalAction, default=None, help="enable_thinking=false"
+        "--verify-file",
+        dest="verify_files",
+        action="append",
+        type=_sandbox_file,
+        metavar="PATH=LOCALFILE",
+        help="a protected file written to PATH just before verify; the agent never sees it",
     )
-    parser.add_argument("--template", default="", help="an E2B template (an alias of --image there)")
+    parser.add_argument("--task-id", help="your label for the task, echoed in the result")
+    parser.add_argument("--mode", choices=["transparent_proxy", "black_box"], help="capture or not")
+    parser.add_argument("--network", choices=["internet", "model_only"], help="the sandbox's way out")
+    parser.add_argument(
+        "--agent-timeout", dest="agent_timeout_s", type=float, metavar="S", help="the agent's time limit"
+    )
+    parser.add_argument(
+        "--setup-timeout", dest="setup_timeout_s", type=float, metavar="S", help="each setup command's limit"
+    )
+    parser.add_argument(
+        "--verify-timeout", dest="verify_timeout_s", type=float, metavar="S", help="each verify command's limit"
+    )
+    parser.add_argument("--max-tokens-cap", type=int, metavar="N", help="max_tokens per model call")
+    parser.add_argument("--top-logprobs", type=int, metavar="K", help="alternatives kept per token")
+    parser.add_argument("--disable-thinking", action=argparse.BooleanOptionalAction, help="enable_thinking=false")
+    parser.add_argument("--template", help="an E2B template (an alias of --image there)")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write the result JSON here instead of stdout")
 
 
-def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
-    api_key = ""
+def _given_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The request fields the flags set (None: not given); the API key from --api-key-env when given."""
+    fields = {
+        name: value
+        for name, value in vars(args).items()
+        if name in RolloutRequest.model_fields and name not in FILE_FLAGS and value is not None
+    }
+    if args.instruction_file is not None:
+        fields["instruction"] = args.instruction_file
     if args.api_key_env:
         if args.api_key_env not in os.environ:
-            raise SystemExit(f"opencode-env: --api-key-env names {args.api_key_env}, which is not set")
-        api_key = os.environ[args.api_key_env]
+            raise RunArgumentError(f"--api-key-env names {args.api_key_env}, which is not set")
+        fields["api_key"] = os.environ[args.api_key_env]
+    return fields
+
+
+def _with_files(fields: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """`fields` with the --file / --verify-file paths added (a path given twice is a mistake, not a choice)."""
+    for name, flag in FILE_FLAGS.items():
+        given: list[tuple[str, str]] = getattr(args, name) or []
+        paths = [path for path, _ in given]
+        twice = sorted({path for path in paths if paths.count(path) > 1})
+        if twice:
+            raise RunArgumentError(f"{flag} gives {', '.join(twice)} more than once")
+        if given:
+            fields[name] = {**(fields.get(name) or {}), **dict(given)}
+    return fields
+
+
+def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
+    given = _given_fields(args)
     if args.task is not None:
-        return _request_from_task(args, api_key)
+        if args.request is not None:
+            raise RunArgumentError("--request and --task each give the whole task: give one")
+        return _request_from_task(args, given)
     if args.oracle:
-        raise SystemExit("opencode-env: --oracle runs a task directory's solution: give --task DIR")
-    instruction = args.instruction if args.instruction is not None else args.instruction_file.read_text()
-    return RolloutRequest(
-        image=args.image,
-        workdir=args.workdir,
-        network=args.network,
-        setup_timeout_s=args.setup_timeout,
-        verify_timeout_s=args.verify_timeout,
-        endpoint=args.endpoint,
-        base_url=args.base_url,
-        api_key=api_key,
-        model=args.model,
-        instruction=instruction,
-        setup=args.setup,
-        verify=args.verify,
-        task_id=args.task_id,
-        mode=args.mode,
-        disable_thinking=args.disable_thinking,
-        max_tokens_cap=args.max_tokens_cap,
-        top_logprobs=args.top_logprobs,
-        agent_timeout_s=args.agent_timeout,
-        template=args.template,
-    )
+        raise RunArgumentError("--oracle runs a task directory's solution: give --task DIR (or --solution CMD)")
+    if args.request is None and "instruction" not in given:
+        raise RunArgumentError("say what to run: --instruction, --instruction-file, --task DIR or --request FILE.json")
+    return RolloutRequest.model_validate(_with_files({**(args.request or {}), **given}, args))
 
 
-def _request_from_task(args: argparse.Namespace, api_key: str) -> RolloutRequest:
+def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> RolloutRequest:
     from opencode_env.tasks.harbor import request_from_task_dir
 
-    model = {"endpoint": args.endpoint, "base_url": args.base_url, "model": args.model, "api_key": api_key}
-    overrides = {name: value for name, value in model.items() if value}
-    if args.mode != "transparent_proxy":
-        overrides["mode"] = args.mode
-    return request_from_task_dir(args.task, oracle=args.oracle, **overrides)
+    task = request_from_task_dir(args.task, oracle=args.oracle, **given)
+    if not (args.files or args.verify_files):
+        return task
+    return RolloutRequest.model_validate(_with_files(task.model_dump(), args))
 
 
 def _validation_message(error: ValidationError) -> str:
@@ -160,6 +242,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     except (TaskFormatError, ImageBuildError) as error:
         print(f"opencode-env: {error}", file=sys.stderr)
+        return 2
+    except RunArgumentError as error:
+        print(f"opencode-env run: {error}", file=sys.stderr)
         return 2
     result = asyncio.run(run_rollout(request, make_backend(args.backend), progress=_progress))
     if args.out is not None:
@@ -245,7 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opencode-env", description=__doc__)
     parser.add_argument("--version", action="version", version=f"opencode-env {VERSION} (OpenCode {OPENCODE_VERSION})")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run one rollout and print the RolloutResult JSON")
+    run = commands.add_parser(
+        "run",
+        help="run one rollout and print the RolloutResult JSON",
+        description="Run one rollout and print its RolloutResult JSON.",
+        epilog=RUN_EPILOG,
+    )
     _add_run_arguments(run)
     run.set_defaults(handler=_cmd_run)
     demo = commands.add_parser("demo", help="a full rollout against the built-in scripted model (no API keys)")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
-from opencode_env.viewer.web import web_router
+from opencode_env.viewer.web import runs_from_environment, web_router
 from opencode_env.wire.access import TOKEN_VAR
 from opencode_env.wire.version import VERSION
 from server import heap
@@ -86,7 +86,8 @@ def build_app(token: str | None = None) -> FastAPI:
     replies = PendingReplies()
     standard = shared.mcp.http_app(path=MCP_PATH, stateless_http=False)
     one_shot = shared.mcp.http_app(path=MCP_PATH, stateless_http=True)
-    app.include_router(web_router(shared.rollouts.run))
+    shared.rollouts.runs = runs_from_environment()
+    app.include_router(web_router(shared.rollouts.runs, shared.rollouts.run_recorded))
     openenv_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

@@ -6,6 +6,9 @@ counts against its own deadline. Each rollout runs in a task of its own, so that
 - a caller's cancellation (`notifications/cancelled`, a closed connection) cancels it and returns only once its
   sandbox is closed;
 - at shutdown the server cancels it and still answers the caller, with the partial result (status `cancelled`).
+
+Given a `Runs` (the server's /web list), `Rollouts.run` records every rollout there too: its start, each phase, and
+how it ended (a rollout its caller cancelled included, with what it had done).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.viewer.runs import Run, Runs
 from opencode_env.wire.deadline import total_budget_s
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from server.preflight import Preflighted
@@ -28,6 +32,7 @@ log = logging.getLogger("opencode_env.server")
 Progress = Callable[[Phase, str], Awaitable[None]]
 CANCEL_GRACE_S = 30.0
 SHUTDOWN_MESSAGE = "the server is shutting down: the rollout was cancelled"
+CALLER_CANCELLED_MESSAGE = "its caller cancelled the rollout"
 
 
 def own_ports() -> frozenset[int]:
@@ -36,7 +41,13 @@ def own_ports() -> frozenset[int]:
 
 
 class Rollouts:
-    def __init__(self, backend: SandboxBackend, limit: int, upstream_policy: UpstreamPolicy | None = None) -> None:
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        limit: int,
+        upstream_policy: UpstreamPolicy | None = None,
+        runs: Runs | None = None,
+    ) -> None:
         if limit < 1:
             raise ValueError(f"MAX_CONCURRENT_ENVS must be at least 1, got {limit}")
         self.backend = backend
@@ -46,6 +57,8 @@ class Rollouts:
         self._running: set[asyncio.Task[RolloutResult]] = set()
         self._calls: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
+        self.runs = runs
+        """Where every rollout is recorded (the server's /web list); None records nothing."""
 
     @property
     def shutting_down(self) -> bool:
@@ -55,22 +68,35 @@ class Rollouts:
     def in_flight(self) -> int:
         return len(self._running)
 
-    async def run(self, request: RolloutRequest, progress: Progress | None = None) -> RolloutResult:
-        """Run one rollout within the cap; cancelling the caller cancels it and waits for its sandbox to close."""
-        result = await self._run(request, progress)
-        log.info(
-            "rollout %s %s: %s reward=%s in %.1fs",
-            result.task_id or "-",
-            result.sandbox_id,
-            result.status,
-            result.reward,
-            result.wall_s,
-        )
-        return result
-
-    async def _run(self, request: RolloutRequest, progress: Progress | None) -> RolloutResult:
-        tracker = _PhaseTracker(progress)
+    async def run(
+        self, request: RolloutRequest, progress: Progress | None = None, *, record: Run | None = None
+    ) -> RolloutResult:
+        """Run one rollout within the cap; cancelling the caller cancels it and waits for its sandbox to close. It is
+        recorded in `runs` (when there is one): as `record` when the /web page already lists it, else as a new run."""
+        runs = self.runs
+        if runs is not None and record is None:
+            record = runs.begin(request)
+        tracker = _PhaseTracker(progress, record)
         started = time.monotonic()
+        if runs is None or record is None:
+            return _logged(await self._run(request, tracker, started))
+        try:
+            result = await self._run(request, tracker, started)
+        except asyncio.CancelledError:
+            cut = tracker.cut_short(request, self.backend.name, started, CALLER_CANCELLED_MESSAGE)
+            await asyncio.shield(runs.finish(record, cut))
+            raise
+        except Exception as error:
+            runs.crash(record, error)
+            raise
+        await runs.finish(record, result)
+        return _logged(result)
+
+    async def run_recorded(self, request: RolloutRequest, record: Run) -> RolloutResult:
+        """A rollout the /web page started and already lists as `record`."""
+        return await self.run(request, record=record)
+
+    async def _run(self, request: RolloutRequest, tracker: _PhaseTracker, started: float) -> RolloutResult:
         if self._stopping.is_set():
             return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
         # Only a backend's own verdict stops a rollout here; the cheap checks /metadata shows may not know every way
@@ -95,7 +121,7 @@ class Rollouts:
             if not (rollout.cancelled() and self._stopping.is_set()):
                 raise
             log.info("rollout %s cancelled at shutdown in phase %s", request.task_id or "-", tracker.phase or "-")
-            return tracker.cut_short(request, self.backend.name, started)
+            return tracker.cut_short(request, self.backend.name, started, SHUTDOWN_MESSAGE)
         finally:
             if call is not None:
                 self._calls.discard(call)
@@ -142,25 +168,41 @@ class Rollouts:
 
 
 class _PhaseTracker:
-    """Passes progress on, and remembers the phase reached, for the result of a rollout cut short."""
+    """Passes progress on (to the caller and the run's record), and remembers the phase reached, for the result of
+    a rollout cut short."""
 
-    def __init__(self, progress: Progress | None) -> None:
+    def __init__(self, progress: Progress | None, record: Run | None = None) -> None:
         self._progress = progress
+        self._record = record
         self.phase: Phase | None = None
         self.partial: RolloutResult = RolloutResult()
 
-    def cut_short(self, request: RolloutRequest, backend: str, started: float) -> RolloutResult:
-        """The rollout's own record of what it did before shutdown cut it (setup results, timings, ...)."""
+    def cut_short(self, request: RolloutRequest, backend: str, started: float, why: str) -> RolloutResult:
+        """The rollout's own record of what it did before it was cut (setup results, timings, ...)."""
         if self.partial.status != "cancelled":
-            return _cancelled(request, backend, self.phase, started, SHUTDOWN_MESSAGE)
-        self.partial.error = f"{SHUTDOWN_MESSAGE} ({self.partial.error})"
+            return _cancelled(request, backend, self.phase, started, why)
+        self.partial.error = f"{why} ({self.partial.error})"
         self.partial.failed_phase = self.partial.failed_phase or self.phase
         return self.partial
 
     async def __call__(self, phase: Phase, message: str) -> None:
         self.phase = phase
+        if self._record is not None:
+            await self._record.progress(phase, message)
         if self._progress is not None:
             await self._progress(phase, message)
+
+
+def _logged(result: RolloutResult) -> RolloutResult:
+    log.info(
+        "rollout %s %s: %s reward=%s in %.1fs",
+        result.task_id or "-",
+        result.sandbox_id,
+        result.status,
+        result.reward,
+        result.wall_s,
+    )
+    return result
 
 
 def _failed(request: RolloutRequest, backend: str, started: float, status: Any, message: str) -> RolloutResult:

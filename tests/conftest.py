@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import shutil
@@ -17,6 +18,7 @@ from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
+from opencode_env.viewer.runs import RESULTS_DIR_VAR
 from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
 from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
@@ -25,6 +27,10 @@ from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 # (which otherwise refuse a caller's loopback URL when they serve beyond this machine). tests/test_upstream_policy.py
 # builds its policies explicitly.
 os.environ.setdefault(ALLOW_VAR, "127.0.0.0/8,localhost")
+# The servers the tests start keep their results in a directory of this run's, never the user's state directory.
+if RESULTS_DIR_VAR not in os.environ:
+    os.environ[RESULTS_DIR_VAR] = tempfile.mkdtemp(prefix="opencode-env-test-results-")
+    atexit.register(shutil.rmtree, os.environ[RESULTS_DIR_VAR], True)
 
 QUICK_MODULES = frozenset(
     {

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastmcp import Client as FastMCPClient
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -18,14 +19,15 @@ from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.viewer.runs import Progress, Runs
-from opencode_env.viewer.web import runs_router
+from opencode_env.viewer.runs import RESULTS_DIR_VAR, Run, Runner, Runs
+from opencode_env.viewer.web import web_router
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from server.app import build_app
 from server.environment import configure
 from tests.browser import chromium, network_requests, requested_urls, save_screenshot
 
 TOKEN = "web-t0ken-for-tests"
+SECRET = "sk-web-never-stored"
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -35,16 +37,16 @@ class GatedRunner:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
 
-    async def __call__(self, request: RolloutRequest, progress: Progress) -> RolloutResult:
+    async def __call__(self, request: RolloutRequest, run: Run) -> RolloutResult:
         phase: Phase = "agent"
-        await progress(phase, "running OpenCode")
+        await run.progress(phase, "running OpenCode")
         await self.gate.wait()
         return RolloutResult(task_id=request.task_id, reward=1.0, reward_source="reward_txt")
 
 
-def api_client(runs: Runs) -> httpx.AsyncClient:
+def api_client(runs: Runs, runner: Runner) -> httpx.AsyncClient:
     app = FastAPI()
-    app.include_router(runs_router(runs))
+    app.include_router(web_router(runs, runner))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://web.test")
 
 
@@ -56,10 +58,10 @@ async def wait_for(predicate: Callable[[], bool]) -> None:
     raise AssertionError("the condition never held")
 
 
-async def test_runs_are_bounded_and_a_running_one_is_never_evicted() -> None:
+async def test_the_pages_own_runs_are_bounded_and_a_running_one_is_never_evicted() -> None:
     runner = GatedRunner()
-    runs = Runs(runner, keep=2)
-    async with api_client(runs) as client:
+    runs = Runs(keep=2)
+    async with api_client(runs, runner) as client:
         started = [await client.post("/web/api/runs", json={"instruction": "go", "task_id": f"t{i}"}) for i in (1, 2)]
         assert [response.status_code for response in started] == [202, 202]
         first = started[0].json()["id"]
@@ -75,14 +77,21 @@ async def test_runs_are_bounded_and_a_running_one_is_never_evicted() -> None:
         await wait_for(lambda: all(view.state == "finished" for view in runs.views()))
         result = await client.get(f"/web/api/runs/{first}/result")
         assert RolloutResult.model_validate_json(result.content).task_id == "t1"
+        finished = (await client.get(f"/web/api/runs/{first}")).json()
+        assert (finished["phase"], finished["message"]) == ("agent", "completed, reward 1.0 after 0.0s")
+        runner.gate = asyncio.Event()
         assert (await client.post("/web/api/runs", json={"instruction": "go", "task_id": "t3"})).status_code == 202
+        listed = [view["task_id"] for view in (await client.get("/web/api/runs")).json()]
+        assert listed == ["t3", "t2", "t1"]
+        runner.gate.set()
+        await wait_for(lambda: runs.views()[0].state == "finished")
         listed = [view["task_id"] for view in (await client.get("/web/api/runs")).json()]
         assert listed == ["t3", "t2"]
         assert (await client.get(f"/web/api/runs/{first}")).status_code == 404
 
 
 async def test_a_bad_request_names_the_field_and_its_limit() -> None:
-    async with api_client(Runs(GatedRunner(), keep=2)) as client:
+    async with api_client(Runs(keep=2), GatedRunner()) as client:
         response = await client.post("/web/api/runs", json={"instruction": "go", "top_logprobs": 99})
         assert response.status_code == 422
         [problem] = response.json()["detail"]
@@ -91,11 +100,11 @@ async def test_a_bad_request_names_the_field_and_its_limit() -> None:
 
 
 async def test_a_runner_that_raises_leaves_a_crashed_run_with_its_error() -> None:
-    async def broken(request: RolloutRequest, progress: Progress) -> RolloutResult:
+    async def broken(request: RolloutRequest, run: Run) -> RolloutResult:
         raise RuntimeError("the runner broke")
 
-    runs = Runs(broken, keep=3)
-    async with api_client(runs) as client:
+    runs = Runs(keep=3)
+    async with api_client(runs, broken) as client:
         run_id = (await client.post("/web/api/runs", json={"instruction": "go"})).json()["id"]
         await wait_for(lambda: runs.views()[0].state != "running")
         view = (await client.get(f"/web/api/runs/{run_id}")).json()
@@ -103,9 +112,11 @@ async def test_a_runner_that_raises_leaves_a_crashed_run_with_its_error() -> Non
 
 
 @pytest.fixture(scope="module")
-def guarded_url(backend: LocalBackend) -> Iterator[str]:
+def guarded_url(backend: LocalBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     configure(backend)
-    server = ThreadedServer(build_app(token=TOKEN))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(RESULTS_DIR_VAR, str(tmp_path_factory.mktemp("results")))
+        server = ThreadedServer(build_app(token=TOKEN))
     server.start()
     yield server.url
     server.stop()
@@ -123,6 +134,32 @@ def test_the_page_is_open_and_its_data_is_behind_the_token(guarded_url: str) -> 
     assert httpx.get(f"{guarded_url}/web/api/runs/x/result").status_code == 401
     authorized = {"authorization": f"Bearer {TOKEN}"}
     assert httpx.get(f"{guarded_url}/web/api/runs", headers=authorized).status_code == 200
+
+
+async def test_a_rollout_over_mcp_is_listed_for_token_holders_only(guarded_url: str) -> None:
+    arguments = {
+        "instruction": "Write 42 to answer.txt",
+        "solution": ["echo 42 > answer.txt"],
+        "verify": ['cd /home/user/workdir && test "$(cat answer.txt)" = 42'],
+        "task_id": "over_mcp",
+        "api_key": SECRET,
+    }
+    async with FastMCPClient(f"{guarded_url}/mcp/stream", auth=TOKEN, timeout=120) as client:
+        answer = await client.call_tool("run_rollout", arguments)
+    assert RolloutResult.model_validate(answer.structured_content).reward == 1.0
+    authorized = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=guarded_url) as http:
+        assert (await http.get("/web/api/runs")).status_code == 401
+        [row] = [
+            row for row in (await http.get("/web/api/runs", headers=authorized)).json() if row["task_id"] == "over_mcp"
+        ]
+        assert (row["state"], row["status"], row["reward"], row["failed_phase"]) == ("finished", "completed", 1.0, None)
+        assert row["message"].startswith("completed, reward 1.0 after ")
+        assert (await http.get(f"/web/api/runs/{row['id']}/result")).status_code == 401
+        result = await http.get(f"/web/api/runs/{row['id']}/result", headers=authorized)
+    assert RolloutResult.model_validate_json(result.content).task_id == "over_mcp"
+    assert SECRET not in result.text
+    assert SECRET not in str(row)
 
 
 FIRST_ROW = """
@@ -177,6 +214,8 @@ def test_the_form_runs_a_rollout_with_live_phases_and_opens_it_in_the_viewer(
         save_screenshot(browser, "web-running.png")
         finished = wait.until(lambda b: (row := first_row(b)) and row["state"] != "running" and row)
         assert finished["state"] == "finished"
+        assert finished["phase"].startswith("completed, reward 1.0 after ")
+        assert finished["done"] == ["sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
 
     row = browser.find_element(By.CSS_SELECTOR, "#runs tbody tr")
     assert row.find_element(By.CLASS_NAME, "run-state").text == "finished"

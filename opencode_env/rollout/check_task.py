@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.sandbox.registry import EMBEDDED, backend_names
+from opencode_env.sandbox.registry import BACKENDS, EMBEDDED, backend_names
 from opencode_env.wire.models import RolloutRequest, RolloutResult, is_infrastructure_failure
 
 Verdict = Literal["ok", "broken", "inconclusive"]
@@ -92,6 +92,9 @@ def add_check_task_parser(subparsers: Any) -> None:
         "check-task", help="run a task's oracle (must reach 1.0) and a do-nothing agent (must score below 1.0)"
     )
     check.add_argument("task", type=Path, metavar="TASK.json", help="a RolloutRequest in JSON, with a solution")
-    check.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help="where the two rollouts run")
+    needs = "; ".join(f"{name} needs {BACKENDS[name].needs}" for name in backend_names())
+    check.add_argument(
+        "--backend", choices=backend_names(), default=EMBEDDED, help=f"where the two rollouts run ({needs})"
+    )
     check.add_argument("--save", type=Path, default=None, metavar="DIR", help="write both results as JSON here")
     check.set_defaults(handler=_cmd_check_task)

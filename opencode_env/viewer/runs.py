@@ -1,29 +1,38 @@
-"""The web page's rollouts: started in the background, their progress followed, the last N kept in memory."""
+"""Every rollout the server runs, as its /web page lists them: those running followed phase by phase (whichever
+transport started them: the server's `Rollouts.run` records each one here), those finished kept in a results
+directory that outlives the server (the newest N), or in memory when there is none."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import tempfile
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult, RolloutStatus
 
 log = logging.getLogger("opencode_env.viewer")
-Progress = Callable[[Phase, str], Awaitable[None]]
-Runner = Callable[[RolloutRequest, Progress], Awaitable[RolloutResult]]
-"""Runs one rollout reporting its phases; the server passes its own, which goes through its concurrency cap."""
 MAX_EVENTS = 200
 MAX_MESSAGE_CHARS = 500
+RESULTS_DIR_VAR = "OPENCODE_ENV_RESULTS_DIR"
+RESULTS_KEEP_VAR = "OPENCODE_ENV_RESULTS_KEEP"
+DEFAULT_RESULTS_KEEP = 200
+RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{6}$")
+"""A run's id: its start (UTC, to the microsecond) then random hex, so that ids sort by age and name files safely."""
+STALE_TEMP_S = 3600.0
 
 
 class RunsFull(Exception):
-    """Every kept slot holds a rollout still running."""
+    """Every slot for the page's own rollouts holds one still running."""
 
 
 class ProgressEvent(BaseModel):
@@ -39,28 +48,36 @@ class RunView(BaseModel):
     task_id: str
     instruction_head: str
     state: Literal["running", "finished", "crashed"]
-    phase: Phase | None = None
-    message: str = ""
+    phase: Phase | None = Field(None, description="The phase reached; once finished, the one that failed, if any.")
+    message: str = Field("", description="The last progress message; once finished, how the rollout ended.")
     events: list[ProgressEvent] = Field(default_factory=list)
     started_at: float
     wall_s: float | None = None
     status: RolloutStatus | None = None
+    failed_phase: Phase | None = None
     reward: float | None = None
     error: str | None = None
 
 
-class _Run:
-    def __init__(self, request: RolloutRequest) -> None:
-        self.view = RunView(
-            id=uuid.uuid4().hex[:12],
-            task_id=request.task_id,
-            instruction_head=request.instruction[:200],
-            state="running",
-            started_at=time.time(),
-        )
-        self.started = time.monotonic()
+class Run:
+    """One rollout being recorded: its row, and its result until the results directory holds it."""
+
+    def __init__(self, view: RunView) -> None:
+        self.view = view
+        self.started = time.monotonic() - (view.wall_s or 0.0)
         self.result: RolloutResult | None = None
-        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, request: RolloutRequest) -> Run:
+        now = time.time()
+        micros = int(now * 1_000_000) % 1_000_000
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{micros:06d}-{uuid.uuid4().hex[:6]}"
+        head = request.instruction[:200]
+        return cls(RunView(id=run_id, task_id=request.task_id, instruction_head=head, state="running", started_at=now))
+
+    @property
+    def running(self) -> bool:
+        return self.view.state == "running"
 
     async def progress(self, phase: Phase, message: str) -> None:
         view = self.view
@@ -72,63 +89,259 @@ class _Run:
         return time.monotonic() - self.started
 
     def finish(self, result: RolloutResult) -> None:
-        self.result = result
+        self.result = _without_key(result)
         view = self.view
         view.state, view.status, view.reward, view.error = "finished", result.status, result.reward, result.error
+        view.failed_phase = result.failed_phase
+        view.phase = result.failed_phase or view.phase
+        view.message = _ending(result)
         view.wall_s = round(self.elapsed(), 3)
+        view.events = _last_of_each_phase(view.events)
 
     def crash(self, error: BaseException) -> None:
         view = self.view
         view.state, view.error, view.wall_s = "crashed", f"{type(error).__name__}: {error}", round(self.elapsed(), 3)
+        view.message = "the server failed running it"
+
+
+def _ending(result: RolloutResult) -> str:
+    reward = "" if result.reward is None else f", reward {result.reward}"
+    where = f" in {result.failed_phase}" if result.failed_phase else ""
+    return f"{result.status}{where}{reward} after {result.wall_s:.1f}s"
+
+
+def _last_of_each_phase(events: list[ProgressEvent]) -> list[ProgressEvent]:
+    """A finished run's timeline, one event per phase: the rows stay small however chatty the agent was."""
+    last = {event.phase: event for event in events}
+    return sorted(last.values(), key=lambda event: event.at_s)
+
+
+def _without_key(result: RolloutResult) -> RolloutResult:
+    """The pipeline's result never carries the key (its `task` is the request without it); a result made elsewhere
+    is held to the same rule before it is kept or written."""
+    if result.task is None or not result.task.api_key:
+        return result
+    return result.model_copy(update={"task": result.task.model_copy(update={"api_key": ""})})
+
+
+class ResultsDir:
+    """Finished runs on disk, for as long as they are among the newest `keep`: `<id>.json` (the RolloutResult, as
+    `opencode-env view` opens it) and `<id>.run.json` (its row), each written whole (a temporary file renamed) and
+    readable by this user only."""
+
+    def __init__(self, path: Path, keep: int = DEFAULT_RESULTS_KEEP) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.path, self.keep = path, keep
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    @classmethod
+    def from_environment(cls) -> ResultsDir | None:
+        """OPENCODE_ENV_RESULTS_DIR (default: the user's state directory), keeping OPENCODE_ENV_RESULTS_KEEP results
+        (default 200; 0 keeps none on disk); None, with a warning, when the directory cannot be made."""
+        keep = results_keep_from_env()
+        if keep == 0:
+            return None
+        path = default_results_dir()
+        if not path.is_absolute() and not os.environ.get(RESULTS_DIR_VAR):
+            log.warning("results are kept in memory only: this user has no home directory; set %s", RESULTS_DIR_VAR)
+            return None
+        try:
+            return cls(path, keep)
+        except OSError as error:
+            log.warning("results are kept in memory only: cannot make %s (%s); set %s", path, error, RESULTS_DIR_VAR)
+            return None
+
+    def load(self) -> list[RunView]:
+        """The rows of the newest `keep` results, oldest first; a file that is not one is skipped and logged."""
+        self._remove_stale_temporaries()
+        views = []
+        for run_id in self._ids()[-self.keep :]:
+            try:
+                view = RunView.model_validate_json(self._row(run_id).read_bytes())
+            except (OSError, ValidationError) as error:
+                log.warning("skipping the saved run %s: %s", run_id, str(error)[:200])
+                continue
+            if view.id == run_id and (self.path / f"{run_id}.json").is_file():
+                views.append(view)
+        return sorted(views, key=lambda view: view.started_at)
+
+    def save(self, view: RunView, result: RolloutResult) -> None:
+        """The result, then its row (a row always has its result), then the oldest beyond `keep` removed."""
+        _write_atomically(self.path / f"{view.id}.json", _without_key(result).model_dump_json().encode())
+        _write_atomically(self._row(view.id), view.model_dump_json().encode())
+        for run_id in self._ids()[: -self.keep]:
+            for path in (self._row(run_id), self.path / f"{run_id}.json"):
+                path.unlink(missing_ok=True)
+
+    def read(self, run_id: str) -> bytes | None:
+        if not RUN_ID.match(run_id):
+            return None
+        try:
+            return (self.path / f"{run_id}.json").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _row(self, run_id: str) -> Path:
+        return self.path / f"{run_id}.run.json"
+
+    def _ids(self) -> list[str]:
+        """Every saved run's id, oldest first (a result whose row was never written counts, so it is pruned too)."""
+        with os.scandir(self.path) as entries:
+            names = [entry.name for entry in entries if entry.is_file(follow_symlinks=False)]
+        stems = {name.removesuffix(".json").removesuffix(".run") for name in names if name.endswith(".json")}
+        return sorted(stem for stem in stems if RUN_ID.match(stem))
+
+    def _remove_stale_temporaries(self) -> None:
+        """What a server killed mid-write left (a live server's temporaries are younger)."""
+        with os.scandir(self.path) as entries:
+            stale = [
+                entry.path
+                for entry in entries
+                if entry.name.startswith(".")
+                and entry.name.endswith(".tmp")
+                and time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S
+            ]
+        for path in stale:
+            Path(path).unlink(missing_ok=True)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def default_results_dir() -> Path:
+    configured = os.environ.get(RESULTS_DIR_VAR, "")
+    if configured:
+        return Path(configured).expanduser()
+    # expanduser leaves "~" as it is for a user without a home (a container's numeric uid): not absolute, refused.
+    state = os.environ.get("XDG_STATE_HOME", "") or os.path.expanduser("~/.local/state")
+    return Path(state) / "opencode-env" / "results"
+
+
+def results_keep_from_env() -> int:
+    raw = os.environ.get(RESULTS_KEEP_VAR, "")
+    if not raw:
+        return DEFAULT_RESULTS_KEEP
+    if not raw.isdigit() or int(raw) > 100_000:
+        raise ValueError(f"{RESULTS_KEEP_VAR} must be a whole number from 0 to 100000, got {raw[:40]!r}")
+    return int(raw)
+
+
+Runner = Callable[[RolloutRequest, Run], Awaitable[RolloutResult]]
+"""Runs one of the page's own rollouts, reporting into its `Run`; the server passes its own (`Rollouts.run_recorded`),
+which goes through its concurrency cap."""
 
 
 class Runs:
-    """At most `keep` runs, newest last; a new run evicts the oldest finished one, never a running one."""
+    """Every rollout of this server: the running ones, and the finished ones (the newest `results.keep` with a
+    results directory, else the newest `keep` with their results in memory). `start` runs one for the page itself,
+    at most `keep` of those at once."""
 
-    def __init__(self, runner: Runner, keep: int = 20) -> None:
+    def __init__(self, keep: int = 20, results: ResultsDir | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
-        self._runner = runner
         self.keep = keep
-        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self.results = results
+        self._running: dict[str, Run] = {}
+        self._finished: OrderedDict[str, Run] = OrderedDict()
+        self._started_here: set[asyncio.Task[None]] = set()
+        for view in results.load() if results is not None else []:
+            self._finished[view.id] = Run(view)
 
-    def start(self, request: RolloutRequest) -> RunView:
-        self._make_room()
-        run = _Run(request)
-        self._runs[run.view.id] = run
-        run.task = asyncio.create_task(self._drive(run, request), name=f"web-rollout-{run.view.id}")
+    @property
+    def kept(self) -> int:
+        """How many finished runs are listed."""
+        return self.results.keep if self.results is not None else self.keep
+
+    def begin(self, request: RolloutRequest) -> Run:
+        """A rollout starts (any transport): it is listed as running from now on, never refused."""
+        run = Run.of(request)
+        self._running[run.view.id] = run
+        return run
+
+    async def finish(self, run: Run, result: RolloutResult) -> None:
+        """The rollout ended with `result` (a run already ended is left as it is): it moves to the finished ones,
+        its result to the results directory; a directory that cannot take it leaves the result in memory."""
+        if not run.running:
+            return
+        run.finish(result)
+        self._settle(run)
+        if self.results is None or run.result is None:
+            return
+        try:
+            await asyncio.to_thread(self.results.save, run.view, run.result)
+        except OSError as error:
+            log.warning("run %s: its result stays in memory only: %s", run.view.id, error)
+            return
+        run.result = None
+
+    def crash(self, run: Run, error: BaseException) -> None:
+        if run.running:
+            run.crash(error)
+            self._settle(run)
+
+    def _settle(self, run: Run) -> None:
+        self._running.pop(run.view.id, None)
+        self._finished[run.view.id] = run
+        while len(self._finished) > self.kept:
+            self._finished.popitem(last=False)
+        # Results a directory could not take stay in memory: the newest `keep` of them, like without a directory.
+        in_memory = [kept for kept in self._finished.values() if kept.result is not None and kept is not run]
+        for older in in_memory[: max(0, len(in_memory) - self.keep + 1)]:
+            older.result = None
+
+    def start(self, request: RolloutRequest, runner: Runner) -> RunView:
+        """Run one of the page's own rollouts in the background; RunsFull when `keep` of them are running."""
+        if len(self._started_here) >= self.keep:
+            raise RunsFull(f"{self.keep} rollouts are already running from this page; wait for one to end")
+        run = self.begin(request)
+        task = asyncio.create_task(self._drive(run, request, runner), name=f"web-rollout-{run.view.id}")
+        self._started_here.add(task)
+        task.add_done_callback(self._started_here.discard)
         return run.view
 
-    def _make_room(self) -> None:
-        while len(self._runs) >= self.keep:
-            oldest = next((key for key, run in self._runs.items() if run.view.state != "running"), None)
-            if oldest is None:
-                raise RunsFull(f"{self.keep} rollouts are already running from this page; wait for one to end")
-            del self._runs[oldest]
-
-    async def _drive(self, run: _Run, request: RolloutRequest) -> None:
+    async def _drive(self, run: Run, request: RolloutRequest, runner: Runner) -> None:
         try:
-            run.finish(await self._runner(request, run.progress))
+            await self.finish(run, await runner(request, run))
         except asyncio.CancelledError as cancelled:
-            run.crash(cancelled)
+            self.crash(run, cancelled)
             raise
         except Exception as error:
             log.exception("web rollout %s failed", run.view.id)
-            run.crash(error)
+            self.crash(run, error)
 
     def views(self) -> list[RunView]:
-        return [run.view for run in reversed(self._runs.values())]
+        """Newest first."""
+        runs = [*self._running.values(), *self._finished.values()]
+        return sorted((run.view for run in runs), key=lambda view: view.started_at, reverse=True)
 
     def view(self, run_id: str) -> RunView | None:
-        run = self._runs.get(run_id)
+        run = self._running.get(run_id) or self._finished.get(run_id)
         return run.view if run else None
 
-    def result(self, run_id: str) -> RolloutResult | None:
-        run = self._runs.get(run_id)
-        return run.result if run else None
+    async def result_json(self, run_id: str) -> bytes | None:
+        """A finished run's result as JSON (from memory or the results directory); None for any other id."""
+        run = self._finished.get(run_id)
+        if run is None or run.view.state != "finished":
+            return None
+        if run.result is not None:
+            return (await asyncio.to_thread(run.result.model_dump_json)).encode()
+        if self.results is None:
+            return None
+        return await asyncio.to_thread(self.results.read, run_id)
 
     async def cancel_all(self) -> None:
-        tasks = [run.task for run in self._runs.values() if run.task is not None and not run.task.done()]
+        tasks = list(self._started_here)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,4 +1,6 @@
-"""The server's web page at /web: run one rollout from a form, follow its phases, open each result in the viewer.
+"""The server's web page at /web: every rollout the server runs (whichever transport started it) with its phases
+live, the finished ones kept across restarts (`runs.ResultsDir`); a form that runs one more; each result opened in
+the viewer.
 
 The page itself holds no data and is served without the token (a browser sends no bearer header on navigation);
 it asks for the token once, keeps it in sessionStorage, and sends it with every call to /web/api/*, which the
@@ -13,8 +15,8 @@ from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from opencode_env.viewer.page import asset, content_security_policy, html_document
-from opencode_env.viewer.runs import Runner, Runs, RunsFull, RunView
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.viewer.runs import ResultsDir, Runner, Runs, RunsFull, RunView
+from opencode_env.wire.models import RolloutRequest
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
@@ -24,7 +26,8 @@ KEEP_VAR = "OPENCODE_ENV_WEB_RESULTS"
 
 
 def keep_from_env() -> int:
-    """How many runs the page keeps in memory: OPENCODE_ENV_WEB_RESULTS, default 20, at least 1."""
+    """How many of the page's own rollouts run at once, and how many results are kept when there is no results
+    directory: OPENCODE_ENV_WEB_RESULTS, default 20, at least 1."""
     raw = os.environ.get(KEEP_VAR, "")
     if not raw:
         return DEFAULT_KEEP
@@ -38,12 +41,14 @@ def web_page() -> str:
     return html_document("opencode-env", asset("web.html"), scripts, styles, connect="'self'")
 
 
-def web_router(runner: Runner, *, keep: int | None = None) -> APIRouter:
-    """Routes under /web; `runner` runs one rollout (the server's, behind its concurrency cap)."""
-    return runs_router(Runs(runner, keep=keep_from_env() if keep is None else keep))
+def runs_from_environment() -> Runs:
+    """The server's record of its rollouts, its finished ones read back from the results directory."""
+    return Runs(keep=keep_from_env(), results=ResultsDir.from_environment())
 
 
-def runs_router(store: Runs) -> APIRouter:
+def web_router(runs: Runs, runner: Runner) -> APIRouter:
+    """Routes under /web: `runs` lists every rollout of the server; the form's own run through `runner` (the
+    server's, behind its concurrency cap)."""
     router = APIRouter()
     page = web_page()
     csp = content_security_policy(
@@ -60,27 +65,27 @@ def runs_router(store: Runs) -> APIRouter:
 
     @router.get(WEB_PATH + "/api/runs")
     async def list_runs() -> list[RunView]:
-        return store.views()
+        return runs.views()
 
     @router.post(WEB_PATH + "/api/runs", status_code=202)
     async def start_run(request: RolloutRequest) -> RunView:
         try:
-            return store.start(request)
+            return runs.start(request, runner)
         except RunsFull as full:
             raise HTTPException(status_code=429, detail=str(full)) from full
 
     @router.get(WEB_PATH + "/api/runs/{run_id}")
     async def get_run(run_id: str) -> RunView:
-        view = store.view(run_id)
+        view = runs.view(run_id)
         if view is None:
-            raise HTTPException(status_code=404, detail=f"no run {run_id[:40]!r} (only the last {store.keep} are kept)")
+            raise HTTPException(status_code=404, detail=f"no run {run_id[:40]!r} (only the last {runs.kept} are kept)")
         return view
 
     @router.get(WEB_PATH + "/api/runs/{run_id}/result")
     async def get_result(run_id: str) -> Response:
-        result: RolloutResult | None = store.result(run_id)
+        result = await runs.result_json(run_id)
         if result is None:
             raise HTTPException(status_code=404, detail=f"run {run_id[:40]!r} has no result (unknown or not finished)")
-        return Response(result.model_dump_json(), media_type="application/json")
+        return Response(result, media_type="application/json")
 
     return router

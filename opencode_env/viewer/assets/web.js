@@ -1,5 +1,6 @@
-/* The /web page: the token once per tab (sessionStorage), a form that starts a rollout, its phases polled live,
-   each result opened in the viewer (viewer.js) or downloaded as JSON. Server text only reaches the page as text. */
+/* The /web page: the token once per tab (sessionStorage), every rollout of the server (whichever transport started
+   it) with its phases polled live, a form that starts one more, each result opened in the viewer (viewer.js) or
+   downloaded as JSON. Server text only reaches the page as text. */
 (function () {
   "use strict";
   const el = window.OpencodeViewer.el;
@@ -54,13 +55,21 @@
     pollTimer = setTimeout(refresh, ms);
   }
 
+  function stepClass(run, phase, i, current, seen) {
+    if (run.state === "running") return i === current ? "current" : seen.has(phase) || i < current ? "done" : "";
+    if (run.failed_phase === phase) return "failed";
+    return seen.has(phase) || i < current || (!run.failed_phase && i === current) ? "done" : "";
+  }
+
   function steps(run) {
     const current = PHASES.indexOf(run.phase);
     const seen = new Set((run.events || []).map((e) => e.phase));
-    return el("div", { class: "phase-steps" }, PHASES.map((phase, i) => el("span", {
-      class: run.state === "running" && i === current ? "current" : seen.has(phase) || i < current || (run.state === "finished" && i === current) ? "done" : "",
-      text: phase,
-    })));
+    return el("div", { class: "phase-steps" }, PHASES.map((phase, i) => el("span", { class: stepClass(run, phase, i, current, seen), text: phase })));
+  }
+
+  function phaseText(run) {
+    if (run.state !== "running") return run.message || run.state;
+    return (run.phase || "starting") + (run.message ? ": " + run.message : "");
   }
 
   function showRuns(runs) {
@@ -72,16 +81,22 @@
       view.addEventListener("click", () => openRun(run));
       download.addEventListener("click", () => downloadRun(run));
       body.append(el("tr", { id: "run-" + run.id, "data-state": run.state },
-        el("td", { text: new Date(run.started_at * 1000).toLocaleTimeString() }),
+        el("td", { title: new Date(run.started_at * 1000).toISOString(), text: started(run.started_at) }),
         el("td", { title: run.instruction_head, text: run.task_id || run.instruction_head.slice(0, 40) }),
         el("td", { class: "run-state", text: run.state }),
-        el("td", {}, el("div", { class: "run-phase", text: (run.phase || "–") + (run.message ? ": " + run.message : "") }), steps(run)),
+        el("td", {}, el("div", { class: "run-phase", text: phaseText(run) }), steps(run)),
         el("td", {}, run.status ? el("span", { class: "run-status badge " + (run.status === "completed" ? "ok" : "bad"), text: run.status }) : null,
           run.error ? el("div", { class: "error-text", text: run.error.slice(0, 300) }) : null),
         el("td", { class: "run-reward", text: typeof run.reward !== "number" ? "" : Number.isInteger(run.reward) ? run.reward.toFixed(1) : String(run.reward) }),
         el("td", {}, view, " ", download)));
     }
     if (!runs.length) body.append(el("tr", {}, el("td", { colspan: "7", class: "muted", text: "no runs yet" })));
+  }
+
+  function started(epoch) {
+    const when = new Date(epoch * 1000);
+    const today = when.toDateString() === new Date().toDateString();
+    return today ? when.toLocaleTimeString() : when.toLocaleString();
   }
 
   async function fetchResult(run) {
