@@ -144,11 +144,16 @@ def runtime_paths(tools: ProvidedTools) -> list[str]:
     return sorted(paths)
 
 
-def sandbox_runtime_paths(tools: ProvidedTools) -> list[str]:
+def sandbox_runtime_paths(tools: ProvidedTools, extra_path: tuple[str, ...] = ()) -> list[str]:
     """What a sandbox on the host's own system sees of the host beyond its system directories: the standard library
-    userns.py and seccomp_exec.py run with (-I -S), userns.py itself, OpenCode's install, the trusted certificates;
-    never this checkout, its environment or its results."""
+    userns.py and seccomp_exec.py run with (-I -S), userns.py itself, the provided tools (OpenCode's install, the
+    Python environment a cloud backend's proxy runs with), the trusted certificates, and the prefix of each host
+    directory the backend was asked to put on PATH (a virtualenv's bin: the virtualenv); never the checkout itself,
+    its results or anything else of the operator's."""
     paths = {sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()}
+    if tools.python:
+        paths.add(str(Path(tools.python).parent.parent))
+    paths.update(prefix for directory in extra_path if os.path.isdir(prefix := str(Path(directory).parent)))
     if tools.opencode:
         paths.add(_install_root(tools.opencode))
     return sorted(paths)
@@ -215,6 +220,7 @@ class LocalSandbox:
         self._relays: list[LoopbackRelay] = []
         self.enforcement: dict[str, str] = {}
         self.opencode_data_dir = AGENT_ONLY_ENV["XDG_DATA_HOME"]
+        self.opencode_isolated = True
         self.on_close: Callable[[LocalSandbox], None] | None = None
         self._closer = CloseOnce(self._close)
 
@@ -261,7 +267,7 @@ class LocalSandbox:
             *self._join(),
             *holder_argv(
                 self.layout,
-                sandbox_runtime_paths(self._host_tools),
+                sandbox_runtime_paths(self._host_tools, self._extra_path),
                 own_network=self._own_network,
                 config_deps=self.tools.opencode_config_deps,
                 image_root=self.layout.image_root if self.image is not None else None,
