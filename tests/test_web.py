@@ -226,6 +226,8 @@ def test_the_form_runs_a_rollout_with_live_phases_and_opens_it_in_the_viewer(
     assert browser.find_element(By.CSS_SELECTOR, "#viewer #status").text == "completed"
     assert browser.find_element(By.CSS_SELECTOR, "#viewer #reward").text == "1.0"
     assert browser.find_element(By.CSS_SELECTOR, "#viewer #turn-count").text == "3"
+    assert browser.find_element(By.CSS_SELECTOR, "#viewer #training-line").text.startswith("1 sequence(s)")
+    assert browser.find_elements(By.CSS_SELECTOR, "#viewer #training-none") == []
     save_screenshot(browser, "web-finished.png")
     urls = network_requests(browser)
     assert urls

@@ -9,14 +9,15 @@ server's bearer middleware guards like every other route.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from opencode_env.viewer.page import asset, content_security_policy, html_document
+from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
 from opencode_env.viewer.runs import ResultsDir, Runner, Runs, RunsFull, RunView
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
@@ -87,5 +88,13 @@ def web_router(runs: Runs, runner: Runner) -> APIRouter:
         if result is None:
             raise HTTPException(status_code=404, detail=f"run {run_id[:40]!r} has no result (unknown or not finished)")
         return Response(result, media_type="application/json")
+
+    @router.get(WEB_PATH + "/api/runs/{run_id}/training")
+    async def get_training(run_id: str) -> TrainingView:
+        """The run's training sequences, forks and coverage, as the viewer shows them (computed here, once)."""
+        result = await runs.result_json(run_id)
+        if result is None:
+            raise HTTPException(status_code=404, detail=f"run {run_id[:40]!r} has no result (unknown or not finished)")
+        return await asyncio.to_thread(lambda: training_view(RolloutResult.model_validate_json(result)))
 
     return router

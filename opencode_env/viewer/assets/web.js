@@ -107,7 +107,9 @@
 
   async function openRun(run) {
     try {
-      window.OpencodeViewer.render($("viewer"), JSON.parse(await fetchResult(run)));
+      const result = JSON.parse(await fetchResult(run));
+      const training = await api("/web/api/runs/" + encodeURIComponent(run.id) + "/training");
+      window.OpencodeViewer.render($("viewer"), result, training.ok ? await training.json() : undefined);
       $("viewer").scrollIntoView();
     } catch (error) {
       if (error instanceof Unauthorized) askForToken("That token was refused."); else $("run-error").textContent = String(error.message);
