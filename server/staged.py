@@ -2,9 +2,11 @@
 
 Building the real app imports openenv-core's server side (FastAPI, FastMCP, Gradio, pandas: seconds, more on a busy
 or cold machine). A Space, a container health check or a supervisor only needs to know the process is alive, so
-`/health` answers at once. Every other request waits for the app (up to `ready_wait_s`), so a script that starts
-the server, sees `/health` and calls the tool just works with any client; one that waits longer than that gets 503
-with a Retry-After, and every request gets the reason if building the app failed.
+`/health` answers at once. `/ready` answers at once too: 200 once the tool can be called, 503 with a Retry-After
+before (or the reason, if building the app failed), for a load balancer or a script that would rather poll. Every
+other request waits for the app (up to `ready_wait_s`), so a script that starts the server, sees `/health` and calls
+the tool just works with any client; one that waits longer than that gets 503 with a Retry-After, and every request
+gets the reason if building the app failed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("opencode_env.server")
 STARTING = "the server is starting (loading its dependencies): retry in a few seconds"
+ANSWERED_AT_ONCE = ("/health", "/ready")
 READY_WAIT_S = 120.0
 TRY_AGAIN_LATER = 1013
 DENIAL_EXTENSION = "websocket.http.response"
@@ -46,7 +49,10 @@ class StagedApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if self._app is None and scope.get("path") != "/health":
+        if scope["type"] == "http" and scope["path"] == "/ready":
+            await self._answer_readiness(send)
+            return
+        if self._app is None and scope.get("path") not in ANSWERED_AT_ONCE:
             await self._wait_until_settled()
         if self._app is not None:
             await self._app(scope, receive, send)
@@ -65,6 +71,14 @@ class StagedApp:
     async def _answer_while_starting(self, scope: Scope, send: Send) -> None:
         if scope["path"] == "/health" and self._failure is None:
             status, body = 200, {"status": "healthy"}
+        else:
+            status, body = 503, {"error": self._failure or STARTING}
+        await send({"type": "http.response.start", "status": status, "headers": _headers(body)})
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    async def _answer_readiness(self, send: Send) -> None:
+        if self._app is not None:
+            status, body = 200, {"status": "ready"}
         else:
             status, body = 503, {"error": self._failure or STARTING}
         await send({"type": "http.response.start", "status": status, "headers": _headers(body)})

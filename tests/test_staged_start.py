@@ -49,6 +49,8 @@ async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it()
     try:
         async with httpx.AsyncClient(timeout=60) as http:
             assert (await http.get(f"{server.url}/health")).status_code == 200
+            starting = await http.get(f"{server.url}/ready")
+            assert (starting.status_code, starting.headers["retry-after"]) == (503, "2")
             waiting = asyncio.ensure_future(http.get(f"{server.url}/metadata"))
             listing = asyncio.ensure_future(_tool_names(server.url))
             await asyncio.sleep(1.0)
@@ -56,6 +58,7 @@ async def test_health_answers_while_the_app_is_built_and_the_rest_waits_for_it()
             assert not listing.done()
             release.set()
             assert (await waiting).json()["backend"] == "stub"
+            assert (await http.get(f"{server.url}/ready")).json() == {"status": "ready"}
         assert await listing == ["run_rollout"]
     finally:
         release.set()
@@ -96,6 +99,9 @@ def test_a_build_that_fails_is_explained_on_every_route() -> None:
         failed = wait_for_status(f"{server.url}/health", 503)
         assert "E2B_API_KEY is malformed" in failed.json()["error"]
         assert "E2B_API_KEY is malformed" in httpx.get(f"{server.url}/mcp").json()["error"]
+        not_ready = httpx.get(f"{server.url}/ready")
+        assert not_ready.status_code == 503
+        assert "E2B_API_KEY is malformed" in not_ready.json()["error"]
     finally:
         server.stop()
 
