@@ -64,6 +64,22 @@ async def test_the_output_schema_is_titled_and_every_field_described(server: Stu
     assert schema["title"] == "RolloutResult"
     undescribed = [name for name, field in schema["properties"].items() if not field.get("description")]
     assert undescribed == []
+    assert untyped_items(schema) == []
+    assert untyped_items(tool.input_schema) == []
+
+
+def untyped_items(schema: object, where: str = "") -> list[str]:
+    """Where an array's items have an empty schema (the Inspector's --strict warns on each)."""
+    found: list[str] = []
+    if isinstance(schema, dict):
+        if schema.get("items") == {}:
+            found.append(where)
+        for key, value in schema.items():
+            found += untyped_items(value, f"{where}/{key}")
+    elif isinstance(schema, list):
+        for index, value in enumerate(schema):
+            found += untyped_items(value, f"{where}/{index}")
+    return found
 
 
 async def test_openenv_clients_keep_working_at_mcp(server: StubServer) -> None:

@@ -36,6 +36,7 @@ from pydantic import (
     PlainSerializer,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
@@ -121,6 +122,15 @@ EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\x00]+$")]
 FileText = Annotated[str, StringConstraints(max_length=MAX_FILE_CHARS)]
 NonFiniteName = Literal["Infinity", "-Infinity", "NaN"]
+SentToolSchema = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "type": ["object", "array", "string", "number", "integer", "boolean", "null"],
+            "description": "One tool schema as the agent sent it: normally an object, kept whatever it was.",
+        }
+    ),
+]
 
 
 def _float_for_json(value: float) -> float | NonFiniteName:
@@ -575,7 +585,7 @@ class RolloutResult(BaseModel):
         description="Agent-reported: read from OpenCode's event stream, which the agent can write.",
     )
     agent_final_text: str = Field("", description="Agent-reported: OpenCode's last text event.")
-    request_tools: dict[str, list[Any]] = Field(
+    request_tools: dict[str, list[SentToolSchema]] = Field(
         default_factory=dict, description="Tool schemas sent upstream, by sha256, stored once per rollout."
     )
     limits_hit: list[LimitHit] = Field(
