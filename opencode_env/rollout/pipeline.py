@@ -63,6 +63,7 @@ ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
 T = TypeVar("T")
 
 EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
+PROGRESS_EVENTS_BYTES = 16 * 1024
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
 WORKDIR_COPY_LIMIT = 256 * 2**20
 AGENT_PROGRESS_S = {"local": 1.0}
@@ -465,7 +466,17 @@ async def _report_model_calls(rollout: _Rollout, proxy: ProxyHandle, agent: asyn
         if calls > reported:
             reported = calls
             tokens = int(health.get("completion_tokens_written", 0)) if health else 0
-            await rollout.report("agent", f"{calls} model call{'s' * (calls != 1)} recorded, {tokens} tokens sampled")
+            text = f"{calls} model call{'s' * (calls != 1)} recorded, {tokens} tokens sampled"
+            await rollout.report("agent", text + await _last_tool(rollout.sandbox))
+
+
+async def _last_tool(sandbox: Sandbox) -> str:
+    """The last tool OpenCode reported finished, for progress only (its event stream is the agent's to write)."""
+    tools = opencode.parse_events(await read_tail(sandbox, EVENTS_PATH, limit=PROGRESS_EVENTS_BYTES)).tool_calls
+    if not tools:
+        return ""
+    last = tools[-1]
+    return f"; last tool: {last.tool[:40]} ({last.title[:60]})" if last.title else f"; last tool: {last.tool[:40]}"
 
 
 def _after_verify_reserve(rollout: _Rollout) -> float:
