@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 
 from opencode_env import OpenCodeEnv
@@ -41,17 +42,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     api_key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
 
-    with model_endpoint(args) as (base_url, model), OpenCodeEnv(base_url=args.server) as env:
-        result = env.run_rollout(
-            endpoint="vllm",
-            base_url=base_url,
-            api_key=api_key,
-            model=model,
-            instruction=DEMO_INSTRUCTION,
-            verify=DEMO_VERIFY,
-            task_id="quickstart_add",
-        )
-        print(result.status, result.reward, len(result.proxy_turns))
+    try:
+        with model_endpoint(args) as (base_url, model), OpenCodeEnv(base_url=args.server) as env:
+            result = env.run_rollout(
+                endpoint="vllm",
+                base_url=base_url,
+                api_key=api_key,
+                model=model,
+                instruction=DEMO_INSTRUCTION,
+                verify=DEMO_VERIFY,
+                task_id="quickstart_add",
+            )
+    except ConnectionError as error:
+        print(f"quickstart: {error}", file=sys.stderr)
+        return 2
+    print(result.status, result.reward, len(result.proxy_turns))
 
     turn = result.proxy_turns[0] if result.proxy_turns else None
     if turn is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,6 +53,16 @@ def test_quickstart(server_url: str, no_leaks: None) -> None:
     assert lines[1].startswith("first turn: ")
     assert "sequences:  1\n" in done.stdout
     assert "aligned:    yes" in done.stdout
+
+
+def test_quickstart_without_a_server_says_how_to_start_one() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    done = run_example("quickstart.py", nobody)
+    assert done.returncode == 2
+    assert "Start one with `opencode-env serve`" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.timeout(600)
