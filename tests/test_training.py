@@ -255,3 +255,14 @@ async def test_a_no_ids_endpoint_gives_a_clear_reason(backend: LocalBackend, no_
     found = training_sequences(result)
     assert found.sequences == []
     assert "token_id_source: none" in (found.no_sequences_reason or "")
+
+
+def test_a_rollout_with_no_call_says_why_in_its_own_words() -> None:
+    failed = RolloutResult(status="internal_error", error="nothing answers at ws://x/ws")
+    assert training_sequences(failed).no_sequences_reason == (
+        "no model call was recorded (status internal_error: nothing answers at ws://x/ws)"
+    )
+    assert training_sequences(RolloutResult(mode="black_box")).no_sequences_reason == (
+        "no turns were captured (black_box mode)"
+    )
+    assert training_sequences(RolloutResult(oracle=True)).no_sequences_reason == "an oracle run: no model was called"

@@ -172,17 +172,23 @@ def _no_ids_reason(turns: list[RolloutTurn]) -> str:
     )
 
 
+def _no_turns_reason(result: RolloutResult) -> str:
+    if result.proxy_turns:
+        return "no agent turn completed (only auxiliary, unattributed or failed calls)"
+    if result.mode == "black_box":
+        return "no turns were captured (black_box mode)"
+    if result.oracle:
+        return "an oracle run: no model was called"
+    return f"no model call was recorded (status {result.status}{': ' + result.error[:200] if result.error else ''})"
+
+
 def training_sequences(result: RolloutResult) -> TrainingSequences:
     """The rollout's agent and sub-agent turns as training sequences, with forks and skipped turns recorded."""
     out = TrainingSequences(unattributed=unattributed_turns(result))
     sessions = trainable_sessions(result)
     trainable = [turn for turns in sessions.values() for turn in turns]
     if not trainable:
-        out.no_sequences_reason = (
-            "no turns were captured (black_box mode)"
-            if not result.proxy_turns
-            else "no agent turn completed (only auxiliary, unattributed or failed calls)"
-        )
+        out.no_sequences_reason = _no_turns_reason(result)
         return _mark(out, result)
     if all(ids_problem(turn) for turn in trainable):
         out.no_sequences_reason = _no_ids_reason(trainable)
