@@ -609,8 +609,8 @@ async def _collect_turns(rollout: _Rollout, proxy: ProxyHandle) -> None:
     own = [turn for turn in trace.turns if turn.kind != "unattributed"]
     complete = [turn for turn in own if turn.outcome == "complete"]
     result.usage = TokenUsage(
-        prompt_tokens=sum(turn.usage.get("prompt_tokens", 0) for turn in complete),
-        completion_tokens=sum(turn.usage.get("completion_tokens", 0) for turn in complete),
+        prompt_tokens=sum(turn.usage.prompt_tokens or 0 for turn in complete),
+        completion_tokens=sum(turn.usage.completion_tokens or 0 for turn in complete),
         llm_calls=len(own),
         source="proxy",
     )

@@ -118,7 +118,7 @@ def _compare(check: AttributionCheck, steps: list[StoredStep], turns: list[Rollo
         mine, theirs = captured[session], recorded[session]
         for step, turn in zip(theirs, mine, strict=False):
             check.turns_matched += 1
-            sampled = turn.usage.get("completion_tokens")
+            sampled = turn.usage.completion_tokens
             if step.output_tokens is not None and sampled is not None and step.output_tokens > sampled:
                 check.disagreements.append(
                     f"turn {turn.turn} ({session}): OpenCode counted {step.output_tokens} output tokens, the engine "

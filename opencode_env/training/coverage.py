@@ -73,7 +73,7 @@ def generated_tokens(turn: RolloutTurn) -> int:
     """How many tokens the call generated: its engine ids, else the upstream's usage, else its token texts."""
     if turn.completion_token_ids:
         return len(turn.completion_token_ids)
-    return turn.usage.get("completion_tokens", 0) or len(turn.completion_tokens)
+    return turn.usage.completion_tokens or len(turn.completion_tokens)
 
 
 def agent_tokens_carried(result: RolloutResult, carried: Iterable[int]) -> tuple[int, int]:

@@ -319,8 +319,8 @@ def training_summary(result: RolloutResult, sequences: TrainingSequences | None 
             misaligned.append(turn.turn)
         kind = usage.setdefault(turn.kind, KindUsage())
         kind.calls += 1
-        kind.prompt_tokens += turn.usage.get("prompt_tokens", 0)
-        kind.completion_tokens += turn.usage.get("completion_tokens", 0)
+        kind.prompt_tokens += turn.usage.prompt_tokens or 0
+        kind.completion_tokens += turn.usage.completion_tokens or 0
     return TrainingSummary(
         sequences=len(found.sequences),
         sub_agent_sequences=sum(1 for sequence in found.sequences if sequence.kind == "sub_agent"),

@@ -34,11 +34,13 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     ValidationInfo,
     WithJsonSchema,
     field_serializer,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -372,6 +374,21 @@ TopLogprob = tuple[str, WireFloat, int | None]
 """One alternative at a position: (token, logprob, token id when the upstream gave one)."""
 
 
+class CallUsage(BaseModel):
+    """What the model server counted for one call: OpenAI's usage object, its integer fields (others kept as sent).
+    A count the server did not send is None, and left out of the JSON."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _counted_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, int]:
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
 class PromptBase(BaseModel):
     """The first `count` ids of (prompt ids + completion ids) of the turn numbered `turn`."""
 
@@ -417,7 +434,7 @@ class RolloutTurn(BaseModel):
         default_factory=list, description="Wire only: the prompt ids after prompt_base."
     )
     response: dict[str, Any] = Field(default_factory=dict)
-    usage: dict[str, int] = Field(default_factory=dict)
+    usage: CallUsage = Field(default_factory=CallUsage, description="The model server's counts for this call.")
     ttft_s: WireFloat | None = None
     kind: TurnKind = "agent"
     headers: dict[str, str] = Field(default_factory=dict)
