@@ -5,18 +5,42 @@ objects per chunk) dominated its CPU. This client reads straight from asyncio st
 whatever number of chunks it holds (opencode_env/proxy/dechunk.py), keeps connections alive in
 a small pool (a TLS handshake per turn would add tens of milliseconds), and enforces the idle timeout with one
 watchdog per response instead of a timer per read. Standard library only.
+
+Where the operator's network reaches the model only through an HTTP proxy, the pool goes through it (ProxyRoute):
+an https origin through a `CONNECT` tunnel with TLS to the origin inside it (the proxy sees neither the key nor the
+body), an http origin with absolute-form request targets (the proxy sees everything, as any hop of plain HTTP does).
+Errors, each naming the proxy when there is one:
+
+    UpstreamError
+    ├── UpstreamUnreachable    no connection: refused, DNS, TLS, connect timeout, or the proxy refused the CONNECT
+    ├── UpstreamStalled        no bytes within the idle timeout
+    └── UpstreamDisconnected   the connection closed before the answer was complete
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import ipaddress
+import os
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from enum import Enum
+from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from opencode_env.proxy.dechunk import ChunkedDecoder
+
+READ_LIMIT = 1 << 20
+RESERVED_PREFIX = "OPENCODE_ENV_"
+"""The pool's default route reads OPENCODE_ENV_HTTPS_PROXY, OPENCODE_ENV_HTTP_PROXY and OPENCODE_ENV_NO_PROXY, not
+the standard names: on the cloud backends the proxy's environment carries the caller's `env`, and a caller who could
+set HTTP_PROXY would be sent the operator's key. A caller cannot set an OPENCODE_* name; a server that wants its own
+proxy used passes its standard variables on under these names."""
+BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError, ValueError)
+"""What reading or writing a connection raises when the peer breaks it or sends what is not HTTP/1.1."""
 
 
 class UpstreamError(Exception):
@@ -24,7 +48,7 @@ class UpstreamError(Exception):
 
 
 class UpstreamUnreachable(UpstreamError):
-    """No connection could be made (refused, DNS, TLS, connect timeout)."""
+    """No connection could be made (refused, DNS, TLS, connect timeout, a proxy's refusal)."""
 
 
 class UpstreamStalled(UpstreamError):
@@ -42,7 +66,8 @@ class Origin:
     port: int
     base_path: str
     connect_address: str = ""
-    """Where to connect instead of resolving `host` (the address the server vetted); Host and TLS keep `host`."""
+    """Where to connect instead of resolving `host` (the address the server vetted); Host and TLS keep `host`.
+    Through a proxy, the proxy is sent this address, so it does not resolve the name again either."""
 
     @classmethod
     def parse(cls, url: str) -> Origin:
@@ -55,7 +80,120 @@ class Origin:
     @property
     def host_header(self) -> str:
         default = 443 if self.scheme == "https" else 80
-        return self.host if self.port == default else f"{self.host}:{self.port}"
+        host = _bracketed(self.host)
+        return host if self.port == default else f"{host}:{self.port}"
+
+    @property
+    def target(self) -> str:
+        """host:port a proxy is asked for (CONNECT, absolute-form): the vetted address when there is one."""
+        return f"{_bracketed(self.connect_address or self.host)}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ProxyRoute:
+    """An HTTP proxy between the pool and its origin."""
+
+    scheme: Literal["http", "https"]
+    """How the pool talks to the proxy itself (an https proxy: TLS to the proxy, and to an https origin inside)."""
+    host: str
+    port: int
+    authorization: str = field(default="", repr=False)
+    """Proxy-Authorization's value (Basic, from the proxy URL's user:password), or empty."""
+
+    @classmethod
+    def parse(cls, url: str) -> ProxyRoute:
+        """A proxy URL as curl and requests take it: `host:port` alone means http, a missing port the scheme's."""
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported proxy scheme {parts.scheme!r} (http:// and https:// proxies only)")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise ValueError("the proxy URL's port is not a number from 0 to 65535") from None
+        if not parts.hostname:
+            raise ValueError("the proxy URL names no host")
+        authorization = ""
+        if parts.username is not None:
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            authorization = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
+        return cls("https" if parts.scheme == "https" else "http", parts.hostname, port, authorization)
+
+    @property
+    def name(self) -> str:
+        """How messages name the proxy: never with its credentials."""
+        return f"{self.scheme}://{_bracketed(self.host)}:{self.port}"
+
+
+def proxy_route(origin: Origin, environ: Mapping[str, str], *, prefix: str = "") -> ProxyRoute | None:
+    """The proxy `environ` names for `origin`, read as curl and requests read it, or None to connect directly.
+
+    HTTPS_PROXY for an https origin, HTTP_PROXY for an http one (the lower-case name first), unless NO_PROXY lists
+    the origin's host: `*`, a host (also matching its subdomains; a leading `.` or `*.` is the same), `host:port`,
+    or an IP address or CIDR block matching an IP-literal host (names are not resolved for this). With a prefix,
+    only the upper-case names behind it (see RESERVED_PREFIX)."""
+
+    def read(name: str) -> tuple[str, str]:
+        names = [prefix + name.upper()] if prefix else [name, name.upper()]
+        return next(((key, value.strip()) for key in names if (value := environ.get(key, "")).strip()), (name, ""))
+
+    variable, url = read(f"{origin.scheme}_proxy")
+    if not url or _bypassed(origin, read("no_proxy")[1]):
+        return None
+    try:
+        return ProxyRoute.parse(url)
+    except ValueError as error:
+        raise ValueError(f"{variable}: {error}") from None
+
+
+def _bypassed(origin: Origin, no_proxy: str) -> bool:
+    host = origin.host.lower().rstrip(".")
+    address = _ip(host)
+    for entry in (part.strip().lower() for part in no_proxy.split(",")):
+        if entry == "*":
+            return True
+        name, port = _split_port(entry)
+        if not name or (port is not None and port != origin.port):
+            continue
+        if address is not None:
+            with contextlib.suppress(ValueError):
+                if address in ipaddress.ip_network(name, strict=False):
+                    return True
+            continue
+        name = name.removeprefix("*").lstrip(".").rstrip(".")
+        if name and (host == name or host.endswith(f".{name}")):
+            return True
+    return False
+
+
+def _split_port(entry: str) -> tuple[str, int | None]:
+    """`host:port`, `[v6]:port` or `1.2.3.0/24` into the name and the port (None: any port)."""
+    if entry.startswith("["):
+        name, _, rest = entry[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif entry.count(":") == 1:
+        name, _, port = entry.partition(":")
+    else:
+        return entry, None
+    return (name, int(port)) if port.isdigit() else (name, None)
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class _Environ(Enum):
+    DEFAULT = "from os.environ"
+
+
+FROM_ENVIRON = _Environ.DEFAULT
+"""UpstreamPool's default route: proxy_route(origin, os.environ, prefix=RESERVED_PREFIX) at construction."""
 
 
 @dataclass
@@ -119,10 +257,10 @@ class UpstreamResponse:
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
-                raise UpstreamStalled(f"no bytes from upstream for {self._idle_s}s") from cancelled
+                raise UpstreamStalled(f"no bytes from {self._pool.where} for {self._idle_s}s") from cancelled
             raise
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as error:
-            raise UpstreamDisconnected(f"the upstream connection broke mid-answer: {error!r}") from error
+        except BROKEN as error:
+            raise UpstreamDisconnected(f"the connection to {self._pool.where} broke mid-answer: {error!r}") from error
         finally:
             watchdog.stop()
             self.release()
@@ -165,15 +303,31 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    """Keep-alive connections to one origin."""
+    """Keep-alive connections to one origin, directly or through one HTTP proxy."""
 
-    def __init__(self, origin: Origin, *, connect_timeout_s: float, idle_timeout_s: float, size: int = 16) -> None:
+    def __init__(
+        self,
+        origin: Origin,
+        *,
+        connect_timeout_s: float,
+        idle_timeout_s: float,
+        size: int = 16,
+        route: ProxyRoute | Literal[_Environ.DEFAULT] | None = FROM_ENVIRON,
+    ) -> None:
         self.origin = origin
+        self.route = proxy_route(origin, os.environ, prefix=RESERVED_PREFIX) if route is FROM_ENVIRON else route
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._size = size
         self._idle: list[_Connection] = []
         self._ssl = ssl.create_default_context() if origin.scheme == "https" else None
+        self._proxy_ssl = ssl.create_default_context() if self.route and self.route.scheme == "https" else None
+        self.where = f"{origin.host}:{origin.port}" + (f" through the proxy {self.route.name}" if self.route else "")
+        """The upstream as error messages name it."""
+        absolute = self.route is not None and self._ssl is None
+        self._request_target = f"http://{origin.target}{origin.base_path}" if absolute else origin.base_path
+        authorization = self.route.authorization if absolute and self.route else ""
+        self._proxy_header = f"proxy-authorization: {authorization}\r\n" if authorization else ""
 
     def put(self, connection: _Connection) -> None:
         if len(self._idle) < self._size and not connection.reader.at_eof():
@@ -190,16 +344,46 @@ class UpstreamPool:
             connection.close()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                reader, writer = await asyncio.open_connection(
-                    self.origin.connect_address or self.origin.host,
-                    self.origin.port,
-                    ssl=self._ssl,
-                    limit=1 << 20,
-                    server_hostname=self.origin.host if self._ssl else None,
-                )
-        except (OSError, TimeoutError, ssl.SSLError) as error:
-            raise UpstreamUnreachable(f"cannot connect to {self.origin.host}:{self.origin.port}: {error!r}") from error
+                if self.route is None:
+                    reader, writer = await asyncio.open_connection(
+                        self.origin.connect_address or self.origin.host,
+                        self.origin.port,
+                        ssl=self._ssl,
+                        limit=READ_LIMIT,
+                        server_hostname=self.origin.host if self._ssl else None,
+                    )
+                else:
+                    reader, writer = await self._through_proxy(self.route)
+        except (*BROKEN, TimeoutError, ssl.SSLError) as error:
+            raise UpstreamUnreachable(f"cannot connect to {self.where}: {error!r}") from error
         return _Connection(reader, writer)
+
+    async def _through_proxy(self, route: ProxyRoute) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the proxy; for an https origin, a CONNECT tunnel with TLS to the origin inside it. The
+        CONNECT carries the target and the proxy's credentials only: no header of the request goes to the proxy."""
+        reader, writer = await asyncio.open_connection(
+            route.host,
+            route.port,
+            ssl=self._proxy_ssl,
+            limit=READ_LIMIT,
+            server_hostname=route.host if self._proxy_ssl else None,
+        )
+        if self._ssl is None:
+            return reader, writer
+        try:
+            lines = [f"CONNECT {self.origin.target} HTTP/1.1", f"host: {self.origin.target}"]
+            if route.authorization:
+                lines.append(f"proxy-authorization: {route.authorization}")
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            await writer.drain()
+            status, _ = await _read_head(reader)
+            if not 200 <= status < 300:
+                raise UpstreamUnreachable(f"the proxy {route.name} answered {status} to CONNECT {self.origin.target}")
+            await writer.start_tls(self._ssl, server_hostname=self.origin.host)
+        except BaseException:
+            writer.close()
+            raise
+        return reader, writer
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """Send the request and read the status and headers (waiting at most the idle timeout for them)."""
@@ -222,22 +406,23 @@ class UpstreamPool:
         self, connection: _Connection, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamResponse:
         lines = [
-            f"POST {self.origin.base_path}{path} HTTP/1.1",
+            f"POST {self._request_target}{path} HTTP/1.1",
             f"host: {self.origin.host_header}",
             f"content-length: {len(body)}",
             *(f"{name}: {value}" for name, value in headers.items()),
         ]
+        head = "\r\n".join(lines) + "\r\n" + self._proxy_header + "\r\n"
         try:
-            connection.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+            connection.writer.write(head.encode("latin-1") + body)
             await connection.writer.drain()
             async with asyncio.timeout(self._idle_timeout_s):
                 status, response_headers = await _read_head(connection.reader)
         except TimeoutError as error:
             connection.close()
-            raise UpstreamStalled(f"no answer from upstream within {self._idle_timeout_s}s") from error
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as error:
+            raise UpstreamStalled(f"no answer from {self.where} within {self._idle_timeout_s}s") from error
+        except BROKEN as error:
             connection.close()
-            raise UpstreamDisconnected(f"the upstream closed the connection: {error!r}") from error
+            raise UpstreamDisconnected(f"{self.where} closed the connection: {error!r}") from error
         return UpstreamResponse(status, response_headers, connection, self, self._idle_timeout_s)
 
     def close(self) -> None:
@@ -245,6 +430,14 @@ class UpstreamPool:
             with contextlib.suppress(RuntimeError):
                 connection.close()
         self._idle.clear()
+
+    async def aclose(self) -> None:
+        """close(), then wait (a second at most) for the connections to be gone, so a loop closing next finds none."""
+        closing = [connection.writer.wait_closed() for connection in self._idle]
+        self.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1):
+                await asyncio.gather(*closing, return_exceptions=True)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
