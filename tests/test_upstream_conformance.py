@@ -24,6 +24,11 @@ from opencode_env.proxy.upstream import (
     UpstreamUnreachable,
     proxy_route,
 )
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.upstream_proxy import running_test_proxy
 from tests.upstream_servers import PIECES, SERVER_KINDS, PrivateCA, ServerKind, served
 
@@ -357,3 +362,18 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def test_a_rollout_reaches_its_model_through_the_operators_proxy(
+    backend: LocalBackend, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's HTTP_PROXY reaches the capture proxy (as OPENCODE_ENV_HTTP_PROXY): every model call goes through
+    the operator's proxy; a caller's own HTTP_PROXY in the request's env changes nothing."""
+    with running_test_proxy() as (proxy_url, proxy), ScriptedModelServer(demo_script()) as model:
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        request = demo_request(model.base_url, env={"HTTP_PROXY": "http://127.0.0.1:9"})
+        result = await run_rollout(request, backend)
+    assert result.status == "completed", result.error
+    absolute = [head for head in proxy.heads if head.startswith(b"POST http://127.0.0.1:")]
+    assert len(absolute) >= 1
+    assert len(model.exchanges) == len(result.proxy_turns) == 3

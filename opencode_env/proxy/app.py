@@ -146,8 +146,8 @@ class CaptureProxy:
 
     async def aclose(self) -> None:
         await self.drain()
-        self._pool.close()
-        self._server_root.close()
+        await self._pool.aclose()
+        await self._server_root.aclose()
         self.trace.close()
 
     async def drain(self) -> int:

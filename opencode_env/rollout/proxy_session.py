@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,6 +35,21 @@ def proxy_sources() -> dict[str, str]:
     files = {f"opencode_env/proxy/{path.name}": path.read_text() for path in sorted(here.glob("*.py"))}
     files["opencode_env/__init__.py"] = ""
     return files
+
+
+UPSTREAM_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
+"""The operator's proxy settings (a corporate network), passed to the capture proxy under reserved names: it never
+reads the standard ones, which a caller's `env` could set where the proxy shares the sandbox's environment."""
+
+
+def upstream_proxy_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's own HTTP(S)_PROXY / NO_PROXY (either case, as curl reads them) as OPENCODE_ENV_* names."""
+    out = {}
+    for name in UPSTREAM_PROXY_VARS:
+        value = environ.get(name.lower()) or environ.get(name)
+        if value:
+            out[f"OPENCODE_ENV_{name}"] = value
+    return out
 
 
 def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> ProxyLaunch:
@@ -65,7 +82,7 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> Pr
         args += ["--sampling", json.dumps(request.sampling.sent())]
     if request.token_in == "auto":
         args.append("--token-in")
-    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1", **upstream_proxy_env(os.environ)}
     return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 
 
