@@ -121,3 +121,36 @@ def test_the_server_builds_its_policy_from_its_access_rule(monkeypatch: pytest.M
     monkeypatch.setenv(ALLOW_VAR, "gpu-box:8000")
     build_app(token="")
     assert runtime().rollouts.upstream_policy.allowed.host_ports == {("gpu-box", 8000)}
+
+
+SERVER_KEY = "sk-operator-key-7f3a"
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"setup": ["apt-get install -y foo"]}, "setup_as='root' with setup commands"),
+        ({"image": "python:3.12"}, "image"),
+        ({"template": "their-template"}, "template"),
+    ],
+)
+async def test_the_servers_key_never_meets_a_callers_root_in_a_shared_vm(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, object], named: str
+) -> None:
+    """On a backend whose proxy shares the VM with the task's root (E2B, HF; a test double counts as one), a caller
+    relying on the server's key may not run root code or name the image; with its own key it may."""
+    monkeypatch.setenv("OPENAI_API_KEY", SERVER_KEY)
+    backend = StubBackend()
+    request = RolloutRequest(endpoint="openai", model="gpt-x", instruction="x", **fields)  # type: ignore[arg-type]
+    result = await run_rollout(request, backend, upstream_policy=policy())
+    assert (result.status, result.failed_phase, result.sandbox_id) == ("invalid_request", "validate", "")
+    assert (result.error or "").startswith(named)
+    assert "send your own api_key" in (result.error or "")
+    assert SERVER_KEY not in result.model_dump_json()
+    own = await run_rollout(request.model_copy(update={"api_key": "sk-callers-own"}), backend, upstream_policy=policy())
+    assert own.status != "invalid_request", own.error
+    user_setup = request.model_copy(update={"setup_as": "user", "image": "", "template": ""})
+    as_user = await run_rollout(user_setup, backend, upstream_policy=policy())
+    assert as_user.status != "invalid_request", as_user.error
+    in_process = await run_rollout(request, backend)
+    assert in_process.status != "invalid_request", in_process.error

@@ -44,6 +44,8 @@ class Upstream:
     disable_thinking: bool
     from_caller: bool = False
     """The base URL came from the request rather than from the operator's configuration (see upstream_policy)."""
+    key_from_server: bool = False
+    """The key came from the server's environment, not from the request."""
     connect_address: str = ""
     """The address the policy vetted for a caller's URL: the proxy connects there, never resolving the name again."""
 
@@ -97,4 +99,7 @@ def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None 
         raise EndpointError(f"base_url must start with http:// or https://, got {base_url[:80]!r}")
     disable_thinking = thinking_off if request.disable_thinking is None else request.disable_thinking
     from_caller = bool(request.base_url) and request.base_url.rstrip("/") != configured_url.rstrip("/")
-    return Upstream(request.endpoint, base_url.rstrip("/"), api_key, model, disable_thinking, from_caller)
+    key_from_server = bool(api_key) and not request.api_key
+    return Upstream(
+        request.endpoint, base_url.rstrip("/"), api_key, model, disable_thinking, from_caller, key_from_server
+    )

@@ -30,7 +30,7 @@ from opencode_env.rollout.proxy_session import (
     wait_healthy,
 )
 from opencode_env.rollout.reward import read_reward
-from opencode_env.rollout.upstream_policy import UpstreamPolicy
+from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_problem
 from opencode_env.rollout.workdir_copy import copy_workdir
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
@@ -44,6 +44,7 @@ from opencode_env.sandbox.base import (
     task_path,
 )
 from opencode_env.sandbox.local.tools import InstallError
+from opencode_env.sandbox.registry import proxy_beside_task_root
 from opencode_env.training.attribution import attribution_check
 from opencode_env.training.sampling import sampling_warnings
 from opencode_env.wire.deadline import Deadline, DeadlineExceeded, total_budget_s
@@ -147,9 +148,8 @@ async def run_rollout(
     try:
         upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request)
         result.upstream = upstream.info()
-        if upstream_policy is not None and upstream.from_caller:
-            vetted = await asyncio.to_thread(upstream_policy.check, upstream.base_url)
-            upstream = replace(upstream, connect_address=vetted)
+        if upstream_policy is not None:
+            upstream = await _as_a_caller_may(request, upstream, backend, upstream_policy)
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
         spec = _sandbox_spec(request, deadline, endpoints)
@@ -192,6 +192,21 @@ SANDBOX_USER_IDS = "1000:1000"
 
 def workdir_of(request: RolloutRequest) -> str:
     return request.workdir.rstrip("/") or WORKDIR
+
+
+async def _as_a_caller_may(
+    request: RolloutRequest, upstream: Upstream, backend: SandboxBackend, policy: UpstreamPolicy
+) -> Upstream:
+    """A server's caller is not its operator: a URL it sends is vetted (the proxy then connects to the address that
+    was checked), and the server's key never goes where the caller's root could read it."""
+    if upstream.from_caller:
+        vetted = await asyncio.to_thread(policy.check, upstream.base_url)
+        upstream = replace(upstream, connect_address=vetted)
+    shares = proxy_beside_task_root(backend)
+    custody = key_custody_problem(request, key_from_server=upstream.key_from_server, proxy_beside_task_root=shares)
+    if custody is not None:
+        raise EndpointError(custody)
+    return upstream
 
 
 def _sandbox_spec(

@@ -26,6 +26,7 @@ from opencode_env.sandbox.addresses import (
     resolved_addresses,
     within,
 )
+from opencode_env.wire.models import RolloutRequest
 
 ALLOW_VAR = "OPENCODE_ENV_UPSTREAM_ALLOW"
 Resolver = Callable[[str, int], Sequence[IPAddress]]
@@ -115,3 +116,29 @@ class UpstreamPolicy:
         if not addresses:
             raise UpstreamRefused(f"base_url: {host} resolves to no address")
         return str(addresses[0])
+
+
+def key_custody_problem(request: RolloutRequest, *, key_from_server: bool, proxy_beside_task_root: bool) -> str | None:
+    """Why a key from the server's environment must not go into this rollout's sandbox, or None.
+
+    On a backend whose capture proxy shares a VM with the task's root (E2B, Hugging Face), root in that VM can read
+    the proxy's memory or replace the interpreter it runs: a caller whose setup runs as root, or who names the
+    image, could take the operator's key. The caller's own key is theirs to risk."""
+    if not key_from_server or not proxy_beside_task_root:
+        return None
+    chosen = [
+        name
+        for name, chosen in (
+            ("setup_as='root' with setup commands", request.setup_as == "root" and bool(request.setup)),
+            ("image", bool(request.image)),
+            ("template", bool(request.template)),
+        )
+        if chosen
+    ]
+    if not chosen:
+        return None
+    return (
+        f"{', '.join(chosen)}: on this backend the capture proxy shares the sandbox's VM with its root, so the "
+        "server's model key is never sent where code or an image the caller chose runs as root; use "
+        "setup_as='user' and the backend's default image, or send your own api_key"
+    )

@@ -55,6 +55,9 @@ class BackendSpec:
     """A cheap check of what it needs (no sandbox started): what is missing and what to set, or None."""
     enforces_limits: bool
     """Whether it enforces a rollout's memory, process, disk and CPU limits (else its VM's size bounds a rollout)."""
+    proxy_beside_task_root: bool = True
+    """Whether the capture proxy, which holds the model key, runs on the machine where the task's root runs (a cloud
+    VM): root there could read the key, so a key from the server's environment must not meet a caller's root."""
     reap: Reaper | None = None
     """None when it leaves nothing to reap by hand (the local backend reaps its leftovers at its first sandbox)."""
 
@@ -136,6 +139,7 @@ BACKENDS: Mapping[str, BackendSpec] = MappingProxyType(
                 default_concurrency=per_cpu_concurrency,
                 environment_problem=_local_problem,
                 enforces_limits=True,
+                proxy_beside_task_root=False,
             ),
             BackendSpec(
                 name="e2b",
@@ -200,6 +204,12 @@ def default_concurrency(backend: SandboxBackend) -> int:
     """The backend's own default; a backend outside the registry (a test double) gets the per-CPU one."""
     spec = BACKENDS.get(backend.name)
     return spec.default_concurrency() if spec is not None else per_cpu_concurrency()
+
+
+def proxy_beside_task_root(backend: SandboxBackend) -> bool:
+    """See BackendSpec.proxy_beside_task_root; a backend outside the registry (a test double) is taken to share."""
+    spec = BACKENDS.get(backend.name)
+    return spec.proxy_beside_task_root if spec is not None else True
 
 
 def backend_problem(backend: object, name: str) -> str | None:
