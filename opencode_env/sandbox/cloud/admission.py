@@ -11,8 +11,10 @@ import asyncio
 import os
 import time
 
+DEFAULT_LIMIT = 20
 
-def limit_from_env(variable: str, default: int) -> int:
+
+def limit_from_env(variable: str, default: int = DEFAULT_LIMIT) -> int:
     """The cap named by `variable`, else `default`; a value that is not a positive integer is refused by name."""
     raw = os.environ.get(variable, "")
     if not raw:
