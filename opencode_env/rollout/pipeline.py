@@ -219,7 +219,6 @@ def _sandbox_spec(
         workdir=workdir_of(request),
         grader_is_root=request.verify_as == "root",
         lifetime_s=deadline.total_s + 120,
-        env=request.env,
         limits=sandbox_limits(request),
         network=request.network,
         model_endpoints=model_endpoints,

@@ -69,6 +69,8 @@ class SandboxSpec:
     """verify_as='root': the `grader` identity is the sandbox's own root (fresh /tmp, HOME /root)."""
     lifetime_s: float = 3600.0
     env: Mapping[str, str] = field(default_factory=dict)
+    """The backend's own base environment for every command (our root steps and the capture proxy included): never
+    a caller's `env`, which the pipeline passes to the task's own commands alone."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     network: Network = "internet"
     model_endpoints: tuple[tuple[str, int], ...] = ()
