@@ -368,12 +368,37 @@ def build_parser() -> argparse.ArgumentParser:
     reap.set_defaults(handler=_cmd_reap)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
+    settings = commands.add_parser(
+        "settings", help="print every setting read from the environment, its value (secrets hidden) and its source"
+    )
+    settings.add_argument("--markdown", action="store_true", help="print the settings table as the README has it")
+    settings.set_defaults(handler=_cmd_settings)
     add_export_parser(commands)
     add_view_parser(commands)
     add_check_task_parser(commands)
     add_image_parser(commands)
     add_eval_parser(commands)
     return parser
+
+
+def _cmd_settings(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from opencode_env.settings import Settings, effective, markdown_table
+
+    if args.markdown:
+        print(markdown_table())
+        return 0
+    try:
+        loaded = Settings.load()
+    except ValidationError as error:
+        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
+        return 2
+    rows = effective(loaded)
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, source in rows:
+        print(f"{name:<{width}}  {value or '-'}  ({source})")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

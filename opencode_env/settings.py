@@ -1,0 +1,166 @@
+"""Every setting an operator gives opencode-env through the environment, in one typed table.
+
+`Settings.load()` reads them once (pydantic-settings): each is validated by type and range, so a bad value is
+refused at start with its name, not deep inside a rollout. The README's settings table and `opencode-env settings`
+(the effective values, secrets never shown) are both made from this class, and a test checks that no module reads
+an operator variable this table does not declare. Variables we set ourselves for our own processes (the proxy's
+key and token variables, OpenCode's flags) are not settings and are not here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network"]
+
+
+def _setting(default: Any, name: str, group: Group, description: str, **constraints: Any) -> Any:
+    return Field(
+        default, validation_alias=name, description=description, json_schema_extra={"group": group}, **constraints
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", populate_by_name=False)
+
+    token: SecretStr = _setting(
+        SecretStr(""),
+        "OPENCODE_ENV_TOKEN",
+        "server",
+        "The bearer token every caller but /health and /ready must send; unset, only callers on this machine are "
+        "served.",
+    )
+    allow_unauthenticated: bool = _setting(
+        False,
+        "OPENCODE_ENV_ALLOW_UNAUTHENTICATED",
+        "server",
+        "1: serve callers beyond this machine without a token (a trusted network only).",
+    )
+    backend: Literal["auto", "local", "e2b", "hf"] = _setting(
+        "auto", "OPENCODE_ENV_BACKEND", "server", "Where rollouts run (auto: e2b with E2B_API_KEY, hf on a Space)."
+    )
+    max_concurrent_envs: int | None = _setting(
+        None, "MAX_CONCURRENT_ENVS", "server", "Rollouts at once over every transport (default: the backend's).", ge=1
+    )
+    host: str = _setting("0.0.0.0", "HOST", "server", "The address `python -m server.app` listens on.")
+    port: int = _setting(8000, "PORT", "server", "The port the server listens on (never a model URL).", ge=1, le=65535)
+    results_dir: str = _setting(
+        "", "OPENCODE_ENV_RESULTS_DIR", "server", "Where finished results are kept (default ~/.local/state/...)."
+    )
+    results_keep: int = _setting(
+        200, "OPENCODE_ENV_RESULTS_KEEP", "server", "Results kept there (0: memory only).", ge=0, le=100_000
+    )
+    web_results: int = _setting(
+        20, "OPENCODE_ENV_WEB_RESULTS", "server", "Rollouts the /web form runs at once.", ge=1, le=10_000
+    )
+    upstream_allow: str = _setting(
+        "",
+        "OPENCODE_ENV_UPSTREAM_ALLOW",
+        "server",
+        "Hosts, host:port pairs or networks a caller's base_url may name beyond public addresses.",
+    )
+    max_memory_mb: int = _setting(16384, "OPENCODE_ENV_MAX_MEMORY_MB", "server", "Largest memory_mb a request asks.")
+    max_processes: int = _setting(4096, "OPENCODE_ENV_MAX_PROCESSES", "server", "Largest max_processes a request asks.")
+    max_disk_mb: int = _setting(32768, "OPENCODE_ENV_MAX_DISK_MB", "server", "Largest disk_mb a request asks.")
+    max_cpus: float = _setting(8, "OPENCODE_ENV_MAX_CPUS", "server", "Largest cpus a request asks.")
+    vllm_url: str = _setting("", "VLLM_URL", "endpoints", "endpoint='vllm': the base URL.")
+    vllm_api_key: SecretStr = _setting(SecretStr(""), "VLLM_API_KEY", "endpoints", "endpoint='vllm': its key.")
+    vllm_model: str = _setting("", "VLLM_MODEL", "endpoints", "endpoint='vllm': the model.")
+    openai_base_url: str = _setting("", "OPENAI_BASE_URL", "endpoints", "endpoint='openai' (default OpenAI's).")
+    openai_api_key: SecretStr = _setting(SecretStr(""), "OPENAI_API_KEY", "endpoints", "endpoint='openai': its key.")
+    openai_model: str = _setting("", "OPENAI_MODEL", "endpoints", "endpoint='openai': the model.")
+    hf_router_base_url: str = _setting("", "HF_ROUTER_BASE_URL", "endpoints", "endpoint='hf_router' (default HF's).")
+    hf_router_api_key: SecretStr = _setting(
+        SecretStr(""), "HF_ROUTER_API_KEY", "endpoints", "endpoint='hf_router': its key."
+    )
+    hf_router_model: str = _setting("", "HF_ROUTER_MODEL", "endpoints", "endpoint='hf_router': the model.")
+    https_proxy: str = _setting("", "HTTPS_PROXY", "network", "The operator's proxy for https model URLs.")
+    http_proxy: str = _setting("", "HTTP_PROXY", "network", "The operator's proxy for http model URLs.")
+    no_proxy: str = _setting("", "NO_PROXY", "network", "Hosts reached without that proxy.")
+    egress_trusted_hosts: str = _setting(
+        "",
+        "OPENCODE_ENV_EGRESS_TRUSTED_HOSTS",
+        "network",
+        "Names the sandbox's egress proxy lets through even when they resolve to private addresses (mirrors).",
+    )
+    local_image: str = _setting(
+        "", "OPENCODE_ENV_LOCAL_IMAGE", "local backend", "The default image ('host': the host's own system)."
+    )
+    memory_overcommit: float = _setting(
+        4.0,
+        "OPENCODE_ENV_MEMORY_OVERCOMMIT",
+        "local backend",
+        "Rollouts' memory limits may add up to this many times the machine's memory.",
+        gt=0,
+    )
+    cache: str = _setting("", "OPENCODE_ENV_CACHE", "local backend", "Our caches (default ~/.cache/opencode-env).")
+    e2b_api_key: SecretStr = _setting(SecretStr(""), "E2B_API_KEY", "E2B", "Rollouts in E2B sandboxes.")
+    e2b_max_sandboxes: int = _setting(20, "OPENCODE_ENV_E2B_MAX_SANDBOXES", "E2B", "E2B sandboxes alive at once.", ge=1)
+    hf_token: SecretStr = _setting(SecretStr(""), "HF_TOKEN", "Hugging Face", "A token allowed to run Jobs.")
+    space_id: str = _setting("", "SPACE_ID", "Hugging Face", "Set by a Space: auto picks Hugging Face Sandboxes.")
+    hf_sandboxes: bool = _setting(
+        False, "OPENCODE_ENV_HF_SANDBOXES", "Hugging Face", "1: auto picks Hugging Face Sandboxes with HF_TOKEN."
+    )
+    hf_image: str = _setting("", "OPENCODE_ENV_HF_IMAGE", "Hugging Face", "The sandboxes' default image.")
+    hf_flavor: str = _setting("cpu-basic", "OPENCODE_ENV_HF_FLAVOR", "Hugging Face", "The Jobs hardware flavor.")
+    hf_namespace: str = _setting("", "OPENCODE_ENV_HF_NAMESPACE", "Hugging Face", "Whose Jobs (default the token's).")
+    hf_max_sandboxes: int = _setting(
+        20, "OPENCODE_ENV_HF_MAX_SANDBOXES", "Hugging Face", "Hugging Face sandboxes alive at once.", ge=1
+    )
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings from `environ` (default: this process's environment), validated."""
+        values = dict(os.environ if environ is None else environ)
+        return cls.model_validate({name: values[name] for name in variable_names() if name in values})
+
+
+def variable_names() -> list[str]:
+    return [str(field.validation_alias) for field in Settings.model_fields.values()]
+
+
+def _group(field: FieldInfo) -> str:
+    extra = field.json_schema_extra
+    return str(extra.get("group", "")) if isinstance(extra, dict) else ""
+
+
+def _shown_default(field: FieldInfo) -> str:
+    default = field.default
+    if isinstance(default, SecretStr) or default in ("", None):
+        return ""
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    return str(default)
+
+
+def markdown_table() -> str:
+    """The README's settings table."""
+    lines = ["| variable | group | default | meaning |", "|---|---|---|---|"]
+    for field in Settings.model_fields.values():
+        default = _shown_default(field)
+        lines.append(
+            f"| `{field.validation_alias}` | {_group(field)} | {f'`{default}`' if default else ''} | "
+            f"{field.description} |"
+        )
+    return "\n".join(lines)
+
+
+def effective(settings: Settings, environ: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(variable, value as shown, where it came from) for each setting; a secret shows only whether it is set."""
+    values = os.environ if environ is None else environ
+    rows = []
+    for name, field in Settings.model_fields.items():
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            shown = "(set, hidden)" if value.get_secret_value() else "(not set)"
+        else:
+            shown = "" if value is None else str(value)
+        variable = str(field.validation_alias)
+        rows.append((variable, shown, "environment" if variable in values else "default"))
+    return rows
