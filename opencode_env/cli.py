@@ -33,7 +33,7 @@ from opencode_env.sandbox.local.image_cli import add_image_parser
 from opencode_env.sandbox.local.tools import InstallError
 from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
-from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult, Sampling
 from opencode_env.wire.pins import OPENCODE_VERSION
 from opencode_env.wire.summary import result_summary
 from opencode_env.wire.version import VERSION
@@ -55,7 +55,16 @@ def _progress(phase: Phase, message: str) -> None:
 
 
 def summarize(result: RolloutResult) -> str:
-    return result_summary(result)
+    """The result's summary, then what a trainer must know: how much of the agent's tokens each export carries, and
+    the result's warnings."""
+    from opencode_env.training.sequences import training_summary
+
+    lines = [result_summary(result)]
+    coverage = training_summary(result).coverage if result.proxy_turns else None
+    if coverage is not None:
+        lines.append(f"coverage:   {coverage.text()}")
+    lines += [f"warning:    {warning}" for warning in result.warnings]
+    return "\n".join(lines)
 
 
 def _needs(names: Sequence[str]) -> str:
@@ -263,6 +272,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+NEUTRAL_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0)
+"""The demo samples from the model's own distribution, and says so: its logprobs are the sampler's."""
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from opencode_env.testing.demo import DEMO_VERIFY, demo_request
     from opencode_env.testing.script import demo_script
@@ -270,7 +283,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     print("Starting the scripted model on loopback and running OpenCode in a local sandbox...", file=sys.stderr)
     with ScriptedModelServer(demo_script()) as model:
-        request = demo_request(model.base_url, mode=args.mode)
+        sampling = None if args.mode == "black_box" else NEUTRAL_SAMPLING
+        request = demo_request(model.base_url, mode=args.mode, sampling=sampling)
         result = asyncio.run(run_rollout(request, default_backend(), progress=_progress))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     path = args.output_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -138,3 +138,24 @@ def test_check_task_takes_every_registered_backend() -> None:
     [backend] = [action for action in commands.choices["check-task"]._actions if "--backend" in action.option_strings]
     assert tuple(backend.choices or ()) == backend_names()
     assert "hf" in (backend.choices or ())
+
+
+def test_the_demo_prints_its_summary_with_coverage_and_keeps_the_result(tmp_path: Path) -> None:
+    """The README's first command: a completed demo, the coverage of each export, no warning (it samples from the
+    model's own distribution, recorded on every turn), and the whole result on disk."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "opencode_env.cli", "demo", "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    lines = {line.split(":", 1)[0]: line for line in ran.stdout.splitlines()}
+    assert lines["status"] == "status:     completed"
+    assert lines["coverage"].startswith("coverage:   trl row 198 of 198 agent tokens (100.0%, 3 of 3 turns)")
+    assert "warning" not in lines
+    (saved,) = tmp_path.glob("demo-*.json")
+    result = RolloutResult.model_validate_json(saved.read_bytes())
+    assert result.warnings == []
+    assert {turn.request["temperature"] for turn in result.proxy_turns} == {1.0}
