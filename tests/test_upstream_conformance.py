@@ -370,6 +370,8 @@ async def test_a_rollout_reaches_its_model_through_the_operators_proxy(
     """The server's HTTP_PROXY reaches the capture proxy (as OPENCODE_ENV_HTTP_PROXY): every model call goes through
     the operator's proxy; a caller's own HTTP_PROXY in the request's env changes nothing."""
     with running_test_proxy() as (proxy_url, proxy), ScriptedModelServer(demo_script()) as model:
+        for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HTTP_PROXY", proxy_url)
         request = demo_request(model.base_url, env={"HTTP_PROXY": "http://127.0.0.1:9"})
         result = await run_rollout(request, backend)
