@@ -47,6 +47,9 @@ QUICK_MODULES = frozenset(
         "test_proxy_clamp.py",
         "test_proxy_peers.py",
         "test_sandbox_contract.py",
+        "test_settings.py",
+        "test_sampling_warnings.py",
+        "test_steps_coverage.py",
     }
 )
 """The quick tier (`./dev test --quick`, `-m quick`): the unit tests, the contract suite over every backend, and one
