@@ -4,9 +4,10 @@ bench-only route reporting how late the server's own event loop wakes a task tha
     python -m bench.load_server PORT MAX_ROLLOUTS
 
 The garbage collector and uvicorn are set as the server sets them (server.heap, server.app.UVICORN_OPTIONS). With
-BENCH_PROFILE=FILE in its environment, the server runs under cProfile and writes its stats there at exit; to compare
-with what the server no longer does, BENCH_GC_DEFAULTS=1 leaves CPython's collector settings as they are and
-BENCH_WS_DEFLATE=1 turns per-message deflate on.
+BENCH_PROFILE=FILE in its environment, the server runs under cProfile and writes its stats there at exit. To compare
+with what the server does not do (bench.server_load --compare): BENCH_GC=defaults leaves CPython's collector settings
+as they are, BENCH_GC=frozen also freezes the heap alive once the app is built (`gc.freeze`), and BENCH_WS_DEFLATE=1
+turns per-message deflate on.
 
 GET /bench/lag answers what was seen since the previous GET (see Watch): the ticks, each as [seconds late, CPU
 seconds the loop's own thread used during the tick, CPU seconds the whole process used] (a late tick whose loop
@@ -20,24 +21,27 @@ import asyncio
 import cProfile
 import gc
 import itertools
+import json
 import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
-from bench.latency_backend import LatencyBackend
+from bench.latency_backend import LatencyBackend, LatencySandbox
+from opencode_env.training.attribution import SESSION_HEADER
 from server import heap
 from server.app import UVICORN_OPTIONS, build_app
 from server.environment import configure
 from server.rollouts import Rollouts
 
 TICK_S = 0.010
+BENCH_SESSION = "ses_bench"
 
 
 @dataclass
@@ -94,11 +98,27 @@ def rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+def latency_backend() -> LatencyBackend:
+    """bench.latency_backend brought up to the pipeline's present contract: its sandboxes say they are not isolated
+    from their agent (as the stub's), and its trace's calls name OpenCode's session, as OpenCode's own do (without
+    it every call is unattributed and each rollout ends as an agent_error)."""
+    LatencySandbox.opencode_isolated = False  # type: ignore[attr-defined]
+    backend = LatencyBackend()
+    record = backend._left_behind
+    turns = [{**json.loads(line), "headers": {SESSION_HEADER: BENCH_SESSION}} for line in record.trace.splitlines()]
+    backend._left_behind = replace(record, trace=("\n".join(map(json.dumps, turns)) + "\n").encode())
+    return backend
+
+
 def bench_app(max_rollouts: int) -> FastAPI:
-    runtime = configure(LatencyBackend(), max_rollouts=max_rollouts)
+    runtime = configure(latency_backend(), max_rollouts=max_rollouts)
     app = build_app(token="")
-    if os.environ.get("BENCH_GC_DEFAULTS") != "1":
+    collector = os.environ.get("BENCH_GC", "settled")
+    if collector != "defaults":
         heap.settle()
+    if collector == "frozen":
+        gc.collect()
+        gc.freeze()
     monitor = LagMonitor(runtime.rollouts)
 
     @app.get("/bench/lag")

@@ -4,12 +4,19 @@ rollout cost the server in memory? Over the standard MCP transport (MCP sessions
 OpenEnv's WebSocket (/ws, the protocol opencode_env's client speaks).
 
     uv run python -m bench.server_load [--levels 64,256,1000] [--transports mcp,ws] [--calls-per-session 8]
+        [--rounds 1] [--compare served,gc-defaults --repeats 3]
 
 Each (transport, level) gets a fresh server process (bench.load_server) with the rollout cap raised to the level, so
-that memory one level leaves behind does not hide the next level's growth. The rollouts are transparent_proxy ones:
-sandbox ~1 s, commands 0.05-0.5 s, agent 3-5 s, file calls ~10 ms, and a 4-turn proxy trace with logprobs read back
-(results ~180 KB of JSON each). /health is probed from a separate process; the event loop's lag is measured inside
-the server (a task sleeping 10 ms, how late it wakes).
+that memory one level leaves behind does not hide the next level's growth. A level is how many calls are in flight
+at once; with --rounds N each of them is followed by the next as soon as it returns, N times. With --compare, each
+named variant of the server (see VARIANTS) runs at each level, interleaved, --repeats times, and a table prints
+them side by side: the server's CPU per call, the latency the server added to a call (the caller's wall time less
+the rollout's own `wall_s`), p50 and p99, and the server's peak RSS, each also as a ratio to the first variant.
+
+The rollouts are transparent_proxy ones: sandbox ~1 s, commands 0.05-0.5 s, agent 3-5 s, file calls ~10 ms, and a
+4-turn proxy trace with logprobs read back (results ~180 KB of JSON each): shorter than real ones (5-600 s), so more
+calls end per second at a level than in real use. /health is probed from a separate process; the event loop's lag
+is measured inside the server (a task sleeping 10 ms, how late it wakes).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import asyncio
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -38,9 +46,24 @@ from opencode_env.wire.models import TOOL_NAME
 
 TARGET_HEALTH_P99_S = 0.100
 TARGET_MAX_LAG_S = 0.050
+IDLE_WINDOW_S = 4.0
 CALL_TIMEOUT_S = 600.0
 PROTOCOL_VERSION = "2025-11-25"
 ARGUMENTS = demo_request("http://127.0.0.1:9/v1").model_dump(mode="json")
+# The server as served, with CPython's collector settings, and with its heap frozen too (bench.load_server).
+VARIANTS: dict[str, dict[str, str]] = {
+    "served": {},
+    "gc-defaults": {"BENCH_GC": "defaults"},
+    "gc-frozen": {"BENCH_GC": "frozen"},
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """How one call ended, and the seconds the server added to the rollout's own (None when it did not complete)."""
+
+    outcome: str
+    added_s: float | None = None
 
 
 @dataclass
@@ -48,6 +71,7 @@ class Measured:
     transport: str
     calls: int
     outcomes: Counter[str] = field(default_factory=Counter)
+    added_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     health_s: list[float] = field(default_factory=list)
     health_timeouts: int = 0
@@ -58,7 +82,13 @@ class Measured:
     in_flight_at_peak: int = 0
     max_in_flight: int = 0
     server_cpu_s: float = 0.0
+    idle_cpu_per_s: float = 0.0
     load: float = 0.0
+
+    @property
+    def cpu_per_call_s(self) -> float:
+        """The server's CPU per call, less what it spends idle (answering the /health probe, ticking the monitor)."""
+        return max(self.server_cpu_s - self.idle_cpu_per_s * self.wall_s, 0.0) / max(self.calls, 1)
 
     @property
     def lag_s(self) -> list[float]:
@@ -108,11 +138,11 @@ def load_1m() -> float:
 
 
 @contextmanager
-def server_process(max_rollouts: int) -> Iterator[tuple[str, int]]:
+def server_process(max_rollouts: int, switches: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "bench.load_server", str(port), str(max_rollouts)]
-    with running_server(argv, f"{url}/bench/lag") as pid:
+    with running_server(argv, f"{url}/bench/lag", env={**os.environ, **(switches or {})}) as pid:
         yield url, pid
 
 
@@ -167,70 +197,93 @@ def sse_answer(body: str) -> dict[str, Any]:
     raise RuntimeError(f"no JSON-RPC response in the stream: {body[:200]!r}")
 
 
-async def mcp_calls(url: str, calls: int, calls_per_session: int) -> list[str]:
+def call_of(result: Any, started: float) -> Call:
+    if not isinstance(result, dict):
+        return Call("not an object")
+    return Call(str(result.get("status")), time.perf_counter() - started - float(result.get("wall_s", 0.0)))
+
+
+async def mcp_calls(url: str, calls: int, calls_per_session: int, rounds: int = 1) -> list[Call]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=60, limits=limits) as http:
 
-        async def session(count: int) -> list[str]:
+        async def session(count: int) -> list[Call]:
             client = McpSession(http, url)
             await client.initialize()
 
-            async def one() -> str:
+            async def one() -> Call:
+                started = time.perf_counter()
                 result = await client.call_tool(TOOL_NAME, ARGUMENTS)
-                return str((result.get("structuredContent") or {}).get("status", "no structured content"))
+                return call_of(result.get("structuredContent"), started)
 
-            return list(await asyncio.gather(*(guarded(one) for _ in range(count))))
+            return flat(await asyncio.gather(*(in_rounds(one, rounds) for _ in range(count))))
 
         sizes = [min(calls_per_session, calls - start) for start in range(0, calls, calls_per_session)]
-        outcomes = await asyncio.gather(*(guarded_many(session(size), size) for size in sizes))
-    return [outcome for group in outcomes for outcome in group]
+        return flat(await asyncio.gather(*(guarded_many(session(size), size * rounds) for size in sizes)))
 
 
-async def ws_calls(url: str, calls: int) -> list[str]:
-    async def one() -> str:
+async def ws_calls(url: str, calls: int, rounds: int = 1) -> list[Call]:
+    async def one() -> Call:
+        started = time.perf_counter()
         async with OpenEnvSession(url, message_timeout_s=CALL_TIMEOUT_S) as session:
-            data = await session.call_tool(TOOL_NAME, **ARGUMENTS)
-        return str(data.get("status", "no status")) if isinstance(data, dict) else "not an object"
+            return call_of(await session.call_tool(TOOL_NAME, **ARGUMENTS), started)
 
-    return list(await asyncio.gather(*(guarded(one) for _ in range(calls))))
+    return flat(await asyncio.gather(*(in_rounds(one, rounds) for _ in range(calls))))
 
 
-async def guarded(call: Callable[[], Awaitable[str]]) -> str:
+def flat(groups: list[list[Call]]) -> list[Call]:
+    return [call for group in groups for call in group]
+
+
+async def in_rounds(call: Callable[[], Awaitable[Call]], rounds: int) -> list[Call]:
+    """`rounds` calls one after another, each counted on its own (a failure does not end the caller's rounds)."""
+    return [await guarded(call) for _ in range(rounds)]
+
+
+async def guarded(call: Callable[[], Awaitable[Call]]) -> Call:
     try:
         return await call()
     except Exception as error:  # every failure is counted by its type and message, and printed
-        return outcome_of(error)
+        return Call(outcome_of(error))
 
 
-async def guarded_many(calls: Awaitable[list[str]], count: int) -> list[str]:
+async def guarded_many(calls: Awaitable[list[Call]], count: int) -> list[Call]:
     """A session that fails as a whole (its connection, its handshake) fails each of its calls."""
     try:
         return await calls
     except Exception as error:  # every failure is counted by its type and message, and printed
-        return [f"session {outcome_of(error)}"] * count
+        return [Call(f"session {outcome_of(error)}")] * count
 
 
-async def measure(url: str, pid: int, transport: str, calls: int, calls_per_session: int) -> Measured:
-    run: Callable[[int], Awaitable[list[str]]]
+async def measure(url: str, pid: int, transport: str, calls: int, calls_per_session: int, rounds: int = 1) -> Measured:
+    run: Callable[[int, int], Awaitable[list[Call]]]
     if transport == "mcp":
-        run = lambda count: mcp_calls(url, count, calls_per_session)  # noqa: E731
+        run = lambda count, rounds: mcp_calls(url, count, calls_per_session, rounds)  # noqa: E731
     else:
-        run = lambda count: ws_calls(url, count)  # noqa: E731
-    measured = Measured(transport, calls)
+        run = lambda count, rounds: ws_calls(url, count, rounds)  # noqa: E731
+    measured = Measured(transport, calls * rounds)
     async with httpx.AsyncClient(timeout=300) as http:
-        warm_up = await run(1)  # imports, first-call paths and schema caches are paid before measuring
+        warm_up = [call.outcome for call in await run(1, 1)]  # imports, first-call paths, schema caches: paid first
         if warm_up != ["completed"]:
             raise RuntimeError(f"the warm-up call did not complete: {warm_up}")
         await asyncio.sleep(1.0)
-        await http.get(f"{url}/bench/lag")
-        measured.idle_rss_kb = proc_status_kb(pid, "VmRSS")
-        cpu_before = cpu_seconds(pid)
+        await http.get(f"{url}/bench/lag")  # starts the lag monitor
         probe = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.health_probe", url, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
+        await asyncio.sleep(1.0)
+        idle_cpu, idle_from = cpu_seconds(pid), time.perf_counter()
+        await asyncio.sleep(IDLE_WINDOW_S)
+        measured.idle_cpu_per_s = (cpu_seconds(pid) - idle_cpu) / (time.perf_counter() - idle_from)
+        await http.get(f"{url}/bench/lag")  # what the monitor saw while idle is dropped
+        measured.idle_rss_kb = proc_status_kb(pid, "VmRSS")
+        cpu_before = cpu_seconds(pid)
         started = time.perf_counter()
-        measured.outcomes = Counter(await run(calls))
+        done = await run(calls, rounds)
+        measured.server_cpu_s = cpu_seconds(pid) - cpu_before
         measured.wall_s = time.perf_counter() - started
+        measured.outcomes = Counter(call.outcome for call in done)
+        measured.added_s = [call.added_s for call in done if call.added_s is not None]
         measured.load = load_1m()
         out, _ = await probe.communicate(b"")
         probed = json.loads(out)
@@ -240,7 +293,6 @@ async def measure(url: str, pid: int, transport: str, calls: int, calls_per_sess
         measured.gc_pauses = [(generation, pause) for generation, pause in watch["gc_pauses"]]
         measured.peak_rss_kb = max(watch["peak_rss_kb"], measured.idle_rss_kb)
         measured.in_flight_at_peak, measured.max_in_flight = watch["in_flight_at_peak"], watch["max_in_flight"]
-        measured.server_cpu_s = cpu_seconds(pid) - cpu_before
     return measured
 
 
@@ -253,6 +305,8 @@ def report(m: Measured) -> None:
         f"[{m.transport} x{m.calls}] completed {m.completed}/{m.calls}, failed {failed} {others or ''}; "
         f"wall {m.wall_s:.2f}s; load1 {m.load:.2f}"
     )
+    p50, p99 = percentile(m.added_s, 0.5), percentile(m.added_s, 0.99)
+    print(f"  added to a call: p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms (the caller's wall less the rollout's)")
     print(
         f"  /health p50 {percentile(m.health_s, 0.5) * 1000:.1f} ms, p99 {percentile(m.health_s, 0.99) * 1000:.1f} "
         f"ms, max {max(m.health_s, default=0) * 1000:.1f} ms ({len(m.health_s)} probes, {m.health_timeouts} unanswered "
@@ -268,11 +322,71 @@ def report(m: Measured) -> None:
         f"  server RSS idle {m.idle_rss_kb / 1024:.0f} MB, peak {m.peak_rss_kb / 1024:.0f} MB with "
         f"{m.in_flight_at_peak} rollouts in flight (most at once {m.max_in_flight}): {growth_kb:.0f} KB per rollout "
         f"in flight at most; server CPU {m.server_cpu_s:.1f}s ({m.server_cpu_s / m.wall_s:.0%} of a core, "
-        f"{m.server_cpu_s / m.calls * 1000:.0f} ms per call); GC: {len(m.gc_pauses)} collections, "
-        f"{len(full_pauses)} full, longest {max(full_pauses, default=0) * 1000:.0f} ms, "
-        f"{sum(pause for _, pause in m.gc_pauses):.1f}s in all"
+        f"{m.cpu_per_call_s * 1000:.0f} ms per call beyond its idle {m.idle_cpu_per_s:.0%}); "
+        f"GC: {len(m.gc_pauses)} collections, {len(full_pauses)} full, longest "
+        f"{max(full_pauses, default=0) * 1000:.0f} ms, {sum(pause for _, pause in m.gc_pauses):.1f}s in all"
     )
     print("  targets: " + ", ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in m.targets().items()))
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One variant at one level, over its repeats: CPU per call, RSS peaks and time in the collector (wall time, as
+    the server's loop lost it) are medians, latencies pooled."""
+
+    cpu_ms: float
+    added_p50_ms: float
+    added_p99_ms: float
+    peak_rss_mb: float
+    gc_ms: float
+    failed: int
+
+    @classmethod
+    def of(cls, runs: list[Measured]) -> Figures:
+        added = [added for run in runs for added in run.added_s]
+        return cls(
+            cpu_ms=statistics.median(run.cpu_per_call_s * 1000 for run in runs),
+            added_p50_ms=percentile(added, 0.5) * 1000,
+            added_p99_ms=percentile(added, 0.99) * 1000,
+            peak_rss_mb=statistics.median(run.peak_rss_kb / 1024 for run in runs),
+            gc_ms=statistics.median(sum(pause for _, pause in run.gc_pauses) / run.calls * 1000 for run in runs),
+            failed=sum(run.calls - run.completed for run in runs),
+        )
+
+
+FIGURES = ("cpu_ms", "added_p50_ms", "added_p99_ms", "peak_rss_mb", "gc_ms")
+
+
+def compare(transports: list[str], levels: list[int], variants: list[str], repeats: int, **how: int) -> None:
+    runs: dict[tuple[str, int, str], list[Measured]] = {}
+    for repeat in range(repeats):
+        for transport, level in itertools.product(transports, levels):
+            shift = repeat % len(variants)  # each variant runs first as often as the others
+            for variant in variants[shift:] + variants[:shift]:
+                with server_process(level, VARIANTS[variant]) as (url, pid):
+                    measured = asyncio.run(measure(url, pid, transport, level, **how))
+                runs.setdefault((transport, level, variant), []).append(measured)
+                print(
+                    f"  run {repeat + 1}/{repeats} {transport} x{level} {variant}: {measured.completed}/"
+                    f"{measured.calls} completed, {measured.cpu_per_call_s * 1000:.1f} ms CPU per call,"
+                    f" load1 {measured.load:.2f}",
+                    flush=True,
+                )
+    print(f"\nmedians of {repeats} interleaved runs; latency added: pooled p50/p99; ratio = variant / {variants[0]}")
+    columns = ("CPU ms/call", "added p50 ms", "added p99 ms", "peak RSS MB", "in GC ms/call")
+    header = f"{'':>14}" + "".join(f"{column:>17}" for column in columns) + " failed"
+    for transport, level in itertools.product(transports, levels):
+        print(f"\n{transport} x{level} in flight\n{header}")
+        base = Figures.of(runs[transport, level, variants[0]])
+        for variant in variants:
+            row = Figures.of(runs[transport, level, variant])
+            cells = "".join(_cell(getattr(row, name), getattr(base, name)) for name in FIGURES)
+            print(f"{variant:>14}{cells}{row.failed:>7}")
+
+
+def _cell(value: float, base: float) -> str:
+    ratio = f"{value / base:.2f}" if base else "-"
+    return f"{value:>10.1f} ({ratio:>4})"
 
 
 def main() -> None:
@@ -282,13 +396,25 @@ def main() -> None:
     parser.add_argument(
         "--calls-per-session", type=int, default=8, help="concurrent calls each MCP client session carries"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="calls each caller makes, one after another")
+    parser.add_argument(
+        "--compare", help=f"variants side by side, the first the base of the ratios: {', '.join(VARIANTS)}"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each variant (with --compare)")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
+    transports = args.transports.split(",")
     print(f"load1 at start {load_1m():.2f} on {os.cpu_count()} cores")
-    for transport in args.transports.split(","):
+    if args.compare:
+        variants = args.compare.split(",")
+        compare(
+            transports, levels, variants, args.repeats, calls_per_session=args.calls_per_session, rounds=args.rounds
+        )
+        return
+    for transport in transports:
         for calls in levels:
             with server_process(max_rollouts=calls) as (url, pid):
-                report(asyncio.run(measure(url, pid, transport, calls, args.calls_per_session)))
+                report(asyncio.run(measure(url, pid, transport, calls, args.calls_per_session, args.rounds)))
             sys.stdout.flush()
 
 

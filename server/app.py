@@ -65,7 +65,6 @@ def build_app(token: str | None = None) -> FastAPI:
     from server.environment import OpenCodeEnvironment, max_sessions, runtime
     from server.gate import AccessGate
     from server.mcp_route import McpRouter
-    from server.spliced import SpliceSerialized
 
     shared = runtime()
     policy = access_policy(shared.backend_name, token)
@@ -106,7 +105,6 @@ def build_app(token: str | None = None) -> FastAPI:
                 await shared.cancel_in_flight()
 
     app.router.lifespan_context = lifespan
-    app.add_middleware(SpliceSerialized)
     app.add_middleware(McpRouter, standard=standard, stateless=one_shot, closing=streams_closing, replies=replies)
     app.add_middleware(CancelOnDisconnect, replies=replies)
     app.add_middleware(AccessGate, policy=policy)

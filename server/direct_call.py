@@ -3,10 +3,10 @@
 OpenEnv's own route for a tool call goes through an in-process MCP client: the MCP server serializes the result two to
 three times, and the client then checks it against the output schema with jsonschema (~110 ms of CPU for a 200 KB
 result), all on the event loop every session shares. Here the rollout runs under the same cap and cancellation
-(`Rollouts.run`) and its result is serialized once, off the loop (`server.tool_result`; on a WebSocket, spliced
-into the frame as it goes out: `server.spliced`). The observation keeps the shape the in-process client gave it:
-`result` holds `content` (the result as JSON text), `structured_content` and `data` (the result as a JSON
-object), `meta` and `is_error`; a failure is an `error` with its kind.
+(`Rollouts.run`) and its result is converted once, off the loop (`server.tool_result`); OpenEnv makes the frame
+from the observation. The observation keeps the shape the in-process client gave it: `result` holds `content` (the
+result as JSON text), `structured_content` and `data` (the result as a JSON object), `meta` and `is_error`; a
+failure is an `error` with its kind.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from openenv.core.env_server.mcp_types import CallToolObservation, ToolError, To
 from pydantic import ValidationError
 
 from opencode_env.wire.models import TOOL_NAME, RolloutRequest
-from server import spliced
 from server.rollouts import Rollouts
-from server.tool_result import session_tool_result, session_tool_result_json
+from server.tool_result import session_tool_result
 
 log = logging.getLogger("opencode_env.server")
 
@@ -38,11 +37,7 @@ async def call_run_rollout(rollouts: Rollouts, arguments: dict[str, Any], timeou
     except Exception as error:
         log.exception("rollout %s failed inside the server", request.task_id or "-")
         return _failed(ToolErrorType.EXECUTION_ERROR, f"{TOOL_NAME} failed: {error}")
-    splices = spliced.current()
-    if splices is None:
-        return CallToolObservation(tool_name=TOOL_NAME, result=await asyncio.to_thread(session_tool_result, result))
-    text = await asyncio.to_thread(session_tool_result_json, result)
-    return CallToolObservation(tool_name=TOOL_NAME, result=splices.hold(text))
+    return CallToolObservation(tool_name=TOOL_NAME, result=await asyncio.to_thread(session_tool_result, result))
 
 
 def _failed(kind: ToolErrorType, message: str) -> CallToolObservation:

@@ -1,13 +1,12 @@
-"""A rollout's result in the two forms the server answers with, each serialized once.
+"""A rollout's result in the two forms the server answers with.
 
 Both are built off the event loop by their callers (`asyncio.to_thread`): a result with its turns' token ids and
-logprobs is a few hundred kilobytes of JSON, and serializing it costs milliseconds of CPU that every other caller of
+logprobs is a few hundred kilobytes of JSON, and converting it costs milliseconds of CPU that every other caller of
 the server would otherwise wait behind.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastmcp.tools import ToolResult
@@ -40,13 +39,3 @@ def session_tool_result(result: RolloutResult) -> dict[str, Any]:
         "data": as_json,
         "is_error": False,
     }
-
-
-def session_tool_result_json(result: RolloutResult) -> str:
-    """`session_tool_result` as JSON text, with the result encoded once and its text form escaped from that."""
-    as_json = result.model_dump_json()
-    meta = json.dumps({SERVER_INFO_META: {"name": SERVER_NAME, "version": VERSION}})
-    return (
-        f'{{"content":[{{"type":"text","text":{json.dumps(as_json)},"annotations":null,"meta":null}}],'
-        f'"structured_content":{as_json},"meta":{meta},"data":{as_json},"is_error":false}}'
-    )

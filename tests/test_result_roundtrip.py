@@ -24,8 +24,7 @@ from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.backend import LocalSandbox
 from opencode_env.wire.models import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
-from server.spliced import Splices
-from server.tool_result import mcp_tool_result, session_tool_result_json
+from server.tool_result import mcp_tool_result, session_tool_result
 
 WORKDIR = "/home/user/workdir"
 INF = float("inf")
@@ -63,8 +62,7 @@ def round_trip(result: RolloutResult) -> RolloutResult:
     summary = mcp_tool_result(result).content[0].text  # type: ignore[union-attr]
     assert f"status:     {result.status}" in summary
 
-    splices = Splices()
-    frame = splices.splice(json.dumps({"result": splices.hold(session_tool_result_json(result))}))
+    frame = json.dumps({"result": session_tool_result(result)}, allow_nan=False)
     assert RolloutResult.model_validate(standard_json(frame)["result"]["data"]).model_dump_json() == text
     assert parsed.model_dump_json() == text
     return parsed
