@@ -1,6 +1,6 @@
 """The capture proxy's trace lines, parsed strictly: an unknown key or outcome is a problem reported, never a guess.
 
-The proxy writes these (opencode_env/proxy/app.py, TraceWriter); a change there must change this file too. The
+The proxy writes these (opencode_env/proxy/records.py, TraceWriter); a change there must change this file too. The
 result a client reads is parsed leniently instead (opencode_env/models.py).
 """
 

@@ -1,0 +1,244 @@
+"""A rollout's request: what the agent is asked, how the task is set up and checked, and the bounds on each."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+
+EndpointName = Literal["", "vllm", "openai", "hf_router"]
+Mode = Literal["transparent_proxy", "black_box"]
+Network = Literal["internet", "model_only"]
+VerifySandbox = Literal["same", "fresh"]
+VerifyAs = Literal["grader", "root"]
+ResultText = Literal["summary", "json"]
+SetupAs = Literal["root", "user"]
+TokenIn = Literal["off", "auto"]
+
+MAX_INSTRUCTION_CHARS = 200_000
+MAX_COMMANDS = 64
+MAX_COMMAND_CHARS = 16_000
+MAX_FILES = 256
+MAX_FILE_CHARS = 1_000_000
+MAX_FILES_TOTAL_CHARS = 8_000_000
+MAX_ENV_VARS = 64
+MAX_ENV_VALUE_CHARS = 32_000
+RESERVED_ENV = frozenset({"PATH", "HOME", "USER", "TMPDIR", "PYTHONPATH"})
+
+Command = Annotated[str, StringConstraints(min_length=1, max_length=MAX_COMMAND_CHARS)]
+ImageRef = Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z0-9._:@/+-]*$")]
+SandboxPath = Annotated[str, StringConstraints(max_length=512, pattern=r"^(/[A-Za-z0-9._@+-]+)*/?$")]
+TaskId = Annotated[str, StringConstraints(max_length=256, pattern=r"^[A-Za-z0-9._:@+/-]*$")]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\x00]+$")]
+FileText = Annotated[str, StringConstraints(max_length=MAX_FILE_CHARS)]
+
+
+class Sampling(BaseModel):
+    """Sampling parameters the capture proxy sets on every model call (OpenCode sends none), so the distribution
+    that sampled is known and recorded with each turn. Unset fields leave the model server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=5, description="Softmax temperature.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus mass.")
+    top_k: int | None = Field(None, ge=-1, le=100_000, description="Top-k cut (-1: off; vLLM, SGLang).")
+    min_p: float | None = Field(None, ge=0, le=1, description="Minimum probability relative to the top token.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Sampling seed.")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="vLLM, SGLang.")
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
+        None, max_length=16, description="Stop strings."
+    )
+
+    def sent(self) -> dict[str, Any]:
+        """The fields set, as the request body carries them."""
+        return self.model_dump(exclude_none=True)
+
+
+class RolloutRequest(BaseModel):
+    """One rollout: which model to call, what the agent is asked, how the task is set up and checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: EndpointName = Field(
+        "", description="Endpoint shorthand whose env vars fill base_url, api_key and model when they are empty."
+    )
+    base_url: str = Field("", max_length=2048, description="OpenAI-compatible base URL of the policy model.")
+    api_key: str = Field("", max_length=4096, description="Upstream API key; never echoed in results or logs.")
+    model: str = Field("", max_length=512, description="Upstream model id.")
+    instruction: str = Field(
+        ..., min_length=1, max_length=MAX_INSTRUCTION_CHARS, description="The task given to the agent, verbatim."
+    )
+    setup: list[Command] = Field(
+        default_factory=list,
+        max_length=MAX_COMMANDS,
+        description="Shell commands run in order before the agent; the first failure stops the rollout.",
+    )
+    setup_as: SetupAs = Field(
+        "root",
+        description="root: setup runs as the sandbox's own root (mapped to an unprivileged host uid), so an image's "
+        "package managers work, and the work dir is then handed to `user` for the agent; user: as the agent's tools.",
+    )
+    verify: list[Command] = Field(
+        default_factory=list,
+        max_length=MAX_COMMANDS,
+        description="Shell commands run after the agent (always, even after an agent timeout); pass rate is the "
+        "fallback reward.",
+    )
+    solution: list[Command] | None = Field(
+        None,
+        max_length=MAX_COMMANDS,
+        description="Oracle run: shell commands run in order in place of the agent (no model, no proxy; [] is the "
+        "do-nothing agent), each within agent_timeout_s; the first failure stops the solution; verify runs as "
+        "usual. A task whose oracle does not reach reward 1.0 is broken.",
+    )
+    task_id: TaskId = Field("", description="Caller's label for the task (letters, digits, ._:@+/-), echoed back.")
+    mode: Mode = Field(
+        "transparent_proxy",
+        description="transparent_proxy records every LLM turn with token logprobs; black_box lets OpenCode call "
+        "the upstream directly.",
+    )
+    disable_thinking: bool | None = Field(
+        None, description="Send enable_thinking=false; None means the endpoint's default (on for vllm)."
+    )
+    max_tokens_cap: int = Field(4096, ge=1, le=1_000_000, description="Upper bound on max_tokens per LLM call.")
+    top_logprobs: int = Field(5, ge=0, le=20, description="Alternatives recorded per token (0 = sampled only).")
+    sampling: Sampling | None = Field(
+        None,
+        description="Sampling parameters set on every model call by the capture proxy and recorded in each turn's "
+        "request (transparent_proxy mode); None leaves the model server's defaults.",
+    )
+    sub_agents: bool = Field(
+        False,
+        description="Let the agent start sub-agents (OpenCode's task tool). Their calls are recorded as sub_agent "
+        "turns tied to their parent session (OpenCode's own store, local backend), in sequences of their own.",
+    )
+    token_in: TokenIn = Field(
+        "off",
+        description="auto: where the model server takes prompt token ids (a vLLM with /tokenize and "
+        "/v1/chat/completions/tokens), each agent turn's prompt is the previous turn's prompt + completion ids and "
+        "the new messages' ids, so the model sees its own earlier tokens exactly (reasoning a chat template would "
+        "drop included) and one training sequence covers the session; off: the server renders every prompt from "
+        "the messages (transparent_proxy mode).",
+    )
+    agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
+    image: ImageRef = Field(
+        "",
+        description="OCI image whose root file system the sandbox runs, never pulled per rollout. Local backend: an "
+        "image in this machine's container storage (podman/buildah), or oci-archive:PATH / docker-archive:PATH; "
+        "E2B: a template (`template` is its alias); Hugging Face: the sandbox's image. '' is the backend's default "
+        "(local: OPENCODE_ENV_LOCAL_IMAGE, else the base image once built); 'host': the local host's own root, "
+        "read-only.",
+    )
+    template: str = Field("", max_length=256, description="E2B template name: an alias of `image` on E2B.")
+    workdir: SandboxPath = Field(
+        "",
+        description="Absolute path of the agent's work dir (an image's own, e.g. /app); '' is /home/user/workdir. "
+        "`files` and `verify_files` with relative paths go there, and verify is handed this tree.",
+    )
+    files: dict[FilePath, FileText] = Field(
+        default_factory=dict,
+        max_length=MAX_FILES,
+        description="Text files written before setup, keyed by path relative to the work dir or absolute (on the "
+        f"local backend without an image: under /home/user or /tmp; no '..', at most {MAX_FILES} files, "
+        f"{MAX_FILES_TOTAL_CHARS} characters in all).",
+    )
+    verify_files: dict[FilePath, FileText] = Field(
+        default_factory=dict,
+        max_length=MAX_FILES,
+        description="Protected files (tests, fixtures) the host writes into the work dir right before verify, "
+        "replacing whatever the agent left at those paths; the agent never sees them. Keyed like `files` (Harbor's "
+        f"tests go to /tests; no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
+    )
+    verify_sandbox: VerifySandbox = Field(
+        "same",
+        description="same: verify runs in the agent's sandbox, under a grader identity with a fresh HOME and /tmp; "
+        "fresh: verify runs in a new sandbox into which only the agent's work dir is copied (stronger, slower).",
+    )
+    result_text: ResultText = Field(
+        "summary",
+        description="The MCP tool result's text block: summary (a few lines for a chat model; the whole result is in "
+        "the structured content) or json (the whole result as JSON text as well).",
+    )
+    verify_as: VerifyAs = Field(
+        "grader",
+        description="grader: verify runs as an identity the agent never had (uid 1001, no privilege); root: as the "
+        "sandbox's own root (mapped to an unprivileged host uid), for tests that install packages (Harbor's default).",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARS,
+        description="Environment variables for setup, verify and the agent's commands "
+        "(PATH, HOME, USER, TMPDIR, PYTHONPATH and OPENCODE_* are reserved).",
+    )
+    setup_timeout_s: float = Field(300.0, gt=0, le=86_400, description="Time limit for each setup command.")
+    verify_timeout_s: float = Field(300.0, gt=0, le=86_400, description="Time limit for each verify command.")
+    upstream_idle_timeout_s: float = Field(
+        120.0,
+        ge=1,
+        le=290,
+        description="The proxy ends a model call that sends no bytes for this long (OpenCode gives up at ~300 s).",
+    )
+    upstream_max_unreachable: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Stop the agent (upstream_error) after this many consecutive model calls that could not "
+        "connect, instead of letting OpenCode retry each for a minute (transparent_proxy mode).",
+    )
+    upstream_max_server_errors: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Stop the agent after this many consecutive 5xx answers (a vLLM under load answers 503 for a "
+        "while: keep it well above a few).",
+    )
+    total_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=172_800,
+        description="Deadline over the whole rollout; None derives it from the phase timeouts.",
+    )
+    network: Network = Field(
+        "internet",
+        description="internet: setup, agent and verify reach public addresses through an egress proxy (never the "
+        "host, private or link-local ranges); model_only: nothing but the model. The agent reaches the model only "
+        "through its capture proxy (black_box: only the configured upstream).",
+    )
+    memory_mb: int = Field(4096, ge=64, le=1_048_576, description="Memory for everything the rollout runs (MiB).")
+    max_processes: int = Field(1024, ge=16, le=1_000_000, description="Processes and threads alive at once.")
+    disk_mb: int = Field(8192, ge=64, le=1_048_576, description="Size of the rollout's writable tree (MiB).")
+    cpus: float = Field(2.0, gt=0, le=1024, description="CPU time share, in cores.")
+
+    @field_validator("files", "verify_files")
+    @classmethod
+    def _files_stay_in_the_work_dir(cls, files: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        name = info.field_name
+        for path in files:
+            if ".." in path.replace("\\", "/").split("/") or path.strip("/") in ("", "."):
+                raise ValueError(f"{name}: path {path[:80]!r} must name a file, with no '..' component")
+        total = sum(len(text) for text in files.values())
+        if total > MAX_FILES_TOTAL_CHARS:
+            raise ValueError(f"{name}: {total} characters in all, over the limit of {MAX_FILES_TOTAL_CHARS}")
+        return files
+
+    @field_validator("env")
+    @classmethod
+    def _env_leaves_reserved_names_alone(cls, env: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("OPENCODE"))
+        if reserved:
+            raise ValueError(f"env: {', '.join(reserved)} reserved (PATH, HOME, USER, TMPDIR, PYTHONPATH, OPENCODE_*)")
+        return env
+
+    @model_validator(mode="after")
+    def _timeouts_fit_the_total(self) -> RolloutRequest:
+        if self.total_timeout_s is not None and self.total_timeout_s < 1:
+            raise ValueError("total_timeout_s must be at least 1 second")
+        if self.sampling is not None and self.mode == "black_box":
+            raise ValueError("sampling: set by the capture proxy, so transparent_proxy mode only (mode='black_box')")
+        if self.token_in != "off" and self.mode == "black_box":
+            raise ValueError("token_in: done by the capture proxy, so transparent_proxy mode only (mode='black_box')")
+        return self
