@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.opencode_body import capture_opencode_request
-from opencode_env.proxy.capture import RewriteConfig, rewrite_request
+from opencode_env.proxy.request import RewriteConfig, rewrite_request
 from opencode_env.testing.script import Script, Step
 from tests.proxy_process import running_proxy
 

@@ -26,7 +26,7 @@ import httpx
 import uvloop
 
 from bench.proxy_overhead import Scenario, model_process
-from opencode_env.proxy.capture import RewriteConfig, rewrite_request
+from opencode_env.proxy.request import RewriteConfig, rewrite_request
 from opencode_env.proxy.upstream import Origin, UpstreamPool
 from opencode_env.testing.script import Script
 

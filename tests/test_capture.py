@@ -9,18 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opencode_env.proxy.capture import (
-    RewriteConfig,
     TraceCompactor,
     _newline_events,
     _separated_events,
     fold_response,
     fold_stream,
-    neutral_error,
-    recorded_headers,
-    rewrite_request,
     shared_prefix,
-    turn_kind,
 )
+from opencode_env.proxy.request import RewriteConfig, neutral_error, recorded_headers, rewrite_request, turn_kind
 from opencode_env.rollout.proxy_session import parse_trace
 from opencode_env.wire.models import RolloutResult
 

@@ -41,8 +41,9 @@ def test_the_capture_proxy_starts_without_a_web_framework_or_the_models() -> Non
     probe = (
         "import json, sys\n"
         "import opencode_env.proxy.__main__ as entry\n"
-        "from opencode_env.proxy.app import ProxySettings, create_app\n"
+        "from opencode_env.proxy.app import create_app\n"
         "from opencode_env.proxy.delivery import delivery_aware_protocol\n"
+        "from opencode_env.proxy.settings import ProxySettings\n"
         "create_app(ProxySettings(upstream_url='http://127.0.0.1:9/v1', trace_path='/dev/null'))\n"
         "heavy = ['fastapi', 'starlette', 'pydantic', 'httpx', 'opencode_env.wire.models']\n"
         "print(json.dumps([name for name in heavy if name in sys.modules]))\n"

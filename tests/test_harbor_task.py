@@ -14,8 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from opencode_env.tasks import BuiltImage, HarborTask, ImageBuilder, ImageBuildError, TaskFormatError
-from opencode_env.tasks.harbor import parse_size_mb, request_from_task_dir
+from opencode_env.tasks.harbor import request_from_task_dir
 from opencode_env.tasks.image_build import TAG_REPOSITORY, context_hash, repository_name
+from opencode_env.tasks.task_toml import parse_size_mb
 from opencode_env.wire.models import MAX_FILES
 
 TOML_1_0 = """\

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from opencode_env.proxy.capture import clamped_fields
+from opencode_env.proxy.request import clamped_fields
 from opencode_env.testing.script import Script, say
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.proxy_process import ProxyProcess, running_proxy

@@ -3,7 +3,7 @@ reach OpenCode as labels, never as flags."""
 
 from __future__ import annotations
 
-from opencode_env.proxy.capture import turn_kind
+from opencode_env.proxy.request import turn_kind
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request

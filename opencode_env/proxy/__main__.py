@@ -68,10 +68,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from opencode_env.proxy.app import ProxySettings, create_app
-    from opencode_env.proxy.capture import RewriteConfig
+    from opencode_env.proxy.app import create_app
     from opencode_env.proxy.delivery import delivery_aware_protocol
     from opencode_env.proxy.peers import PeerOwners
+    from opencode_env.proxy.request import RewriteConfig
+    from opencode_env.proxy.settings import ProxySettings
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     settings = ProxySettings(

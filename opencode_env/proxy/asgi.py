@@ -1,4 +1,5 @@
-"""The ASGI types the proxy speaks, and its two ways to answer a request in one piece (no framework needed)."""
+"""The ASGI types the proxy speaks, reading a request body under a limit, and its two ways to answer a request in one
+piece (no framework needed)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,22 @@ async def send_bytes(send: Send, status: int, body: bytes, content_type: str, he
 
 async def send_json(send: Send, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
     await send_bytes(send, status, json.dumps(payload).encode(), "application/json", headers or {})
+
+
+class RequestTooLarge(ValueError):
+    """The agent sent a request body over the proxy's limit (its doing: recorded as a bad request)."""
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ValueError("the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"the request body is over the proxy's limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)

@@ -1,0 +1,32 @@
+"""What one capture proxy is told at start (`__main__` builds it from its arguments and environment)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opencode_env.proxy.peers import PeerOwners
+from opencode_env.proxy.request import RewriteConfig
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    upstream_url: str
+    trace_path: str
+    api_key: str = ""
+    rewrite: RewriteConfig = field(default_factory=RewriteConfig)
+    idle_timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    access_token: str = ""
+    max_unreachable: int = 3
+    max_server_errors: int = 20
+    upstream_address: str = ""
+    """Connect to this address rather than resolving the upstream URL's host again (see Origin.connect_address)."""
+    max_request_bytes: int = 32 * 2**20
+    """A request body over this is answered 413 and recorded as the agent's doing, read no further."""
+    peers: PeerOwners | None = None
+    """Where set, a call from a socket any other uid owns is refused (403): only OpenCode itself calls the model."""
+    token_in: bool = False
+    """Send agent turns' prompts as token ids where the server takes them (see token_in.py)."""
+
+    def __repr__(self) -> str:
+        return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"
