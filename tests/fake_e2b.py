@@ -39,10 +39,12 @@ from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
 from opencode_env.sandbox.base import HOME, Identity, ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local.backend import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import HOST_IMAGE
+from opencode_env.sandbox.local.sandbox_processes import LocalProcess
 from opencode_env.sandbox.local.tools import cached_tools, npm_cache
 from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
+from tests.helpers import host_path
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
 NPM_GLOBAL = f"{HOME}/.npm-global"
@@ -76,7 +78,7 @@ class FakeCloud:
 
         venv_bin = str(Path(sys.executable).parent)
         backend = LocalBackend(
-            tools, base_dir=self.base_dir, extra_path=(f"{NPM_GLOBAL}/bin", venv_bin), own_network=False
+            tools, base_dir=self.base_dir, extra_path=(f"{NPM_GLOBAL}/bin", venv_bin), share_host_network=True
         )
         env = {"NPM_CONFIG_PREFIX": NPM_GLOBAL}
         if with_opencode and not outdated:
@@ -87,7 +89,7 @@ class FakeCloud:
             env |= {"NPM_CONFIG_CACHE": f"{HOME}/.npm", "NPM_CONFIG_OFFLINE": "true"}
         sandbox = await backend.create(SandboxSpec(env=env, image=HOST_IMAGE))
         if not with_opencode:
-            await asyncio.to_thread(_copy_owned, npm_cache(), sandbox.host_path(f"{HOME}/.npm"), sandbox.owner)
+            await asyncio.to_thread(_copy_owned, npm_cache(), host_path(sandbox, f"{HOME}/.npm"), sandbox.owner)
         return sandbox
 
 
@@ -228,7 +230,7 @@ class FakeFilesystem:
     async def list(
         self, path: str, depth: int | None = 1, user: str | None = None, request_timeout: float | None = None
     ) -> list[EntryInfo]:
-        base = self._sandbox.host_path(path)
+        base = host_path(self._sandbox, path)
         if not base.is_dir():
             raise FileNotFoundException(f"directory {path} not found")
         entries = []

@@ -33,8 +33,9 @@ from huggingface_hub._sandbox import DEFAULT_IMAGE, RESERVED_SANDBOX_LABELS, San
 from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
 
 from opencode_env.sandbox.base import Identity, ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local.backend import LocalBackend, LocalProcess, LocalSandbox
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import HOST_IMAGE
+from opencode_env.sandbox.local.sandbox_processes import LocalProcess
 from opencode_env.sandbox.local.tools import cached_tools
 from tests.fake_hf_plain import PlainMachine
 
@@ -125,7 +126,7 @@ class FakeHfCloud:
             return ProvidedTools(opencode=provided.opencode if with_opencode else None)
 
         venv_bin = str(Path(sys.executable).parent)
-        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(venv_bin,), own_network=False)
+        backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(venv_bin,), share_host_network=True)
         machine = await backend.create(SandboxSpec(image=HOST_IMAGE))
         return ServerMachine(machine, identity="user" if user_image else "root")
 

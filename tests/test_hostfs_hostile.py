@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local import hostfs
+from opencode_env.sandbox.local import hostfs, hostfs_write
 
 OWNER = (2_100_000_001, 2_100_000_001)
 OTHER = (2_100_000_777, 2_100_000_777)
@@ -78,7 +78,7 @@ def test_reset_dir_replaces_a_parent_that_is_not_a_directory(base: Path, outside
     NOT_A_DIRECTORY[planted](base / "logs", outside)
     before = snapshot(outside)
 
-    hostfs.reset_dir(base, "logs/verifier", owner=OWNER)
+    hostfs_write.reset_dir(base, "logs/verifier", owner=OWNER)
 
     assert owned_dir(base / "logs")
     assert owned_dir(base / "logs" / "verifier")
@@ -93,7 +93,7 @@ def test_reset_dir_replaces_a_leaf_that_is_not_a_directory(base: Path, outside: 
     NOT_A_DIRECTORY[planted](base / "logs" / "verifier", outside)
     before = snapshot(outside)
 
-    hostfs.reset_dir(base, "logs/verifier", owner=OWNER, mode=0o750)
+    hostfs_write.reset_dir(base, "logs/verifier", owner=OWNER, mode=0o750)
 
     assert owned_dir(base / "logs" / "verifier", 0o750)
     assert list((base / "logs" / "verifier").iterdir()) == []
@@ -114,7 +114,7 @@ def test_reset_dir_empties_the_leaf_without_following_links_and_keeps_real_paren
     logs.chmod(0o700)
     before = snapshot(outside)
 
-    hostfs.reset_dir(base, "logs/verifier", owner=OWNER)
+    hostfs_write.reset_dir(base, "logs/verifier", owner=OWNER)
 
     assert owned_dir(verifier)
     assert list(verifier.iterdir()) == []
@@ -127,7 +127,7 @@ def test_reset_dir_empties_the_leaf_without_following_links_and_keeps_real_paren
 def test_reset_dir_makes_missing_components_and_applies_its_mode_whatever_the_umask(base: Path) -> None:
     previous = os.umask(0o077)
     try:
-        hostfs.reset_dir(base, "a/b/c", owner=OWNER, mode=0o775)
+        hostfs_write.reset_dir(base, "a/b/c", owner=OWNER, mode=0o775)
     finally:
         os.umask(previous)
     assert owned_dir(base / "a")
@@ -137,7 +137,7 @@ def test_reset_dir_makes_missing_components_and_applies_its_mode_whatever_the_um
 
 def test_reset_dir_refuses_a_path_that_climbs_out(base: Path) -> None:
     with pytest.raises(hostfs.UnsafePath):
-        hostfs.reset_dir(base, "logs/../../outside", owner=OWNER)
+        hostfs_write.reset_dir(base, "logs/../../outside", owner=OWNER)
 
 
 def directory_tree(path: Path, outside: Path) -> None:
@@ -168,7 +168,7 @@ def test_place_file_replaces_whatever_is_at_the_path(base: Path, outside: Path, 
     AT_THE_LEAF[planted](target, outside)
     before = snapshot(outside)
 
-    hostfs.place_file(base, "workdir/tests/test_it.py", b"assert True\n", owner=OWNER, mode=0o640)
+    hostfs_write.place_file(base, "workdir/tests/test_it.py", b"assert True\n", owner=OWNER, mode=0o640)
 
     info = target.lstat()
     assert stat.S_ISREG(info.st_mode)
@@ -182,7 +182,7 @@ def test_a_hard_link_inside_the_tree_keeps_its_other_name(base: Path) -> None:
     (base / "workdir" / "original.py").write_text("the agent's\n")
     os.link(base / "workdir" / "original.py", base / "workdir" / "test_it.py")
 
-    hostfs.place_file(base, "workdir/test_it.py", b"protected\n", owner=OWNER)
+    hostfs_write.place_file(base, "workdir/test_it.py", b"protected\n", owner=OWNER)
 
     assert (base / "workdir" / "original.py").read_text() == "the agent's\n"
     assert (base / "workdir" / "test_it.py").read_text() == "protected\n"
@@ -194,7 +194,7 @@ def test_place_file_replaces_parents_that_are_not_directories(base: Path, outsid
     NOT_A_DIRECTORY[planted](base / "workdir" / "tests", outside)
     before = snapshot(outside)
 
-    hostfs.place_file(base, "workdir/tests/data/fixture.json", b"", owner=OWNER)
+    hostfs_write.place_file(base, "workdir/tests/data/fixture.json", b"", owner=OWNER)
 
     assert owned_dir(base / "workdir" / "tests")
     assert owned_dir(base / "workdir" / "tests" / "data")
@@ -214,7 +214,7 @@ def test_chown_tree_gives_every_entry_and_never_a_link_target(base: Path, outsid
     (work / "src" / "locked").chmod(0)
     before = snapshot(outside)
 
-    count = hostfs.chown_tree(base, "workdir", owner=OWNER)
+    count = hostfs_write.chown_tree(base, "workdir", owner=OWNER)
 
     entries = [work, *work.rglob("*")]
     assert count == len(entries) - 1 == 8
@@ -229,7 +229,7 @@ def test_chown_tree_clears_set_id_bits_the_agent_left(base: Path) -> None:
     os.chown(planted, *OTHER)
     planted.chmod(0o6755)
 
-    hostfs.chown_tree(base, "workdir", owner=OWNER)
+    hostfs_write.chown_tree(base, "workdir", owner=OWNER)
 
     assert stat.S_IMODE(planted.lstat().st_mode) & (stat.S_ISUID | stat.S_ISGID) == 0
 
@@ -242,7 +242,7 @@ def test_chown_tree_of_something_that_is_not_a_directory_makes_an_empty_one(
         NOT_A_DIRECTORY[planted](base / "workdir", outside)
     before = snapshot(outside)
 
-    assert hostfs.chown_tree(base, "workdir", owner=OWNER) == 0
+    assert hostfs_write.chown_tree(base, "workdir", owner=OWNER) == 0
 
     assert owned_dir(base / "workdir")
     assert list((base / "workdir").iterdir()) == []
@@ -263,7 +263,7 @@ def test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors(base: Pa
     output = run_with_few_descriptors(
         "import os\n"
         "from pathlib import Path\n"
-        "from opencode_env.sandbox.local import hostfs\n"
+        "from opencode_env.sandbox.local import hostfs_write\n"
         f"base = Path({str(base)!r})\n"
         "fd = os.open(base, os.O_RDONLY)\n"
         "for name in ['workdir'] + ['d'] * 3000:\n"
@@ -272,9 +272,9 @@ def test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors(base: Pa
         "    os.close(fd)\n"
         "    fd = child\n"
         "os.close(os.open('leaf.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd))\n"
-        f"print(hostfs.chown_tree(base, 'workdir', owner={OWNER}))\n"
+        f"print(hostfs_write.chown_tree(base, 'workdir', owner={OWNER}))\n"
         "print(os.stat('leaf.txt', dir_fd=fd).st_uid)\n"
-        f"hostfs.reset_dir(base, 'workdir', owner={OWNER})\n"
+        f"hostfs_write.reset_dir(base, 'workdir', owner={OWNER})\n"
         "print(os.listdir(base / 'workdir'))\n",
     )
     assert output.splitlines() == ["3001", str(OWNER[0]), "[]"]

@@ -22,7 +22,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
 from opencode_env.testing.script import Script, bash, say
 from opencode_env.wire.models import RolloutRequest
-from tests.helpers import rollout
+from tests.helpers import host_path, rollout
 
 CANARY_KEY = "sk-hostile-canary-5e1d9b"
 
@@ -79,7 +79,7 @@ async def test_host_only_places_and_neighbours_are_invisible(backend: LocalBacke
     neighbour = await backend.create(SandboxSpec())
     try:
         await neighbour.write_file(REWARD_TXT, "0.5")
-        victim = neighbour.host_path(REWARD_TXT)
+        victim = host_path(neighbour, REWARD_TXT)
         _code, out = await sh(
             box,
             f"ls /root /tmp /home; cat {victim} 2>&1; echo 0.123 > {victim} 2>&1; ls {neighbour.root} 2>&1; echo end",

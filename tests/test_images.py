@@ -19,9 +19,9 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.host_ids import UID_BASE
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT
 from opencode_env.sandbox.local.images import DEFAULT_IMAGE_VAR, ImageStore
-from opencode_env.sandbox.local.isolation import UID_BASE
 from opencode_env.sandbox.local.tools import cache_root, cached_tools
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script

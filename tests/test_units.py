@@ -10,7 +10,7 @@ from opencode_env.rollout.collect import decode_text
 from opencode_env.rollout.endpoints import EndpointError, resolve_upstream
 from opencode_env.rollout.opencode import parse_events, render_config
 from opencode_env.rollout.reward import parse_reward_json, parse_reward_txt, pass_rate
-from opencode_env.sandbox.local.backend import trust_settings
+from opencode_env.sandbox.local.host_view import trust_settings
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire.models import CommandResult, RolloutRequest
 from opencode_env.wire.pins import OPENCODE_VERSION

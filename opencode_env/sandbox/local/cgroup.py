@@ -130,6 +130,11 @@ class Cgroup:
             _remove_when_empty(directory)
 
 
+def cgroup_prefix(cgroup: Cgroup | None) -> list[str]:
+    """The argv prefix that starts a program in `cgroup`; nothing without one (no writable cgroup)."""
+    return cgroup.join_prefix() if cgroup is not None else []
+
+
 def _remove_when_empty(directory: Path) -> None:
     """rmdir fails with EBUSY while killed processes are still exiting: retry for a short while."""
     for _ in range(200):

@@ -97,7 +97,7 @@ def _outermost(paths: set[str]) -> tuple[str, ...]:
 
 
 HOST_PROGRAMS = ("setpriv", "unshare", "sh", "bash", "mount", "env", "sed", "sleep")
-"""What the local backend starts inside a sandbox: see isolation.py."""
+"""What the local backend starts inside a sandbox: see isolation.py and command_argv.py."""
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """Where the host's programs are looked up, and a sandbox command's PATH unless its image sets one."""
 

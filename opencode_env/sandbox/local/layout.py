@@ -20,8 +20,10 @@ from opencode_env.sandbox.base import (
     WORKDIR,
     SandboxError,
 )
-from opencode_env.sandbox.local import hostfs, seccomp_exec
+from opencode_env.sandbox.local import hostfs_write, seccomp_exec
 from opencode_env.sandbox.local.cgroup import Cgroup, detect, proxy_cgroup_name
+from opencode_env.sandbox.local.command_argv import TOOL_SHELL, tool_shell_script
+from opencode_env.sandbox.local.host_ids import IMAGE_UIDS, HostIds
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HostRuntime
 from opencode_env.sandbox.local.idmap import mount_idmapped
 from opencode_env.sandbox.local.isolation import (
@@ -29,14 +31,10 @@ from opencode_env.sandbox.local.isolation import (
     CONTROL_MOUNT,
     GROUP,
     HOSTS,
-    IMAGE_UIDS,
     PASSWD,
     SECCOMP_EXEC,
     SYSCALL_FILTER,
-    TOOL_SHELL,
-    HostIds,
     Layout,
-    tool_shell_script,
 )
 from opencode_env.sandbox.local.syscall_filter import filter_program
 
@@ -121,7 +119,7 @@ def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
         raise SandboxError(f"could not mount the image's overlay: {mounted.stderr.strip()[-500:]}")
     for mount_point in IMAGE_MOUNT_POINTS:
         if not os.path.lexists(layout.image_root / mount_point):
-            hostfs.make_dirs(layout.image_root, mount_point, owner=(ids.root, ids.root))
+            hostfs_write.make_dirs(layout.image_root, mount_point, owner=(ids.root, ids.root))
     return layout.image_root
 
 
@@ -157,12 +155,12 @@ def _mount_disk(layout: Layout, disk_mb: int) -> None:
 def own_tree(layout: Layout, ids: HostIds) -> None:
     user, root = ids.user, ids.root
     for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, OPENCODE_CONFIG_DIR):
-        hostfs.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
+        hostfs_write.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
     layout.agent_home.mkdir(mode=0o700)
     os.chown(layout.agent_home, ids.agent, user)
     layout.grader_dir.mkdir(mode=0o700)
     os.chown(layout.grader_dir, ids.grader, ids.grader)
-    hostfs.make_dirs(layout.fs, "tmp", owner=(user, user))
+    hostfs_write.make_dirs(layout.fs, "tmp", owner=(user, user))
     (layout.tmp).chmod(0o1777)
     layout.sockets.mkdir(parents=True, mode=0o700)
     for private in (layout.private, layout.sockets):
@@ -180,8 +178,8 @@ def remove_rollout(layout: Layout) -> None:
     if layout.disk_image.exists():
         subprocess.run(["umount", "--lazy", str(layout.fs)], capture_output=True, check=False)
         layout.disk_image.unlink(missing_ok=True)
-    hostfs.remove_tree(layout.sockets)
-    hostfs.remove_tree(layout.root)
+    hostfs_write.remove_tree(layout.sockets)
+    hostfs_write.remove_tree(layout.root)
 
 
 def _mount_points() -> set[str]:

@@ -1,0 +1,74 @@
+"""What of the host each local compartment sees beyond its root, and the host programs an image's sandbox starts:
+the runtime paths of the capture proxy and of a sandbox on the host's own system, the certificates the host trusts
+(machine configuration, not a secret), and the helpers every sandbox command may start with."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from opencode_env.sandbox.base import ProvidedTools
+from opencode_env.sandbox.local import userns
+from opencode_env.sandbox.local.command_argv import Helpers
+from opencode_env.sandbox.local.host_runtime import BASE_PATH, HostRuntime, host_programs, image_runtime
+
+# Which certificates to trust is machine configuration, not a secret: tasks that install packages need it.
+TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+HELPERS = Helpers(python=os.path.realpath(sys.executable), userns=str(Path(userns.__file__).resolve()))
+
+
+def runtime_paths(tools: ProvidedTools) -> list[str]:
+    """Host paths the capture proxy's compartment needs even when they live under a hidden root (its interpreter,
+    its packages, this checkout)."""
+    paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[3])}
+    if tools.python:
+        paths.add(str(Path(tools.python).parent.parent))
+    return sorted(paths)
+
+
+def sandbox_runtime_paths(tools: ProvidedTools, extra_path: tuple[str, ...] = ()) -> list[str]:
+    """What a sandbox on the host's own system sees of the host beyond its system directories: the standard library
+    userns.py and seccomp_exec.py run with (-I -S), userns.py itself, the provided tools (OpenCode's install, the
+    Python environment a cloud backend's proxy runs with), the trusted certificates, and the prefix of each host
+    directory the backend was asked to put on PATH (a virtualenv's bin: the virtualenv); never the checkout itself,
+    its results or anything else of the operator's."""
+    paths = {sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()}
+    if tools.python:
+        paths.add(str(Path(tools.python).parent.parent))
+    paths.update(prefix for directory in extra_path if os.path.isdir(prefix := str(Path(directory).parent)))
+    if tools.opencode:
+        paths.add(_install_root(tools.opencode))
+    return sorted(paths)
+
+
+def _install_root(binary: str) -> str:
+    """The npm prefix an installed binary lives in (the directory above node_modules), else its directory."""
+    resolved = Path(binary).resolve()
+    for parent in resolved.parents:
+        if parent.name == "node_modules":
+            return str(parent.parent)
+    return str(resolved.parent)
+
+
+def trust_settings(host_env: Mapping[str, str]) -> dict[str, str]:
+    """The host's CA-bundle settings, also given to npm (whose own config file is hidden with the host home)."""
+    settings = {name: host_env[name] for name in TRUST_VARS if host_env.get(name)}
+    bundle = settings.get("NODE_EXTRA_CA_CERTS") or settings.get("SSL_CERT_FILE")
+    if bundle:
+        settings["NPM_CONFIG_CAFILE"] = bundle
+    return settings
+
+
+def runtime_for(tools: ProvidedTools) -> HostRuntime:
+    """The host programs an image's sandbox starts, and what of the host they read: the interpreter's standard
+    library (userns.py and seccomp_exec.py run with -I -S), userns.py itself, the certificates the host trusts."""
+    extra = [os.path.realpath(HELPERS.python)]
+    if tools.opencode:
+        extra.append(os.path.realpath(tools.opencode))
+    if ripgrep := shutil.which("rg", path=BASE_PATH):
+        extra.append(ripgrep)
+    shown = [sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()]
+    return image_runtime(host_programs(extra), tuple(shown))

@@ -1,0 +1,100 @@
+"""A local sandbox's files, from the host side: which host directory a sandbox path names, and every read and
+write there through hostfs (no symlink followed, regular files only, reads capped)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from opencode_env.sandbox.base import (
+    HOME,
+    VERIFIER_DIR,
+    WORKDIR,
+    FileEntry,
+    Identity,
+    SandboxError,
+    SandboxSpec,
+    task_path,
+)
+from opencode_env.sandbox.local import hostfs, hostfs_write
+from opencode_env.sandbox.local.host_ids import HostIds
+from opencode_env.sandbox.local.images import PreparedImage
+from opencode_env.sandbox.local.isolation import AGENT_HOME, CONTROL_MOUNT, HARBOR_LOGS, Layout
+
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+class SandboxFiles:
+    """LocalSandbox's file operations (a part of LocalSandbox, which sets these attributes)."""
+
+    layout: Layout
+    image: PreparedImage | None
+    _ids: HostIds
+    _spec: SandboxSpec
+
+    def _relative(self, path: str) -> tuple[Path, str]:
+        """The host directory and the path under it that a sandbox path names (within /home/user or /tmp)."""
+        absolute = path if path.startswith("/") else f"{WORKDIR}/{path}"
+        normal = os.path.normpath(absolute)
+        if normal == HOME or normal.startswith(HOME + "/"):
+            return self.layout.home, os.path.relpath(normal, HOME)
+        if normal == "/tmp" or normal.startswith("/tmp/"):
+            return self.layout.tmp, os.path.relpath(normal, "/tmp")
+        if normal == AGENT_HOME or normal.startswith(AGENT_HOME + "/"):
+            return self.layout.agent_home, os.path.relpath(normal, AGENT_HOME)
+        if self.image is not None:
+            if normal == HARBOR_LOGS or normal.startswith(HARBOR_LOGS + "/"):
+                return self.layout.home, os.path.normpath(f"logs/{os.path.relpath(normal, HARBOR_LOGS)}")
+            return self.layout.image_root, os.path.relpath(normal, "/")
+        raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME}, /tmp and {AGENT_HOME})")
+
+    async def write_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
+        """Written as `identity` (the sandbox's root writes mode 0600, the others 0644)."""
+        base, relative = self._relative(path)
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        uid = self._ids.of(identity)
+        owner, mode = (uid, uid), 0o600 if identity == "root" else 0o644
+        try:
+            await asyncio.to_thread(hostfs_write.write_file, base, relative, raw, owner=owner, mode=mode)
+        except hostfs.UnsafePath as error:
+            raise SandboxError(f"refusing to write {path}: {error.strerror}") from error
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        """A file the sandbox can read but not change or replace; returns its path inside the sandbox."""
+        await asyncio.to_thread(hostfs_write.write_file, self.layout.control, name, data.encode("utf-8"))
+        return f"{CONTROL_MOUNT}/{name}"
+
+    async def read_file(self, path: str) -> bytes:
+        base, relative = self._relative(path)
+        try:
+            return await asyncio.to_thread(hostfs.read_file, base, relative, MAX_READ_BYTES)
+        except (hostfs.UnsafePath, IsADirectoryError, NotADirectoryError) as error:
+            raise FileNotFoundError(path) from error
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        base, relative = self._relative(path)
+        try:
+            return await asyncio.to_thread(hostfs.read_tail, base, relative, limit)
+        except (hostfs.UnsafePath, IsADirectoryError, NotADirectoryError) as error:
+            raise FileNotFoundError(path) from error
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        base, relative = self._relative(root)
+        entries = await asyncio.to_thread(hostfs.list_files, base, relative, limit=limit)
+        return [FileEntry(entry.path, entry.size) for entry in entries]
+
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
+        """From the host side, never following a link the agent left: the work dir becomes the grader's, the
+        verifier directory an empty one of the grader's, and each protected file is written in, replacing whatever
+        the agent left at its path (a directory in the way of one is replaced too)."""
+        grader = (self._ids.grader, self._ids.grader)
+        home = self.layout.home
+        workdir = self._spec.workdir
+        await asyncio.to_thread(hostfs_write.chown_tree, *self._relative(workdir), owner=grader)
+        await asyncio.to_thread(hostfs_write.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
+        await asyncio.to_thread(hostfs_write.reset_dir, self.layout.grader_dir, "home", owner=grader, mode=0o700)
+        for path, text in protected.items():
+            base, relative = self._relative(task_path(path, workdir))
+            await asyncio.to_thread(hostfs_write.place_file, base, relative, text.encode("utf-8"), owner=grader)

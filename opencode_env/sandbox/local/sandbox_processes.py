@@ -1,0 +1,279 @@
+"""A local sandbox's processes: how a command is started inside it (its environment, its identity), run to the end
+under a timeout, or left running; and the capture proxy's process, in its own compartment beside the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from opencode_env.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    HOME,
+    WORKDIR,
+    CloseOnce,
+    Identity,
+    ProvidedTools,
+    ProxyLaunch,
+    SandboxError,
+    SandboxSpec,
+)
+from opencode_env.sandbox.local import netns
+from opencode_env.sandbox.local.cgroup import Cgroup, cgroup_prefix
+from opencode_env.sandbox.local.command_argv import TOOL_SHELL, Roles, command_argv
+from opencode_env.sandbox.local.host_ids import HostIds
+from opencode_env.sandbox.local.host_runtime import BASE_PATH, HostRuntime
+from opencode_env.sandbox.local.host_view import HELPERS, runtime_paths, trust_settings
+from opencode_env.sandbox.local.images import PreparedImage
+from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, GRADER_HOME, Layout, proxy_argv
+from opencode_env.sandbox.local.proxy import LocalProxy
+from opencode_env.sandbox.local.sandbox_boot import EGRESS_PORT
+from opencode_env.sandbox.output import BoundedOutput
+from opencode_env.wire.models import CommandResult
+
+PIPE_DRAIN_S = 2.0
+
+
+class LocalProcess:
+    """A process started in a local sandbox, led by its own process group."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def process(self) -> asyncio.subprocess.Process:
+        return self._process
+
+    async def running(self) -> bool:
+        return self._process.returncode is None
+
+    async def kill(self) -> None:
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+            await self._process.wait()
+
+
+class SandboxProcesses:
+    """LocalSandbox's processes (a part of LocalSandbox, which sets these attributes)."""
+
+    layout: Layout
+    image: PreparedImage | None
+    tools: ProvidedTools
+    sandbox_id: str
+    _host_tools: ProvidedTools
+    _runtime: HostRuntime
+    _ids: HostIds
+    _spec: SandboxSpec
+    _base_env: dict[str, str]
+    _extra_path: tuple[str, ...]
+    _share_host_network: bool
+    _processes: set[LocalProcess]
+    _holder_pid: int
+    _cgroup: Cgroup | None
+    _proxy_cgroup: Cgroup | None
+    _closer: CloseOnce
+
+    def _environment(self, extra: Mapping[str, str] | None, identity: Identity) -> dict[str, str]:
+        image_env = self.image.env if self.image is not None else {}
+        path = ":".join([*self._extra_path, image_env.get("PATH", BASE_PATH)])
+        if self.tools.opencode:
+            path = f"{Path(self.tools.opencode).parent}:{path}"
+        home = HOME
+        if identity == "grader":
+            home = "/root" if self._spec.grader_is_root else GRADER_HOME
+        env = {**image_env, "PATH": path, "HOME": home, "USER": "user", "TERM": "dumb", "TMPDIR": "/tmp"}
+        env.setdefault("LANG", "C.UTF-8")
+        if not self._share_host_network:
+            proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env[name] = proxy
+            env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+        env.update({name: self._runtime.inside(value) for name, value in trust_settings(os.environ).items()})
+        env.update(self._base_env)
+        env.update(extra or {})
+        if identity == "agent":
+            env.update(AGENT_ONLY_ENV, SHELL=TOOL_SHELL)
+        return env
+
+    async def _spawn(
+        self,
+        cmd: str,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        stdout: int,
+        stderr: int,
+        *,
+        own_pid_namespace: bool = True,
+        identity: Identity = "user",
+    ) -> asyncio.subprocess.Process:
+        if self._closer.started:
+            raise SandboxError(f"sandbox {self.sandbox_id} is closed")
+        argv = command_argv(
+            self._holder_pid,
+            self._ids,
+            cmd,
+            cwd,
+            own_pid_namespace=own_pid_namespace,
+            identity=identity,
+            helpers=HELPERS,
+            tmp_mb=self._spec.limits.disk_mb,
+            runtime=self._runtime,
+            roles=Roles(grader_is_root=self._spec.grader_is_root),
+        )
+        return await asyncio.create_subprocess_exec(
+            *cgroup_prefix(self._cgroup),
+            *argv,
+            env=self._environment(env, identity),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        keep_background: bool = False,
+        identity: Identity = "user",
+    ) -> CommandResult:
+        started = time.monotonic()
+        process = await self._spawn(
+            cmd,
+            cwd,
+            env,
+            subprocess.PIPE,
+            subprocess.PIPE,
+            own_pid_namespace=not keep_background,
+            identity=identity,
+        )
+        handle = LocalProcess(process)
+        self._processes.add(handle)
+        outputs = (BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes))
+        assert process.stdout is not None
+        assert process.stderr is not None
+        readers = [
+            asyncio.ensure_future(_drain(stream, out))
+            for stream, out in zip((process.stdout, process.stderr), outputs, strict=True)
+        ]
+        timed_out = False
+        try:
+            await asyncio.wait_for(process.wait(), timeout=max(timeout_s, 0.001))
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if timed_out or not keep_background or _cancelling():
+                await handle.kill()
+            self._processes.discard(handle)
+            _, pending = await asyncio.wait(readers, timeout=PIPE_DRAIN_S)
+            for reader in pending:
+                reader.cancel()
+        stdout, stderr = outputs
+        return CommandResult(
+            cmd=cmd,
+            exit_code=None if timed_out else process.returncode,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            duration_s=round(time.monotonic() - started, 4),
+            timed_out=timed_out,
+            output_truncated=stdout.truncated or stderr.truncated,
+        )
+
+    async def spawn(
+        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, identity: Identity = "user"
+    ) -> LocalProcess:
+        """A process with piped stdout and stderr, owned (and killed on close) by the sandbox."""
+        process = await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE, identity=identity)
+        handle = LocalProcess(process)
+        self._processes.add(handle)
+        return handle
+
+    async def start(
+        self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
+    ) -> LocalProcess:
+        """A background command whose output goes to `log_path`, opened by the command itself inside the sandbox
+        (so the server never opens a path the sandbox could have replaced)."""
+        logged = f'mkdir -p "$(dirname {_quote(log_path)})" && exec >> {_quote(log_path)} 2>&1; {cmd}'
+        process = await self._spawn(logged, cwd, env, subprocess.DEVNULL, subprocess.DEVNULL)
+        handle = LocalProcess(process)
+        self._processes.add(handle)
+        return handle
+
+    async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
+        """The capture proxy, in its own compartment outside the sandbox, listening on 127.0.0.1 inside it."""
+        listener = netns.listen_in(self._holder_pid)
+        # The sandbox's TCP table, opened here (as root, from the host's user namespace: its uids are host uids),
+        # read by the proxy for each call to check that OpenCode's own uid owns the calling socket.
+        peer_table = os.open(f"/proc/{self._holder_pid}/net/tcp", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            token = secrets.token_urlsafe(24)
+            program = [
+                launch.python,
+                "-I",
+                "-m",
+                "opencode_env.proxy",
+                *launch.args,
+                "--listen-fd",
+                str(listener.fileno()),
+                "--admin-socket",
+                str(self.layout.sockets / "admin.sock"),
+                "--trace",
+                str(self.layout.private / "trace.jsonl"),
+                "--token-env",
+                "OPENCODE_ENV_PROXY_TOKEN",
+                "--peer-table-fd",
+                str(peer_table),
+                "--peer-uid",
+                str(self._ids.agent),
+            ]
+            argv = proxy_argv(self.layout, self._ids, runtime_paths(self._host_tools), program)
+            if self._proxy_cgroup is not None:
+                argv = [*self._proxy_cgroup.join_prefix(), *argv]
+            log_file = self.layout.private / "proxy.log"
+            with log_file.open("ab") as log_handle:
+                os.fchown(log_handle.fileno(), self._ids.root, self._ids.root)
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env={"PATH": BASE_PATH, "OPENCODE_ENV_PROXY_TOKEN": token, **launch.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_handle.fileno(),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(listener.fileno(), peer_table),
+                )
+            port = listener.getsockname()[1]
+        finally:
+            listener.close()
+            os.close(peer_table)
+        handle = LocalProcess(process)
+        self._processes.add(handle)
+        return LocalProxy(handle, self.layout.private, self.layout.sockets / "admin.sock", port=port, token=token)
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "'\\''") + "'"
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _drain(stream: asyncio.StreamReader, out: BoundedOutput) -> None:
+    while chunk := await stream.read(65536):
+        out.feed(chunk)
