@@ -32,13 +32,15 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from pydantic import SecretStr
 
 from bench.latency_backend import LatencyBackend, LatencySandbox
+from opencode_env.settings import Settings
 from opencode_env.training.attribution import SESSION_HEADER
 from server import heap
-from server.app import UVICORN_OPTIONS, build_app
-from server.environment import configure
+from server.app import UVICORN_OPTIONS, create_app
 from server.rollouts import Rollouts
+from server.runtime import Runtime
 
 TICK_S = 0.010
 BENCH_SESSION = "ses_bench"
@@ -111,8 +113,13 @@ def latency_backend() -> LatencyBackend:
 
 
 def bench_app(max_rollouts: int) -> FastAPI:
-    runtime = configure(latency_backend(), max_rollouts=max_rollouts)
-    app = build_app(token="")
+    runtime = Runtime.build(
+        Settings.load().model_copy(update={"token": SecretStr("")}),
+        backend=latency_backend(),
+        max_rollouts=max_rollouts,
+        keep_results=False,
+    )
+    app = create_app(runtime)
     collector = os.environ.get("BENCH_GC", "settled")
     if collector != "defaults":
         heap.settle()

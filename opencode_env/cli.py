@@ -295,10 +295,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    os.environ["OPENCODE_ENV_BACKEND"] = args.backend
     from server.app import main as serve
 
-    serve(host=args.host, port=args.port)
+    serve(host=args.host, port=args.port, backend=args.backend)
     return 0
 
 
@@ -307,9 +306,11 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    from server.environment import configure
+    from opencode_env.settings import Settings
+    from server.runtime import Runtime
 
-    configure(backend_name=args.backend).mcp.run(transport="stdio", show_banner=False)
+    settings = Settings.load().model_copy(update={"backend": args.backend})
+    Runtime.build(settings).mcp.run(transport="stdio", show_banner=False)
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network"]
 
@@ -113,6 +113,19 @@ class Settings(BaseSettings):
     hf_max_sandboxes: int = _setting(
         20, "OPENCODE_ENV_HF_MAX_SANDBOXES", "Hugging Face", "Hugging Face sandboxes alive at once.", ge=1
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Only what `load` passes: it is the one place that reads an environment, and a test's mapping is the
+        whole environment it describes."""
+        return (init_settings,)
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -1,17 +1,21 @@
-"""`GET /metadata`: OpenEnv's fields, plus what an operator needs to know: the backend, whether it can run
-rollouts (and if not, what to set), the access rule, and the rollout cap."""
+"""`GET /metadata`: OpenEnv's fields (what the environment's `get_metadata` answers), plus what an operator needs to
+know: the backend, whether it can run rollouts (and if not, what to set), the access rule, and the rollout cap.
+Served ahead of OpenEnv's own `/metadata`, whose answer is the first part of this one."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from fastapi import APIRouter
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
+from opencode_env.sandbox import Preflighted, backend_problem
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
-from server.preflight import backend_problem
+from server.environment import metadata
 
-__all__ = ["ServerMetadata", "access_mode", "backend_problem"]
+if TYPE_CHECKING:
+    from server.runtime import Runtime
 
 
 class ServerMetadata(EnvironmentMetadata):  # type: ignore[misc]
@@ -33,3 +37,22 @@ def access_mode(policy: AccessPolicy) -> Literal["token", "loopback_only", "open
     if policy.token:
         return "token"
     return "open" if policy.allow_unauthenticated else "loopback_only"
+
+
+def metadata_router(runtime: Runtime) -> APIRouter:
+    router = APIRouter()
+    backend = runtime.backend
+
+    @router.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
+    def server_metadata() -> ServerMetadata:
+        problem = backend_problem(backend, backend.name)
+        return ServerMetadata(
+            **metadata(backend.name).model_dump(),
+            backend=backend.name,
+            backend_usable=False if problem else (True if isinstance(backend, Preflighted) else None),
+            preflight=problem,
+            access=access_mode(runtime.access),
+            max_concurrent_rollouts=runtime.rollouts.limit,
+        )
+
+    return router

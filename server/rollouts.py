@@ -15,29 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
+from opencode_env.sandbox import Preflighted
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.viewer.runs import Run, Runs
 from opencode_env.wire.deadline import total_budget_s
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
-from server.preflight import Preflighted
 
 log = logging.getLogger("opencode_env.server")
 Progress = Callable[[Phase, str], Awaitable[None]]
 CANCEL_GRACE_S = 30.0
 SHUTDOWN_MESSAGE = "the server is shutting down: the rollout was cancelled"
 CALLER_CANCELLED_MESSAGE = "its caller cancelled the rollout"
-
-
-def own_ports() -> frozenset[int]:
-    """The port this server listens on (PORT, as `main` reads it): never a model endpoint a caller may name."""
-    return frozenset({int(os.environ.get("PORT", "8000"))})
 
 
 class Rollouts:
@@ -52,7 +46,8 @@ class Rollouts:
             raise ValueError(f"MAX_CONCURRENT_ENVS must be at least 1, got {limit}")
         self.backend = backend
         self.limit = limit
-        self.upstream_policy = upstream_policy or UpstreamPolicy.from_environment(os.environ, own_ports())
+        self.upstream_policy = upstream_policy
+        """Where a caller's base_url may point (the server's settings); None checks nothing (the library's own use)."""
         self._slots = asyncio.Semaphore(limit)
         self._running: set[asyncio.Task[RolloutResult]] = set()
         self._calls: set[asyncio.Task[Any]] = set()

@@ -7,6 +7,7 @@ the server would otherwise wait behind.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastmcp.tools import ToolResult
@@ -28,14 +29,15 @@ def mcp_tool_result(result: RolloutResult, text: ResultText = "summary") -> Tool
     return ToolResult(content=[TextContent(type="text", text=block)], structured_content=result.model_dump(mode="json"))
 
 
-def session_tool_result(result: RolloutResult) -> dict[str, Any]:
-    """For OpenEnv sessions (`/ws`, `/step`): the MCP tool result as an observation's `result` carries it, in the
-    shape OpenEnv's clients read (the text block the whole result as JSON: programs, not chat models, call here)."""
-    as_json = result.model_dump(mode="json")
+def session_tool_result(answer: ToolResult) -> dict[str, Any]:
+    """For OpenEnv sessions (`/ws`, `/step`): the tool's answer as an observation's `result` carries it, in the
+    shape OpenEnv's clients read: `data` the result as a JSON object (as FastMCP's client gives it), and the text
+    block the whole result as JSON (programs, not chat models, call here)."""
+    text = json.dumps(answer.structured_content, allow_nan=False, separators=(",", ":"))
     return {
-        "content": [{"type": "text", "text": result.model_dump_json(), "annotations": None, "meta": None}],
-        "structured_content": as_json,
+        "content": [{"type": "text", "text": text, "annotations": None, "meta": None}],
+        "structured_content": answer.structured_content,
         "meta": {SERVER_INFO_META: {"name": SERVER_NAME, "version": VERSION}},
-        "data": as_json,
+        "data": answer.structured_content,
         "is_error": False,
     }

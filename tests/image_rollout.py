@@ -24,9 +24,8 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire.models import RolloutResult
-from server.app import build_app
-from server.environment import configure
 from tests.fake_hf import FakeHfCloud
+from tests.server_app import app_for
 
 EXPECTED_TURNS = 3
 USER_UID = 1000
@@ -75,9 +74,8 @@ def main() -> int:
         return 1
     cloud = FakeHfCloud(plain_processes=True)
     backend = HFBackend(sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env", max_sandboxes=1)
-    configure(backend, max_rollouts=1)
     token = secrets.token_urlsafe(24)
-    server = ThreadedServer(build_app(token))
+    server = ThreadedServer(app_for(backend, max_rollouts=1, token=token))
     server.start()
     started = time.monotonic()
     try:

@@ -12,8 +12,7 @@ from typing import Any
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.testing.stub_backend import StubBackend, StubSandbox
 from opencode_env.testing.threaded_server import ThreadedServer
-from server.app import build_app
-from server.environment import configure
+from tests.server_app import app_for
 
 
 class CountingBackend(StubBackend):
@@ -40,8 +39,7 @@ class StubServer:
 @contextmanager
 def stub_server(*, command_s: float, max_rollouts: int = 4, token: str | None = "") -> Iterator[StubServer]:
     backend = CountingBackend(command_s=command_s)
-    configure(backend, max_rollouts=max_rollouts)
-    server = ThreadedServer(build_app(token=token))
+    server = ThreadedServer(app_for(backend, max_rollouts=max_rollouts, token=token))
     server.start()
     try:
         yield StubServer(server.url, backend)

@@ -17,7 +17,7 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 
 from opencode_env.client.client import OpenCodeEnv
-from server.app import build_app
+from tests.server_app import app_for
 from tests.stub_server import StubServer, stub_server
 
 TOKEN = "t0k-for-tests"
@@ -89,7 +89,7 @@ async def test_without_a_token_only_this_machine_is_served_whatever_address_the_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OPENCODE_ENV_ALLOW_UNAUTHENTICATED", raising=False)
-    app = build_app(token="")
+    app = app_for(token="")
 
     def client(address: str) -> httpx.AsyncClient:
         transport = httpx.ASGITransport(app=app, client=(address, 40000))
@@ -111,7 +111,7 @@ async def test_without_a_token_only_this_machine_is_served_whatever_address_the_
         assert relayed.status_code == 403
     monkeypatch.setenv("OPENCODE_ENV_ALLOW_UNAUTHENTICATED", "1")
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=build_app(token=""), client=("203.0.113.7", 40000)),
+        transport=httpx.ASGITransport(app=app_for(token=""), client=("203.0.113.7", 40000)),
         base_url="http://testserver",
     ) as trusted:
         assert (await trusted.get("/metadata")).json()["access"] == "open"

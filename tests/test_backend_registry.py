@@ -17,6 +17,7 @@ from typing import get_args
 import httpx
 import pytest
 from huggingface_hub import constants
+from pydantic import ValidationError
 
 from opencode_env.cli import build_parser
 from opencode_env.sandbox import (
@@ -26,16 +27,17 @@ from opencode_env.sandbox import (
     BackendName,
     UnknownBackend,
     backend_names,
+    backend_problem,
     default_backend,
     default_concurrency,
     make_backend,
     reapable_names,
     resolve_backend_name,
 )
+from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
-from server.environment import configure, max_concurrent_rollouts
-from server.preflight import backend_problem
 from server.staged import STARTING
+from tests.server_app import runtime_for
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN = ("auto", "local", "e2b", "hf")
@@ -72,9 +74,9 @@ def test_the_server_caps_rollouts_at_the_backends_own_default(
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     backend = make_backend(name)
     assert BACKENDS[name].default_concurrency() == default_concurrency(backend) == expected
-    assert max_concurrent_rollouts(backend) == expected
+    assert runtime_for(backend).rollouts.limit == expected
     monkeypatch.setenv("MAX_CONCURRENT_ENVS", "3")
-    assert max_concurrent_rollouts(backend) == 3
+    assert runtime_for(backend).rollouts.limit == 3
 
 
 def test_a_backend_outside_the_registry_gets_the_per_cpu_default() -> None:
@@ -119,12 +121,9 @@ def test_the_command_line_offers_the_registered_backends(capsys: pytest.CaptureF
     assert "'locl'" in capsys.readouterr().err
 
 
-def test_configuring_the_server_on_an_unknown_backend_name_says_which_variable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("OPENCODE_ENV_BACKEND", "locl")
-    with pytest.raises(UnknownBackend, match="OPENCODE_ENV_BACKEND names an unknown sandbox backend 'locl'"):
-        configure()
+def test_the_servers_settings_refuse_an_unknown_backend_name_naming_the_variable() -> None:
+    with pytest.raises(ValidationError, match="OPENCODE_ENV_BACKEND"):
+        Settings.load({"OPENCODE_ENV_BACKEND": "locl"})
 
 
 def free_port() -> int:
@@ -132,6 +131,41 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+@pytest.mark.timeout(120)
+def test_a_server_on_an_unknown_backend_name_exits_naming_the_variable_and_the_known_names() -> None:
+    env = {**os.environ, "OPENCODE_ENV_BACKEND": "locl", "HOST": "127.0.0.1", "PORT": str(free_port())}
+    ended = subprocess.run(
+        [sys.executable, "-m", "server.app"], check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90
+    )
+    assert ended.returncode != 0
+    assert "a setting is refused" in ended.stderr
+    assert "OPENCODE_ENV_BACKEND" in ended.stderr
+    assert "'locl'" in ended.stderr
+    assert all(f"'{name}'" in ended.stderr for name in KNOWN)
+
+
+@pytest.mark.timeout(120)
+def test_uvicorn_serving_the_app_on_an_unknown_backend_name_says_why_on_every_route(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "OPENCODE_ENV_BACKEND": "locl"}
+    command = [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)]
+    with (tmp_path / "server.log").open("wb") as log:
+        server = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        answer = built_or_failed(url, 90)
+        assert answer.status_code == 503, answer.text
+        reason = answer.json()["error"]
+        assert "OPENCODE_ENV_BACKEND" in reason
+        assert "'locl'" in reason
+        assert all(f"'{name}'" in reason for name in KNOWN)
+        assert httpx.get(f"{url}/health").status_code == 503
+        assert httpx.get(f"{url}/ready").status_code == 503
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
 
 
 def built_or_failed(url: str, within_s: float) -> httpx.Response:
@@ -146,24 +180,3 @@ def built_or_failed(url: str, within_s: float) -> httpx.Response:
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.2)
-
-
-@pytest.mark.timeout(120)
-def test_a_served_app_on_an_unknown_backend_name_says_why_it_cannot_start(tmp_path: Path) -> None:
-    port = free_port()
-    env = {**os.environ, "OPENCODE_ENV_BACKEND": "locl", "HOST": "127.0.0.1", "PORT": str(port)}
-    with (tmp_path / "server.log").open("wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "server.app"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        answer = built_or_failed(url, 90)
-        assert answer.status_code == 503, answer.text
-        reason = answer.json()["error"]
-        assert "OPENCODE_ENV_BACKEND names an unknown sandbox backend 'locl'" in reason
-        assert all(name in reason for name in KNOWN)
-        assert httpx.get(f"{url}/health").status_code == 503
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)

@@ -19,9 +19,8 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from server.app import build_app
-from server.environment import configure
 from tests.conftest import processes_mentioning
+from tests.server_app import app_for
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -121,8 +120,7 @@ async def test_a_client_that_cancels_its_call_closes_the_sandbox(server: StubSer
 
 
 async def test_cancelling_a_real_rollout_closes_its_local_sandbox(backend: LocalBackend, sandbox_base: Path) -> None:
-    configure(backend)
-    server = ThreadedServer(build_app())
+    server = ThreadedServer(app_for(backend))
     server.start()
     try:
         with ScriptedModelServer(Script(steps=[stall(120)])) as model:

@@ -29,8 +29,7 @@ from opencode_env.evals.cli import add_eval_parser
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire.models import RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
-from server.app import build_app
-from server.environment import configure
+from tests.server_app import app_for
 
 WORKDIR = "/home/user/workdir"
 SECRET = "sk-eval-test-never-on-disk"
@@ -324,8 +323,7 @@ def test_the_cli_runs_resumes_and_refuses_another_k(
 
 @pytest.fixture
 def server_url(backend: LocalBackend) -> Iterator[str]:
-    configure(backend)
-    server = ThreadedServer(build_app())
+    server = ThreadedServer(app_for(backend))
     server.start()
     yield server.url
     server.stop()

@@ -19,16 +19,14 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire.models import SCHEMA_VERSION
-from server.app import build_app
-from server.environment import configure
+from tests.server_app import app_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
 def server_url(backend: LocalBackend) -> Iterator[str]:
-    configure(backend)
-    server = ThreadedServer(build_app())
+    server = ThreadedServer(app_for(backend))
     server.start()
     yield server.url
     server.stop()

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire.models import RolloutRequest, RolloutResult
-from server.app import build_app
-from server.environment import configure
+from tests.server_app import app_for
 
 HOSTILE_TEXT = [
     "../../etc/passwd",
@@ -49,8 +48,7 @@ ARGUMENTS = st.dictionaries(
 @pytest.fixture(scope="module")
 def stub_server() -> Iterator[tuple[str, StubBackend]]:
     stub = StubBackend()
-    configure(stub)  # type: ignore[arg-type]
-    server = ThreadedServer(build_app())
+    server = ThreadedServer(app_for(stub))  # type: ignore[arg-type]
     server.start()
     yield server.url, stub
     server.stop()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.wire.models import RolloutResult
 from opencode_env.wire.version import VERSION
-from server.app import build_app
-from server.environment import configure
+from tests.server_app import app_for
 from tests.stub_server import CountingBackend
 
 NAMESPACES_PROBLEM = "this container cannot create user namespaces: set E2B_API_KEY"
@@ -24,8 +24,8 @@ class PreflightedBackend(CountingBackend):
         return self.problem
 
 
-async def metadata() -> dict[str, object]:
-    transport = httpx.ASGITransport(app=build_app(token=""), client=("127.0.0.1", 40000))
+async def metadata(backend: SandboxBackend) -> dict[str, object]:
+    transport = httpx.ASGITransport(app=app_for(backend, token=""), client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         assert (await client.get("/health")).status_code == 200
         answer: dict[str, object] = (await client.get("/metadata")).json()
@@ -34,23 +34,20 @@ async def metadata() -> dict[str, object]:
 
 async def test_an_e2b_backend_without_a_key_is_reported_with_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("E2B_API_KEY", raising=False)
-    configure(E2BBackend(api_key=""))
-    answer = await metadata()
+    answer = await metadata(E2BBackend(api_key=""))
     assert (answer["version"], answer["backend"], answer["backend_usable"]) == (VERSION, "e2b", False)
     assert "set E2B_API_KEY" in str(answer["preflight"])
 
 
 @pytest.mark.parametrize(("problem", "usable"), [(NAMESPACES_PROBLEM, False), (None, True)])
 async def test_a_backends_own_preflight_verdict_is_shown(problem: str | None, usable: bool) -> None:
-    configure(PreflightedBackend(problem))
-    answer = await metadata()
+    answer = await metadata(PreflightedBackend(problem))
     assert (answer["backend"], answer["backend_usable"], answer["preflight"]) == ("stub", usable, problem)
 
 
 async def test_a_backend_that_failed_its_preflight_answers_every_rollout_with_the_reason() -> None:
     backend = PreflightedBackend(NAMESPACES_PROBLEM)
-    configure(backend)
-    transport = httpx.ASGITransport(app=build_app(token=""), client=("127.0.0.1", 40000))
+    transport = httpx.ASGITransport(app=app_for(backend, token=""), client=("127.0.0.1", 40000))
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
     call["params"] = {"name": "run_rollout", "arguments": {"instruction": "x", "task_id": "doomed"}}
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:

@@ -62,7 +62,7 @@ def round_trip(result: RolloutResult) -> RolloutResult:
     summary = mcp_tool_result(result).content[0].text  # type: ignore[union-attr]
     assert f"status:     {result.status}" in summary
 
-    frame = json.dumps({"result": session_tool_result(result)}, allow_nan=False)
+    frame = json.dumps({"result": session_tool_result(tool)}, allow_nan=False)
     assert RolloutResult.model_validate(standard_json(frame)["result"]["data"]).model_dump_json() == text
     assert parsed.model_dump_json() == text
     return parsed

@@ -14,11 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
+from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.viewer.runs import (
     RESULTS_DIR_VAR,
-    RESULTS_KEEP_VAR,
     ResultsDir,
     Run,
     Runs,
@@ -156,27 +157,28 @@ def test_broken_files_are_skipped_and_stale_temporaries_removed(
     assert (stale.exists(), fresh.exists()) == (False, True)
 
 
-def test_the_directory_and_its_bound_come_from_the_environment(
+RESULTS_KEEP_VAR = "OPENCODE_ENV_RESULTS_KEEP"
+
+
+def configured_from(environ: dict[str, str]) -> ResultsDir | None:
+    settings = Settings.load(environ)
+    return ResultsDir.configured(settings.results_dir, settings.results_keep)
+
+
+def test_the_directory_and_its_bound_come_from_the_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv(RESULTS_DIR_VAR, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert default_results_dir() == tmp_path / "state" / "opencode-env" / "results"
-    monkeypatch.setenv(RESULTS_DIR_VAR, str(tmp_path / "mine"))
-    monkeypatch.setenv(RESULTS_KEEP_VAR, "7")
-    configured = ResultsDir.from_environment()
+    configured = configured_from({RESULTS_DIR_VAR: str(tmp_path / "mine"), RESULTS_KEEP_VAR: "7"})
     assert configured is not None
     assert (configured.path, configured.keep) == (tmp_path / "mine", 7)
-    monkeypatch.setenv(RESULTS_KEEP_VAR, "0")
-    assert ResultsDir.from_environment() is None
-    monkeypatch.setenv(RESULTS_KEEP_VAR, "many")
-    with pytest.raises(ValueError, match=RESULTS_KEEP_VAR):
-        ResultsDir.from_environment()
-    monkeypatch.delenv(RESULTS_KEEP_VAR)
+    assert configured_from({RESULTS_KEEP_VAR: "0"}) is None
+    with pytest.raises(ValidationError, match=RESULTS_KEEP_VAR):
+        configured_from({RESULTS_KEEP_VAR: "many"})
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setenv(RESULTS_DIR_VAR, str(tmp_path / "a-file" / "results"))
     with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
-        assert ResultsDir.from_environment() is None
+        assert configured_from({RESULTS_DIR_VAR: str(tmp_path / "a-file" / "results")}) is None
     assert RESULTS_DIR_VAR in caplog.text
 
 
@@ -186,11 +188,11 @@ def test_a_user_without_a_home_keeps_results_in_memory(
     def no_such_user(uid: int) -> None:
         raise KeyError(uid)
 
-    for name in (RESULTS_DIR_VAR, "XDG_STATE_HOME", "HOME"):
+    for name in ("XDG_STATE_HOME", "HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_such_user)
     with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
-        assert ResultsDir.from_environment() is None
+        assert configured_from({}) is None
     assert "no home directory" in caplog.text
 
 

@@ -17,8 +17,7 @@ from opencode_env.testing.script import Script, bash, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire.models import Mode
-from server.app import build_app
-from server.environment import configure
+from tests.server_app import app_for
 
 CANARY = "sk-canary-7f3a9c1e5b2d"
 
@@ -83,8 +82,7 @@ class ArgvWatch:
 @pytest.fixture(scope="module")
 def scanning(backend: LocalBackend) -> Iterator[tuple[str, ScanningBackend]]:
     scanner = ScanningBackend(backend)
-    configure(scanner)  # type: ignore[arg-type]
-    server = ThreadedServer(build_app())
+    server = ThreadedServer(app_for(scanner))  # type: ignore[arg-type]
     server.start()
     yield server.url, scanner
     server.stop()

@@ -26,19 +26,17 @@ from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire.models import RolloutResult
-from server.app import build_app
 from server.disconnect import PendingReplies
-from server.environment import configure
-from server.mcp_route import McpRouter
+from server.mcp_endpoint import McpEndpoint
 from tests.conftest import processes_mentioning
+from tests.server_app import app_for
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def server_url(backend: LocalBackend) -> Iterator[str]:
-    configure(backend)
-    server = ThreadedServer(build_app())
+    server = ThreadedServer(app_for(backend))
     server.start()
     yield server.url
     server.stop()
@@ -164,7 +162,9 @@ async def test_a_shutdown_waits_for_an_mcp_post_s_answer_before_uvicorn_hears_th
     async def elsewhere(scope: Scope, receive: Receive, send: Send) -> None:
         raise AssertionError("a standard MCP POST went elsewhere")
 
-    router = McpRouter(elsewhere, standard=standard, stateless=elsewhere, closing=asyncio.Event(), replies=replies)
+    router = McpEndpoint(
+        standard=standard, stateless=elsewhere, openenv=elsewhere, closing=asyncio.Event(), replies=replies
+    )
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}).encode()
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
 

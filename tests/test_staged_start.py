@@ -16,9 +16,8 @@ import pytest
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
-from server.app import build_app
-from server.environment import configure
 from server.staged import StagedApp
+from tests.server_app import app_for
 
 
 def wait_for_status(url: str, status: int, timeout_s: float = 30) -> httpx.Response:
@@ -35,8 +34,7 @@ def build_once_released(release: threading.Event) -> Callable[[], Any]:
 
     def slow_build() -> Any:
         release.wait(60)
-        configure(StubBackend())
-        return build_app(token="")
+        return app_for(StubBackend(), token="")
 
     return slow_build
 
@@ -110,8 +108,7 @@ def test_the_built_hook_runs_once_after_the_build() -> None:
     order: list[str] = []
 
     def build() -> Any:
-        configure(StubBackend())
-        app = build_app(token="")
+        app = app_for(StubBackend(), token="")
         order.append("built")
         return app
 

@@ -14,8 +14,7 @@ from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList,
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire.models import RolloutRequest
-from server.app import build_app
-from server.environment import configure, runtime
+from tests.server_app import runtime_for
 
 NAMES = {
     "api.example.com": ["93.184.216.34"],
@@ -33,7 +32,7 @@ def resolve(host: str, port: int) -> Sequence[IPAddress]:
 
 
 def policy(allow: str = "", *, own_ports: frozenset[int] = frozenset({8000}), local: bool = False) -> UpstreamPolicy:
-    base = UpstreamPolicy.from_environment({ALLOW_VAR: allow} if allow else {}, own_ports, callers_are_local=local)
+    base = UpstreamPolicy.configured(allow, own_ports, callers_are_local=local)
     return UpstreamPolicy(base.allowed, base.own_ports, resolve, lambda: THIS_MACHINE)
 
 
@@ -99,7 +98,7 @@ async def test_a_refused_url_ends_the_rollout_as_an_invalid_request_before_any_s
     try:
         backend = StubBackend()
         request = RolloutRequest(base_url=f"http://127.0.0.1:{port}/v1", model="m", instruction="x")
-        strict = UpstreamPolicy.from_environment({}, frozenset({8000}))
+        strict = UpstreamPolicy.configured("", frozenset({8000}))
         result = await run_rollout(request, backend, upstream_policy=strict)
         assert (result.status, result.failed_phase) == ("invalid_request", "validate")
         assert "base_url" in (result.error or "")
@@ -113,14 +112,16 @@ async def test_a_refused_url_ends_the_rollout_as_an_invalid_request_before_any_s
 
 def test_the_server_builds_its_policy_from_its_access_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ALLOW_VAR, raising=False)
-    configure(StubBackend())
-    build_app(token="a-token")
-    assert runtime().rollouts.upstream_policy.allowed == AllowList()
-    build_app(token="")
-    assert runtime().rollouts.upstream_policy.allowed == LOOPBACK
+
+    def allowed(token: str) -> AllowList:
+        policy = runtime_for(StubBackend(), token=token).rollouts.upstream_policy
+        assert policy is not None
+        return policy.allowed
+
+    assert allowed("a-token") == AllowList()
+    assert allowed("") == LOOPBACK
     monkeypatch.setenv(ALLOW_VAR, "gpu-box:8000")
-    build_app(token="")
-    assert runtime().rollouts.upstream_policy.allowed.host_ports == {("gpu-box", 8000)}
+    assert allowed("").host_ports == {("gpu-box", 8000)}
 
 
 SERVER_KEY = "sk-operator-key-7f3a"

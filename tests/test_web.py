@@ -22,9 +22,8 @@ from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from opencode_env.viewer.web import web_router
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
-from server.app import build_app
-from server.environment import configure
 from tests.browser import chromium, network_requests, requested_urls, save_screenshot
+from tests.server_app import app_for
 
 TOKEN = "web-t0ken-for-tests"
 SECRET = "sk-web-never-stored"
@@ -113,10 +112,9 @@ async def test_a_runner_that_raises_leaves_a_crashed_run_with_its_error() -> Non
 
 @pytest.fixture(scope="module")
 def guarded_url(backend: LocalBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    configure(backend)
     with pytest.MonkeyPatch.context() as env:
         env.setenv(RESULTS_DIR_VAR, str(tmp_path_factory.mktemp("results")))
-        server = ThreadedServer(build_app(token=TOKEN))
+        server = ThreadedServer(app_for(backend, token=TOKEN))
     server.start()
     yield server.url
     server.stop()

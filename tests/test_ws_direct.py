@@ -1,4 +1,4 @@
-"""`run_rollout` over OpenEnv's WebSocket is answered by the server itself (server.direct_call), not through an
+"""`run_rollout` over OpenEnv's WebSocket is answered by the one tool through FastMCP's `call_tool`, not through an
 in-process MCP client: the observation must carry what the standard MCP answer carries, in the shape it had."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 from fastmcp import Client
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from websockets.asyncio.client import connect
 
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire.models import RolloutResult
 from opencode_env.wire.version import VERSION
-from server.direct_call import call_run_rollout
-from server.rollouts import Rollouts
+from server.environment import OpenCodeEnvironment
+from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
 PER_RUN = {"sandbox_id", "wall_s", "timings"}
@@ -75,7 +76,10 @@ async def test_an_unknown_tool_over_the_websocket_is_named(server: StubServer) -
 
 async def test_a_call_past_the_servers_time_limit_says_so_and_closes_its_sandbox() -> None:
     backend = StubBackend(command_s=30)
-    observation = await call_run_rollout(Rollouts(backend, 2), stub_arguments(), timeout_s=0.5)
+    environment = OpenCodeEnvironment(runtime_for(backend, max_rollouts=2).mcp, backend.name)
+    action = CallToolAction(tool_name="run_rollout", arguments=stub_arguments())
+    observation = await environment.step_async(action, timeout_s=0.5)
+    assert isinstance(observation, CallToolObservation)
     assert observation.result is None
     assert observation.error is not None
     assert observation.error.error_type == "timeout"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -84,11 +84,10 @@ class UpstreamPolicy:
     host_networks: Callable[[], frozenset[IPNetwork]] = read_host_networks
 
     @classmethod
-    def from_environment(
-        cls, environ: Mapping[str, str], own_ports: frozenset[int], *, callers_are_local: bool = False
-    ) -> UpstreamPolicy:
-        configured = environ.get(ALLOW_VAR, "")
-        allowed = AllowList.parse(configured) if configured or not callers_are_local else LOOPBACK
+    def configured(cls, allow: str, own_ports: frozenset[int], *, callers_are_local: bool = False) -> UpstreamPolicy:
+        """The operator's allow-list (OPENCODE_ENV_UPSTREAM_ALLOW's text); with none, loopback too when every
+        caller is on this machine."""
+        allowed = AllowList.parse(allow) if allow or not callers_are_local else LOOPBACK
         return cls(allowed=allowed, own_ports=own_ports)
 
     def check(self, base_url: str) -> str:

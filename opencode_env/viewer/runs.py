@@ -24,7 +24,6 @@ log = logging.getLogger("opencode_env.viewer")
 MAX_EVENTS = 200
 MAX_MESSAGE_CHARS = 500
 RESULTS_DIR_VAR = "OPENCODE_ENV_RESULTS_DIR"
-RESULTS_KEEP_VAR = "OPENCODE_ENV_RESULTS_KEEP"
 DEFAULT_RESULTS_KEEP = 200
 RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{6}$")
 """A run's id: its start (UTC, to the microsecond) then random hex, so that ids sort by age and name files safely."""
@@ -136,15 +135,15 @@ class ResultsDir:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     @classmethod
-    def from_environment(cls) -> ResultsDir | None:
-        """OPENCODE_ENV_RESULTS_DIR (default: the user's state directory), keeping OPENCODE_ENV_RESULTS_KEEP results
-        (default 200; 0 keeps none on disk); None, with a warning, when the directory cannot be made."""
-        keep = results_keep_from_env()
+    def configured(cls, directory: str, keep: int) -> ResultsDir | None:
+        """The results directory an operator set (OPENCODE_ENV_RESULTS_DIR; '' is the user's state directory),
+        keeping `keep` results (0 keeps none on disk); None, with a warning, when it cannot be made."""
         if keep == 0:
             return None
-        path = default_results_dir()
-        if not path.is_absolute() and not os.environ.get(RESULTS_DIR_VAR):
-            log.warning("results are kept in memory only: this user has no home directory; set %s", RESULTS_DIR_VAR)
+        path = Path(directory).expanduser() if directory else default_results_dir()
+        if not path.is_absolute():
+            why = f"{directory!r} is not an absolute path" if directory else "this user has no home directory"
+            log.warning("results are kept in memory only: %s; set %s", why, RESULTS_DIR_VAR)
             return None
         try:
             return cls(path, keep)
@@ -220,21 +219,10 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def default_results_dir() -> Path:
-    configured = os.environ.get(RESULTS_DIR_VAR, "")
-    if configured:
-        return Path(configured).expanduser()
-    # expanduser leaves "~" as it is for a user without a home (a container's numeric uid): not absolute, refused.
+    """The user's state directory's results (not absolute for a user without a home, e.g. a container's numeric
+    uid: expanduser leaves "~" as it is)."""
     state = os.environ.get("XDG_STATE_HOME", "") or os.path.expanduser("~/.local/state")
     return Path(state) / "opencode-env" / "results"
-
-
-def results_keep_from_env() -> int:
-    raw = os.environ.get(RESULTS_KEEP_VAR, "")
-    if not raw:
-        return DEFAULT_RESULTS_KEEP
-    if not raw.isdigit() or int(raw) > 100_000:
-        raise ValueError(f"{RESULTS_KEEP_VAR} must be a whole number from 0 to 100000, got {raw[:40]!r}")
-    return int(raw)
 
 
 Runner = Callable[[RolloutRequest, Run], Awaitable[RolloutResult]]

@@ -10,41 +10,22 @@ server's bearer middleware guards like every other route.
 from __future__ import annotations
 
 import asyncio
-import os
 
 from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
-from opencode_env.viewer.runs import ResultsDir, Runner, Runs, RunsFull, RunView
+from opencode_env.viewer.runs import Runner, Runs, RunsFull, RunView
 from opencode_env.wire.models import RolloutRequest, RolloutResult
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
 """The page and the redirect to it carry no data; the bearer middleware lets a browser reach them."""
-DEFAULT_KEEP = 20
-KEEP_VAR = "OPENCODE_ENV_WEB_RESULTS"
-
-
-def keep_from_env() -> int:
-    """How many of the page's own rollouts run at once, and how many results are kept when there is no results
-    directory: OPENCODE_ENV_WEB_RESULTS, default 20, at least 1."""
-    raw = os.environ.get(KEEP_VAR, "")
-    if not raw:
-        return DEFAULT_KEEP
-    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-        raise ValueError(f"{KEEP_VAR} must be a whole number from 1 to 10000, got {raw[:40]!r}")
-    return int(raw)
 
 
 def web_page() -> str:
     scripts, styles = [asset("viewer.js"), asset("web.js")], [asset("viewer.css"), asset("web.css")]
     return html_document("opencode-env", asset("web.html"), scripts, styles, connect="'self'")
-
-
-def runs_from_environment() -> Runs:
-    """The server's record of its rollouts, its finished ones read back from the results directory."""
-    return Runs(keep=keep_from_env(), results=ResultsDir.from_environment())
 
 
 def web_router(runs: Runs, runner: Runner) -> APIRouter:

@@ -1,0 +1,150 @@
+"""`/mcp` over HTTP, where two protocols meet by their own conventions: MCP's streamable HTTP transport (MCP
+Inspector, Claude, Cursor, the SDKs, fastmcp, curl) and OpenEnv's plain JSON-RPC (its `MCPToolClient` in production
+mode). `/mcp` over WebSocket never reaches here: it is OpenEnv's route.
+
+A POST is told apart by the headers the streamable transport requires (an `Accept` naming `text/event-stream` on
+every POST; a session id or protocol version once negotiated); a POST without them is OpenEnv's. The body is read
+only where headers cannot decide: a sessionless streamable POST is either an `initialize` (a new session, so that a
+cancel reaches the caller's own call) or a one-shot call (curl, scripts), which a stateless instance of the same
+transport answers; and a plain `tools/call` of run_rollout whose arguments are invalid is answered here with
+JSON-RPC's -32602 naming each field (OpenEnv's shim would answer -32603, an internal error).
+
+Also here, because they concern this endpoint's streams: a session's GET event stream ends when the server starts
+closing (uvicorn would otherwise wait out its grace period for clients that only listen), and every POST is counted
+until answered, so a shutdown lets the answers go out first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from opencode_env.wire.models import TOOL_NAME, RolloutRequest
+from server.disconnect import PendingReplies
+from server.tool import invalid_arguments
+
+INVALID_PARAMS = -32602
+STREAMABLE_HEADERS = (b"mcp-session-id", b"mcp-protocol-version")
+
+
+class McpEndpoint:
+    def __init__(
+        self,
+        *,
+        standard: ASGIApp,
+        stateless: ASGIApp,
+        openenv: ASGIApp,
+        closing: asyncio.Event,
+        replies: PendingReplies,
+    ) -> None:
+        self.standard = standard
+        self.stateless = stateless
+        self.openenv = openenv
+        self.closing = closing
+        self.replies = replies
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The transports are mounted at /mcp; /mcp/stream (an alias) and a trailing slash reach them there too.
+        scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
+        if scope["method"] == "GET":
+            await self.standard(scope, _until(self.closing, receive), send)
+        elif scope["method"] != "POST":
+            await self.standard(scope, receive, send)
+        else:
+            self.replies.received()
+            try:
+                await self._post(scope, receive, send)
+            finally:
+                self.replies.answered()
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {name.lower(): value for name, value in scope.get("headers") or []}
+        if any(name in headers for name in STREAMABLE_HEADERS):
+            await self.standard(scope, receive, send)
+            return
+        body, replay = await _buffered(receive)
+        message = _json_object(body)
+        if b"text/event-stream" not in headers.get(b"accept", b"").lower():
+            refusal = invalid_params_answer(message) if message is not None else None
+            if refusal is not None:
+                await _answer_json(send, refusal)
+            else:
+                await self.openenv(scope, replay, send)
+        elif message is not None and message.get("method") != "initialize":
+            await self.stateless(scope, replay, send)
+        else:
+            await self.standard(scope, replay, send)
+
+
+def invalid_params_answer(message: dict[str, object]) -> bytes | None:
+    """A plain JSON-RPC `tools/call` of run_rollout whose arguments are not a valid request, answered as JSON-RPC
+    says (-32602, invalid params, naming each field and its problem); None otherwise."""
+    params = message.get("params")
+    if message.get("method") != "tools/call" or not isinstance(params, dict) or params.get("name") != TOOL_NAME:
+        return None
+    try:
+        RolloutRequest.model_validate(params.get("arguments") or {})
+    except ValidationError as error:
+        refusal = {"code": INVALID_PARAMS, "message": invalid_arguments(error)}
+        return json.dumps({"jsonrpc": "2.0", "id": message.get("id"), "error": refusal}).encode()
+    return None
+
+
+def _json_object(body: bytes) -> dict[str, object] | None:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+async def _answer_json(send: Send, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _until(closing: asyncio.Event, receive: Receive) -> Receive:
+    """`receive`, except that once `closing` is set the stream hears that its client disconnected."""
+
+    async def receive_or_close() -> Message:
+        if closing.is_set():
+            return {"type": "http.disconnect"}
+        message = asyncio.ensure_future(receive())
+        closed = asyncio.ensure_future(closing.wait())
+        try:
+            await asyncio.wait({message, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if message.done():
+            return message.result()
+        message.cancel()
+        return {"type": "http.disconnect"}
+
+    return receive_or_close
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The whole request body, and a `receive` that hands it out again before passing on what follows."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"", _replaying([message], receive)
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    return body, _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+
+def _replaying(pending: list[Message], receive: Receive) -> Receive:
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay

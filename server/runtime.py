@@ -1,0 +1,84 @@
+"""What one server shares across its transports, built once from its settings and handed to the app factory: the
+sandbox backend, the rollouts under one cap, the MCP server with its one tool, and who may call it. Nothing here is
+global: two servers in one process (as the tests run them) each have their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fastmcp import FastMCP
+
+from opencode_env.rollout.upstream_policy import UpstreamPolicy
+from opencode_env.sandbox import UnknownBackend, default_concurrency, make_backend
+from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.settings import Settings
+from opencode_env.viewer.runs import ResultsDir, Runs
+from opencode_env.wire.version import VERSION
+from server.auth import AccessPolicy
+from server.rollouts import CANCEL_GRACE_S, Rollouts
+from server.tool import build_mcp
+
+log = logging.getLogger("opencode_env.server")
+BACKEND_VAR = "OPENCODE_ENV_BACKEND"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    backend: SandboxBackend
+    rollouts: Rollouts
+    mcp: FastMCP
+    access: AccessPolicy
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings | None = None,
+        *,
+        backend: SandboxBackend | None = None,
+        max_rollouts: int | None = None,
+        keep_results: bool = True,
+    ) -> Runtime:
+        """The runtime of a server configured by `settings` (default: this process's environment). `backend` and
+        `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only."""
+        settings = settings or Settings.load()
+        backend = backend or backend_from_settings(settings)
+        access = AccessPolicy(
+            token=settings.token.get_secret_value(),
+            allow_unauthenticated=settings.allow_unauthenticated,
+            backend=backend.name,
+        )
+        callers_are_local = not access.token and not access.allow_unauthenticated
+        upstream_policy = UpstreamPolicy.configured(
+            settings.upstream_allow, frozenset({settings.port}), callers_are_local=callers_are_local
+        )
+        results = ResultsDir.configured(settings.results_dir, settings.results_keep) if keep_results else None
+        rollouts = Rollouts(
+            backend,
+            max_rollouts or settings.max_concurrent_envs or default_concurrency(backend),
+            upstream_policy=upstream_policy,
+            runs=Runs(keep=settings.web_results, results=results),
+        )
+        log.info(
+            "opencode-env %s serving rollouts on the %s backend, at most %d at once",
+            VERSION,
+            backend.name,
+            rollouts.limit,
+        )
+        return cls(settings, backend, rollouts, build_mcp(rollouts), access)
+
+    async def cancel_in_flight(self, timeout_s: float = CANCEL_GRACE_S) -> None:
+        """Cancel every rollout still running (server shutdown) and wait for their sandboxes to close."""
+        await self.rollouts.shut_down(timeout_s)
+        closed = await self.backend.close_all()
+        if closed:
+            log.info("shutting down: closed %d sandbox(es) whose rollouts had been torn down", closed)
+
+
+def backend_from_settings(settings: Settings) -> SandboxBackend:
+    try:
+        return make_backend(settings.backend)
+    except UnknownBackend as error:
+        raise UnknownBackend(settings.backend, named_by=BACKEND_VAR) from error
