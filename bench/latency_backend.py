@@ -29,8 +29,8 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
-from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
 from opencode_env.wire.models import CommandResult, LimitHit
+from tests.stub_backend import MemoryFiles, StubProcess
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
-from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire.models import RolloutRequest
 from tests.server_app import runtime_for
+from tests.stub_backend import StubBackend
 
 NAMES = {
     "api.example.com": ["93.184.216.34"],
