@@ -125,6 +125,7 @@ class LatencyProxy:
 
     base_url = "http://127.0.0.1:9/v1"
     token = "latency"
+    status_interval_s = 1.0
 
     def __init__(self, sandbox: LatencySandbox) -> None:
         self._sandbox = sandbox

@@ -30,7 +30,6 @@ from opencode_env.sandbox import (
 )
 from opencode_env.sandbox.base import SandboxError
 from opencode_env.sandbox.local.image_cli import add_image_parser
-from opencode_env.sandbox.local.tools import InstallError
 from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult, Sampling
@@ -420,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.handler(args)
-    except (SandboxError, InstallError) as error:
+    except SandboxError as error:
         print(f"opencode-env: {error}", file=sys.stderr)
         return 2
     return code

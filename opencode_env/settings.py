@@ -17,6 +17,8 @@ from pydantic import Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from opencode_env.sandbox.registry import BackendName
+
 Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network"]
 
 
@@ -42,7 +44,7 @@ class Settings(BaseSettings):
         "server",
         "1: serve callers beyond this machine without a token (a trusted network only).",
     )
-    backend: Literal["auto", "local", "e2b", "hf"] = _setting(
+    backend: BackendName = _setting(
         "auto", "OPENCODE_ENV_BACKEND", "server", "Where rollouts run (auto: e2b with E2B_API_KEY, hf on a Space)."
     )
     max_concurrent_envs: int | None = _setting(

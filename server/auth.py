@@ -19,10 +19,6 @@ ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"
 OPEN_PATHS = frozenset({"/health"}) | WEB_OPEN_PATHS
 # A request relayed by a proxy may come from anywhere, whatever the address of the hop that relayed it.
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip"})
-WHAT_IT_RISKS = {
-    "local": "runs commands on this machine",
-    "e2b": "starts sandboxes billed to the server owner's E2B account",
-}
 
 
 @dataclass(frozen=True)
@@ -35,7 +31,8 @@ class Refusal:
 class AccessPolicy:
     token: str
     allow_unauthenticated: bool
-    backend: str
+    risk: str
+    """What the backend does for whoever reaches the server (the sandbox registry's words)."""
 
     def check(self, headers: list[tuple[bytes, bytes]], client_host: str | None) -> Refusal | None:
         """Why this request may not proceed, or None."""
@@ -43,10 +40,9 @@ class AccessPolicy:
             return self._check_token(headers)
         if self.allow_unauthenticated or (is_loopback(client_host) and not _forwarded(headers)):
             return None
-        risk = WHAT_IT_RISKS.get(self.backend, "runs rollouts")
         return Refusal(
             403,
-            f"this server {risk} for anyone who reaches it, and it has no access token: set {TOKEN_VAR} on the "
+            f"this server {self.risk} for anyone who reaches it, and it has no access token: set {TOKEN_VAR} on the "
             f"server and send it as `Authorization: Bearer <token>`, or set {ALLOW_UNAUTHENTICATED_VAR}=1 if the "
             "network is trusted (connections from the server's own machine are served without a token)",
         )

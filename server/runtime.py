@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastmcp import FastMCP
 
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
-from opencode_env.sandbox import UnknownBackend, default_concurrency, make_backend
+from opencode_env.sandbox import UnknownBackend, backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.viewer.runs import ResultsDir, Runs
@@ -48,7 +48,7 @@ class Runtime:
         access = AccessPolicy(
             token=settings.token.get_secret_value(),
             allow_unauthenticated=settings.allow_unauthenticated,
-            backend=backend.name,
+            risk=backend_risk(backend),
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
         upstream_policy = UpstreamPolicy.configured(

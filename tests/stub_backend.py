@@ -38,6 +38,7 @@ class StubProxy:
 
     base_url = "http://127.0.0.1:9/v1"
     token = "stub"
+    status_interval_s = 1.0
 
     async def running(self) -> bool:
         return True

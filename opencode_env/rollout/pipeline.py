@@ -43,7 +43,6 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
     task_path,
 )
-from opencode_env.sandbox.local.tools import InstallError
 from opencode_env.sandbox.registry import proxy_beside_task_root
 from opencode_env.training.attribution import attribution_check
 from opencode_env.training.sampling import sampling_warnings
@@ -67,10 +66,6 @@ EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
 PROGRESS_EVENTS_BYTES = 16 * 1024
 AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
 WORKDIR_COPY_LIMIT = 256 * 2**20
-AGENT_PROGRESS_S = {"local": 1.0}
-"""How often the agent phase's progress asks the proxy how many model calls it recorded: each second where the
-proxy is a unix socket away, every CLOUD_PROGRESS_S where asking starts a process in a cloud VM."""
-CLOUD_PROGRESS_S = 5.0
 INSTALL_TIMEOUT_S = 600.0
 INSTALL_ATTEMPTS = 3
 PROXY_START_S = 30.0
@@ -241,7 +236,7 @@ async def _create_sandbox(
         sandbox = await asyncio.wait_for(backend.create(spec), timeout=deadline.budget(deadline.remaining()))
     except TimeoutError as error:
         raise PhaseFailure("sandbox_error", "sandbox", "sandbox creation ran out of time") from error
-    except (SandboxError, InstallError) as error:
+    except SandboxError as error:
         raise PhaseFailure("sandbox_error", "sandbox", str(error)) from error
     finally:
         result.timings.sandbox_s = round(time.monotonic() - started, 4)
@@ -472,7 +467,7 @@ async def _agent(rollout: _Rollout, opencode_path: str, proxy: ProxyHandle | Non
 async def _report_model_calls(rollout: _Rollout, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
     """Progress inside the agent phase: each time the proxy has recorded another model call, how many and how many
     tokens the model sampled so far (read from the proxy's health answer, off its hot path)."""
-    reported, every_s = 0, AGENT_PROGRESS_S.get(rollout.backend.name, CLOUD_PROGRESS_S)
+    reported, every_s = 0, proxy.status_interval_s
     while not agent.done():
         await asyncio.wait({agent}, timeout=every_s)
         health = await proxy.call("/healthz", "GET", 1.0)
@@ -540,7 +535,7 @@ async def fresh_verify(rollout: _Rollout) -> None:
         )
     except TimeoutError as error:
         raise PhaseFailure("sandbox_error", "verify", "the fresh verify sandbox ran out of time to start") from error
-    except (SandboxError, InstallError) as error:
+    except SandboxError as error:
         raise PhaseFailure("sandbox_error", "verify", f"the fresh verify sandbox failed: {error}") from error
     try:
         result.enforcement["verify"] = f"fresh sandbox {fresh.sandbox_id}"

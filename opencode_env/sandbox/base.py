@@ -94,6 +94,9 @@ class ProxyHandle(Protocol):
 
     base_url: str
     token: str
+    status_interval_s: float
+    """How often the agent phase's progress may ask it how many model calls it recorded: often where asking is a
+    socket away, seldom where it starts a process in a VM."""
 
     async def running(self) -> bool: ...
 

@@ -58,6 +58,8 @@ class BackendSpec:
     proxy_beside_task_root: bool = True
     """Whether the capture proxy, which holds the model key, runs on the machine where the task's root runs (a cloud
     VM): root there could read the key, so a key from the server's environment must not meet a caller's root."""
+    risk: str = "runs rollouts"
+    """What it does for whoever reaches a server on it, said to an operator who left the server open."""
     reap: Reaper | None = None
     """None when it leaves nothing to reap by hand (the local backend reaps its leftovers at its first sandbox)."""
 
@@ -140,6 +142,7 @@ BACKENDS: Mapping[str, BackendSpec] = MappingProxyType(
                 environment_problem=_local_problem,
                 enforces_limits=True,
                 proxy_beside_task_root=False,
+                risk="runs commands on this machine",
             ),
             BackendSpec(
                 name="e2b",
@@ -148,6 +151,7 @@ BACKENDS: Mapping[str, BackendSpec] = MappingProxyType(
                 default_concurrency=lambda: E2B_CONCURRENCY,
                 environment_problem=_e2b_problem,
                 enforces_limits=False,
+                risk="starts sandboxes billed to the server owner's E2B account",
                 reap=_reap_e2b,
             ),
             BackendSpec(
@@ -157,6 +161,7 @@ BACKENDS: Mapping[str, BackendSpec] = MappingProxyType(
                 default_concurrency=per_cpu_concurrency,
                 environment_problem=_hf_problem,
                 enforces_limits=False,
+                risk="starts sandboxes billed to the server owner's Hugging Face account",
                 reap=_reap_hf,
             ),
         )
@@ -204,6 +209,12 @@ def default_concurrency(backend: SandboxBackend) -> int:
     """The backend's own default; a backend outside the registry (a test double) gets the per-CPU one."""
     spec = BACKENDS.get(backend.name)
     return spec.default_concurrency() if spec is not None else per_cpu_concurrency()
+
+
+def backend_risk(backend: SandboxBackend) -> str:
+    """See BackendSpec.risk; a backend outside the registry runs rollouts, as far as anyone can say."""
+    spec = BACKENDS.get(backend.name)
+    return spec.risk if spec is not None else BackendSpec.risk
 
 
 def proxy_beside_task_root(backend: SandboxBackend) -> bool:

@@ -30,6 +30,8 @@ class RootProxy:
         self._private = private
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.token = token
+        # Each question starts a process in the VM.
+        self.status_interval_s = 5.0
         self._port = port
 
     async def running(self) -> bool:

@@ -20,6 +20,7 @@ class LocalProxy:
         self._admin_socket = admin_socket
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.token = token
+        self.status_interval_s = 1.0
 
     async def running(self) -> bool:
         return await self.process.running()

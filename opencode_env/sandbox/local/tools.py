@@ -12,14 +12,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from opencode_env.sandbox.base import ProvidedTools
+from opencode_env.sandbox.base import ProvidedTools, SandboxError
 from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
 
 log = logging.getLogger("opencode_env.local_tools")
 
 
-class InstallError(Exception):
-    """OpenCode could not be installed."""
+class InstallError(SandboxError):
+    """OpenCode could not be installed (the sandbox cannot be made ready)."""
 
 
 def cache_root() -> Path:
