@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opencode_env.rollout.pipeline import EVENTS_PATH
+from opencode_env.rollout.state import EVENTS_PATH
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     OPENCODE_DATA_DIR,

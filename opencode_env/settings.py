@@ -19,6 +19,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from opencode_env.sandbox.registry import BackendName
 
+LOWER_CASE_TOO = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
+"""Read in either case, as curl reads them."""
 Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network"]
 
 
@@ -133,6 +135,9 @@ class Settings(BaseSettings):
     def load(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The settings from `environ` (default: this process's environment), validated."""
         values = dict(os.environ if environ is None else environ)
+        for name in LOWER_CASE_TOO:
+            if name not in values and name.lower() in values:
+                values[name] = values[name.lower()]
         return cls.model_validate({name: values[name] for name in variable_names() if name in values})
 
 

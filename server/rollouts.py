@@ -23,6 +23,7 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import Preflighted
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.settings import Settings
 from opencode_env.viewer.runs import Run, Runs
 from opencode_env.wire.deadline import total_budget_s
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
@@ -41,6 +42,7 @@ class Rollouts:
         limit: int,
         upstream_policy: UpstreamPolicy | None = None,
         runs: Runs | None = None,
+        settings: Settings | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError(f"MAX_CONCURRENT_ENVS must be at least 1, got {limit}")
@@ -54,6 +56,8 @@ class Rollouts:
         self._stopping = asyncio.Event()
         self.runs = runs
         """Where every rollout is recorded (the server's /web list); None records nothing."""
+        self.settings = settings
+        """The server's settings, for every rollout (None: each rollout reads this process's environment)."""
 
     @property
     def shutting_down(self) -> bool:
@@ -135,7 +139,12 @@ class Rollouts:
                 log.info("rollout %s waited %.1fs for a slot", request.task_id or "-", waited)
                 request = request.model_copy(update={"total_timeout_s": max(1.0, budget - waited)})
             return await run_rollout(
-                request, self.backend, progress=tracker, result=tracker.partial, upstream_policy=self.upstream_policy
+                request,
+                self.backend,
+                progress=tracker,
+                result=tracker.partial,
+                upstream_policy=self.upstream_policy,
+                settings=self.settings,
             )
         finally:
             self._slots.release()

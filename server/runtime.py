@@ -60,6 +60,7 @@ class Runtime:
             max_rollouts or settings.max_concurrent_envs or default_concurrency(backend),
             upstream_policy=upstream_policy,
             runs=Runs(keep=settings.web_results, results=results),
+            settings=settings,
         )
         log.info(
             "opencode-env %s serving rollouts on the %s backend, at most %d at once",

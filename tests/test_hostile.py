@@ -20,6 +20,7 @@ from opencode_env.rollout.endpoints import EndpointError, resolve_upstream
 from opencode_env.sandbox.base import REWARD_TXT, ResourceLimits, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
+from opencode_env.settings import Settings
 from opencode_env.testing.script import Script, bash, say
 from opencode_env.wire.models import RolloutRequest
 from tests.helpers import host_path, rollout
@@ -212,13 +213,13 @@ def test_server_keys_go_only_to_their_own_url() -> None:
     environ = {"OPENAI_API_KEY": CANARY_KEY, "VLLM_URL": "http://vllm:8000/v1", "VLLM_API_KEY": CANARY_KEY}
     elsewhere = RolloutRequest(endpoint="openai", base_url="http://attacker.example/v1", model="m", instruction="x")
     with pytest.raises(EndpointError, match="api_key missing"):
-        resolve_upstream(elsewhere, environ)
+        resolve_upstream(elsewhere, Settings.load(environ))
     keyless = RolloutRequest(endpoint="vllm", base_url="http://attacker.example/v1", model="m", instruction="x")
-    assert resolve_upstream(keyless, environ).api_key == ""
+    assert resolve_upstream(keyless, Settings.load(environ)).api_key == ""
     same = RolloutRequest(endpoint="vllm", model="m", instruction="x")
-    assert resolve_upstream(same, environ).api_key == CANARY_KEY
+    assert resolve_upstream(same, Settings.load(environ)).api_key == CANARY_KEY
     black_box = RolloutRequest(endpoint="vllm", model="m", instruction="x", mode="black_box")
-    assert resolve_upstream(black_box, environ).api_key == ""
+    assert resolve_upstream(black_box, Settings.load(environ)).api_key == ""
 
 
 # The hunt spells the key in two quoted halves, so the key itself never appears in the commands the agent sends.

@@ -12,6 +12,7 @@ from opencode_env.rollout.opencode import parse_events, render_config
 from opencode_env.rollout.reward import parse_reward_json, parse_reward_txt, pass_rate
 from opencode_env.sandbox.local.host_view import trust_settings
 from opencode_env.sandbox.output import BoundedOutput
+from opencode_env.settings import Settings
 from opencode_env.wire.models import CommandResult, RolloutRequest
 from opencode_env.wire.pins import OPENCODE_VERSION
 from opencode_env.wire.version import VERSION
@@ -23,28 +24,30 @@ def request(**fields: object) -> RolloutRequest:
 
 def test_explicit_arguments_win_over_env_and_env_over_defaults() -> None:
     env = {"OPENAI_API_KEY": "sk-env", "OPENAI_MODEL": "gpt-env"}
-    upstream = resolve_upstream(request(endpoint="openai", model="gpt-arg"), env)
+    upstream = resolve_upstream(request(endpoint="openai", model="gpt-arg"), Settings.load(env))
     assert (upstream.base_url, upstream.api_key, upstream.model) == ("https://api.openai.com/v1", "sk-env", "gpt-arg")
     assert upstream.disable_thinking is False
 
 
 def test_vllm_disables_thinking_by_default_and_needs_no_key() -> None:
     env = {"VLLM_URL": "http://gpu:8000/v1/", "VLLM_MODEL": "Qwen/Qwen3-8B"}
-    upstream = resolve_upstream(request(endpoint="vllm"), env)
+    upstream = resolve_upstream(request(endpoint="vllm"), Settings.load(env))
     assert upstream.base_url == "http://gpu:8000/v1"
     assert upstream.disable_thinking is True
-    assert resolve_upstream(request(endpoint="vllm", disable_thinking=False), env).disable_thinking is False
+    assert (
+        resolve_upstream(request(endpoint="vllm", disable_thinking=False), Settings.load(env)).disable_thinking is False
+    )
 
 
 def test_missing_pieces_are_named() -> None:
     with pytest.raises(EndpointError, match=r"api_key missing for endpoint 'hf_router'.*HF_ROUTER_API_KEY"):
-        resolve_upstream(request(endpoint="hf_router", model="m"), {})
+        resolve_upstream(request(endpoint="hf_router", model="m"), Settings.load({}))
     with pytest.raises(EndpointError, match="base_url, model missing for a custom endpoint"):
-        resolve_upstream(request(), {})
+        resolve_upstream(request(), Settings.load({}))
 
 
 def test_upstream_repr_hides_the_key() -> None:
-    upstream = resolve_upstream(request(base_url="http://x/v1", model="m", api_key="sk-very-secret"), {})
+    upstream = resolve_upstream(request(base_url="http://x/v1", model="m", api_key="sk-very-secret"), Settings.load({}))
     assert "sk-very-secret" not in repr(upstream)
     assert "sk-very-secret" not in upstream.info().model_dump_json()
 

@@ -12,6 +12,7 @@ from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
+from opencode_env.settings import Settings
 from opencode_env.wire.models import RolloutRequest
 from tests.server_app import runtime_for
 from tests.stub_backend import StubBackend
@@ -85,8 +86,8 @@ def test_only_a_url_the_caller_chose_is_checked() -> None:
     environ = {"VLLM_URL": "http://127.0.0.1:8000/v1", "VLLM_MODEL": "m"}
     configured = RolloutRequest(endpoint="vllm", instruction="x")
     chosen = RolloutRequest(endpoint="vllm", base_url="http://127.0.0.1:9/v1", model="m", instruction="x")
-    assert not resolve_upstream(configured, environ).from_caller
-    assert resolve_upstream(chosen, environ).from_caller
+    assert not resolve_upstream(configured, Settings.load(environ)).from_caller
+    assert resolve_upstream(chosen, Settings.load(environ)).from_caller
 
 
 async def test_a_refused_url_ends_the_rollout_as_an_invalid_request_before_any_sandbox() -> None:

@@ -1,12 +1,12 @@
-"""The endpoint catalog: where the policy model lives. Explicit arguments win over env vars, env vars over defaults."""
+"""The endpoint catalog: where the policy model lives. The request's own values win over the operator's settings
+(VLLM_URL, OPENAI_API_KEY, ...), the settings over the catalog's defaults."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from opencode_env.settings import Settings
 from opencode_env.wire.models import EndpointName, RolloutRequest, UpstreamInfo
 
 
@@ -16,22 +16,29 @@ class EndpointError(ValueError):
 
 @dataclass(frozen=True)
 class EndpointDefaults:
-    url_var: str
-    key_var: str
-    model_var: str
+    prefix: str
+    """Its settings are `<prefix>_url` (or `_base_url`), `<prefix>_api_key` and `<prefix>_model`."""
+    url_setting: str
     default_url: str = ""
     key_required: bool = True
     thinking_disabled_by_default: bool = False
 
+    def configured(self, settings: Settings) -> tuple[str, str, str]:
+        """The operator's URL, key and model for this endpoint."""
+        url = getattr(settings, self.url_setting) or self.default_url
+        key = getattr(settings, f"{self.prefix}_api_key").get_secret_value()
+        return url, key, getattr(settings, f"{self.prefix}_model")
+
+    def variables(self) -> str:
+        fields = Settings.model_fields
+        names = (self.url_setting, f"{self.prefix}_api_key", f"{self.prefix}_model")
+        return " / ".join(str(fields[name].validation_alias) for name in names)
+
 
 CATALOG: dict[str, EndpointDefaults] = {
-    "vllm": EndpointDefaults(
-        "VLLM_URL", "VLLM_API_KEY", "VLLM_MODEL", key_required=False, thinking_disabled_by_default=True
-    ),
-    "openai": EndpointDefaults("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "https://api.openai.com/v1"),
-    "hf_router": EndpointDefaults(
-        "HF_ROUTER_BASE_URL", "HF_ROUTER_API_KEY", "HF_ROUTER_MODEL", "https://router.huggingface.co/v1"
-    ),
+    "vllm": EndpointDefaults("vllm", "vllm_url", key_required=False, thinking_disabled_by_default=True),
+    "openai": EndpointDefaults("openai", "openai_base_url", "https://api.openai.com/v1"),
+    "hf_router": EndpointDefaults("hf_router", "hf_router_base_url", "https://router.huggingface.co/v1"),
 }
 
 
@@ -74,8 +81,7 @@ def _server_key(request: RolloutRequest, base_url: str, configured_url: str, ser
     return server_key
 
 
-def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None = None) -> Upstream:
-    env = os.environ if environ is None else environ
+def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
     defaults = CATALOG.get(request.endpoint)
     configured_url = ""
     if defaults is None:
@@ -83,12 +89,12 @@ def resolve_upstream(request: RolloutRequest, environ: Mapping[str, str] | None 
         key_required, thinking_off = False, False
         hint = "pass base_url and model, or endpoint='vllm'|'openai'|'hf_router'"
     else:
-        configured_url = env.get(defaults.url_var, "") or defaults.default_url
+        configured_url, configured_key, configured_model = defaults.configured(settings)
         base_url = request.base_url or configured_url
-        api_key = request.api_key or _server_key(request, base_url, configured_url, env.get(defaults.key_var, ""))
-        model = request.model or env.get(defaults.model_var, "")
+        api_key = request.api_key or _server_key(request, base_url, configured_url, configured_key)
+        model = request.model or configured_model
         key_required, thinking_off = defaults.key_required, defaults.thinking_disabled_by_default
-        hint = f"pass it, or set {defaults.url_var} / {defaults.key_var} / {defaults.model_var}"
+        hint = f"pass it, or set {defaults.variables()}"
     missing = [name for name, value in (("base_url", base_url), ("model", model)) if not value]
     if key_required and not api_key:
         missing.append("api_key")

@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
 from opencode_env.sandbox.base import ResourceLimits
+from opencode_env.settings import Settings
 from opencode_env.wire.models import RolloutRequest
 
 SERVER_MAXIMA = {
-    "memory_mb": ("OPENCODE_ENV_MAX_MEMORY_MB", 16384),
-    "max_processes": ("OPENCODE_ENV_MAX_PROCESSES", 4096),
-    "disk_mb": ("OPENCODE_ENV_MAX_DISK_MB", 32768),
-    "cpus": ("OPENCODE_ENV_MAX_CPUS", 8),
+    "memory_mb": "max_memory_mb",
+    "max_processes": "max_processes",
+    "disk_mb": "max_disk_mb",
+    "cpus": "max_cpus",
 }
+"""Each request field and the setting that bounds it."""
 
 
 class LimitError(ValueError):
     """A requested limit is above what this server allows; the message names the field and the maximum."""
 
 
-def sandbox_limits(request: RolloutRequest, environ: Mapping[str, str] | None = None) -> ResourceLimits:
-    env = os.environ if environ is None else environ
-    for field, (variable, default) in SERVER_MAXIMA.items():
-        maximum = float(env.get(variable, default))
+def sandbox_limits(request: RolloutRequest, settings: Settings) -> ResourceLimits:
+    for field, setting in SERVER_MAXIMA.items():
+        maximum = float(getattr(settings, setting))
+        variable = Settings.model_fields[setting].validation_alias
         value = getattr(request, field)
         if value > maximum:
             raise LimitError(f"{field}={value} is over this server's maximum of {maximum:g} (set by {variable})")

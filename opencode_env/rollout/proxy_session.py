@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +14,7 @@ from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.opencode import UPSTREAM_KEY_VAR
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, Sandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
+from opencode_env.settings import Settings
 from opencode_env.wire.models import RolloutRequest, RolloutTurn
 from opencode_env.wire.trace_records import DeliveryRecord, ToolsRecord, TurnRecord
 
@@ -37,22 +36,14 @@ def proxy_sources() -> dict[str, str]:
     return files
 
 
-UPSTREAM_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
-"""The operator's proxy settings (a corporate network), passed to the capture proxy under reserved names: it never
-reads the standard ones, which a caller's `env` could set where the proxy shares the sandbox's environment."""
+def upstream_proxy_env(settings: Settings) -> dict[str, str]:
+    """The operator's proxy settings (a corporate network) under reserved names: the capture proxy never reads the
+    standard ones, which a caller's `env` could set where the proxy shares the sandbox's environment."""
+    values = {"HTTPS_PROXY": settings.https_proxy, "HTTP_PROXY": settings.http_proxy, "NO_PROXY": settings.no_proxy}
+    return {f"OPENCODE_ENV_{name}": value for name, value in values.items() if value}
 
 
-def upstream_proxy_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The server's own HTTP(S)_PROXY / NO_PROXY (either case, as curl reads them) as OPENCODE_ENV_* names."""
-    out = {}
-    for name in UPSTREAM_PROXY_VARS:
-        value = environ.get(name.lower()) or environ.get(name)
-        if value:
-            out[f"OPENCODE_ENV_{name}"] = value
-    return out
-
-
-def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> ProxyLaunch:
+def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, settings: Settings) -> ProxyLaunch:
     """The proxy's program and environment; the backend adds where it listens, its trace and its token."""
     args = [
         "--upstream-url",
@@ -82,13 +73,15 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest) -> Pr
         args += ["--sampling", json.dumps(request.sampling.sent())]
     if request.token_in == "auto":
         args.append("--token-in")
-    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1", **upstream_proxy_env(os.environ)}
+    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1", **upstream_proxy_env(settings)}
     return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 
 
-async def start_proxy(sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, budget_s: float) -> ProxyHandle:
+async def start_proxy(
+    sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, settings: Settings, budget_s: float
+) -> ProxyHandle:
     """Start the proxy; returns once it listens, before it is fully up (see wait_healthy)."""
-    launch = proxy_launch(sandbox.tools.python or "python3", upstream, request)
+    launch = proxy_launch(sandbox.tools.python or "python3", upstream, request, settings)
     try:
         return await asyncio.wait_for(sandbox.start_proxy(launch), timeout=min(budget_s, HEALTH_WAIT_S))
     except TimeoutError as error:

@@ -1,0 +1,146 @@
+"""The capture proxy and the agent phase: OpenCode's config, its run under what is left of the deadline (verify's
+share set aside), the proxy's health, and progress per model call while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from opencode_env.rollout import opencode
+from opencode_env.rollout.collect import read_tail
+from opencode_env.rollout.proxy_session import (
+    ProxyStartError,
+    proxy_log_tail,
+    start_proxy,
+    wait_healthy,
+)
+from opencode_env.rollout.state import AGENT_STDERR_PATH, EVENTS_PATH, PhaseFailure, RolloutState, cancelling
+from opencode_env.sandbox.base import (
+    ProxyHandle,
+    Sandbox,
+)
+from opencode_env.wire.models import (
+    CommandResult,
+)
+
+log = logging.getLogger("opencode_env.rollout.agent_phase")
+
+PROGRESS_EVENTS_BYTES = 16 * 1024
+PROXY_START_S = 30.0
+VERIFY_COLLECT_RESERVE_S = 10.0
+
+
+async def start_capture(rollout: RolloutState) -> ProxyHandle | None:
+    if rollout.request.mode == "black_box":
+        return None
+    await rollout.report("proxy", "starting the capture proxy")
+    try:
+        return await start_proxy(
+            rollout.sandbox,
+            rollout.upstream,
+            rollout.request,
+            rollout.settings,
+            rollout.budget("proxy", PROXY_START_S),
+        )
+    except ProxyStartError as error:
+        raise PhaseFailure("proxy_error", "proxy", str(error)) from error
+
+
+def _model_options(rollout: RolloutState) -> dict[str, object]:
+    if rollout.request.mode == "black_box" and rollout.upstream.disable_thinking:
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    return {}
+
+
+async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandle | None) -> None:
+    request, upstream = rollout.request, rollout.upstream
+    if proxy is None:
+        base_url, model_id, agent_key = upstream.base_url, upstream.model, upstream.api_key
+    else:
+        base_url, model_id, agent_key = proxy.base_url, opencode.PROXY_MODEL_ALIAS, proxy.token
+    config = opencode.render_config(
+        base_url=base_url,
+        model_id=model_id,
+        max_tokens_cap=request.max_tokens_cap,
+        model_options=_model_options(rollout),
+        sub_agents=request.sub_agents,
+    )
+    config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))
+    command = opencode.run_command(
+        opencode=opencode_path,
+        workdir=rollout.workdir,
+        instruction_path=rollout.instruction_path,
+        events_path=EVENTS_PATH,
+        stderr_path=AGENT_STDERR_PATH,
+        title=request.task_id or "rollout",
+    )
+    env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.UPSTREAM_KEY_VAR: agent_key}
+    await rollout.report("agent", "running OpenCode")
+    timeout_s = rollout.budget("agent", min(request.agent_timeout_s, _after_verify_reserve(rollout)))
+    agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env, identity="agent"))
+    if proxy is not None:
+        await _proxy_healthy_or_stop(rollout, proxy, agent)
+        watcher = asyncio.ensure_future(_report_model_calls(rollout, proxy, agent))
+        try:
+            outcome = await agent
+        finally:
+            if not agent.done() or agent.cancelled() or cancelling():
+                watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    else:
+        outcome = await agent
+    rollout.result.agent_exit_code = outcome.exit_code
+    if outcome.timed_out:
+        raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
+    if outcome.exit_code != 0:
+        raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+
+
+async def _report_model_calls(rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
+    """Progress inside the agent phase: each time the proxy has recorded another model call, how many and how many
+    tokens the model sampled so far (read from the proxy's health answer, off its hot path)."""
+    reported, every_s = 0, proxy.status_interval_s
+    while not agent.done():
+        await asyncio.wait({agent}, timeout=every_s)
+        health = await proxy.call("/healthz", "GET", 1.0)
+        calls = int(health.get("turns_written", 0)) if health else 0
+        if calls > reported:
+            reported = calls
+            tokens = int(health.get("completion_tokens_written", 0)) if health else 0
+            text = f"{calls} model call{'s' * (calls != 1)} recorded, {tokens} tokens sampled"
+            await rollout.report("agent", text + await _last_tool(rollout.sandbox))
+
+
+async def _last_tool(sandbox: Sandbox) -> str:
+    """The last tool OpenCode reported finished, for progress only (its event stream is the agent's to write)."""
+    tools = opencode.parse_events(await read_tail(sandbox, EVENTS_PATH, limit=PROGRESS_EVENTS_BYTES)).tool_calls
+    if not tools:
+        return ""
+    last = tools[-1]
+    return f"; last tool: {last.tool[:40]} ({last.title[:60]})" if last.title else f"; last tool: {last.tool[:40]}"
+
+
+def _after_verify_reserve(rollout: RolloutState) -> float:
+    """What the agent may use of the rollout's remaining time once verify and collect have their share set aside
+    (at most half of what remains: an agent squeezed to nothing helps no one either)."""
+    request = rollout.request
+    remaining = rollout.deadline.remaining()
+    reserve = min(request.verify_timeout_s * len(request.verify) + VERIFY_COLLECT_RESERVE_S, remaining / 2)
+    return max(remaining - reserve, 0.001)
+
+
+async def _proxy_healthy_or_stop(
+    rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]
+) -> None:
+    """The agent boots while the proxy finishes starting (its socket already listens); a proxy that never becomes
+    healthy stops the agent and the rollout."""
+    try:
+        await wait_healthy(proxy, PROXY_START_S)
+    except BaseException as error:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+        if isinstance(error, ProxyStartError):
+            rollout.result.proxy_log_tail = await proxy_log_tail(proxy)
+            raise PhaseFailure("proxy_error", "proxy", str(error)) from error
+        raise

@@ -1,0 +1,80 @@
+"""What one rollout carries through its phases (`RolloutState`), how a phase fails (`PhaseFailure`), and the
+agent's log paths every phase agrees on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from opencode_env.rollout.endpoints import Upstream
+from opencode_env.sandbox.base import (
+    AGENT_LOG_DIR,
+    Sandbox,
+    SandboxBackend,
+    SandboxSpec,
+)
+from opencode_env.settings import Settings
+from opencode_env.wire.deadline import Deadline, DeadlineExceeded
+from opencode_env.wire.models import (
+    Phase,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+)
+
+ProgressCallback = Callable[[Phase, str], Awaitable[None] | None]
+T = TypeVar("T")
+EVENTS_PATH = f"{AGENT_LOG_DIR}/events.jsonl"
+AGENT_STDERR_PATH = f"{AGENT_LOG_DIR}/stderr.log"
+
+
+class PhaseFailure(Exception):
+    def __init__(self, status: RolloutStatus, phase: Phase, message: str) -> None:
+        super().__init__(message)
+        self.status: RolloutStatus = status
+        self.phase: Phase = phase
+
+
+@dataclass
+class RolloutState:
+    request: RolloutRequest
+    upstream: Upstream
+    sandbox: Sandbox
+    result: RolloutResult
+    deadline: Deadline
+    progress: ProgressCallback | None
+    backend: SandboxBackend
+    spec: SandboxSpec
+    settings: Settings
+    instruction_path: str = ""
+
+    @property
+    def workdir(self) -> str:
+        return self.spec.workdir
+
+    async def report(self, phase: Phase, message: str) -> None:
+        if self.progress is not None:
+            outcome = self.progress(phase, message)
+            if outcome is not None:
+                await outcome
+
+    async def timed(self, phase: Phase, work: Awaitable[T]) -> T:
+        started = time.monotonic()
+        try:
+            return await work
+        finally:
+            setattr(self.result.timings, f"{phase}_s", round(time.monotonic() - started, 4))
+
+    def budget(self, phase: Phase, wanted_s: float) -> float:
+        try:
+            return self.deadline.budget(wanted_s)
+        except DeadlineExceeded as exceeded:
+            raise PhaseFailure("timeout", phase, str(exceeded)) from exceeded
+
+
+def cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
