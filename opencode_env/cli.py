@@ -30,6 +30,8 @@ from opencode_env.sandbox import (
 )
 from opencode_env.sandbox.base import SandboxError
 from opencode_env.sandbox.local.image_cli import add_image_parser
+from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.settings import Settings
 from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult, Sampling
@@ -47,6 +49,19 @@ OPENCODE_ENV_ALLOW_UNAUTHENTICATED=1 serves everyone without a token (a trusted 
 runs commands on this machine, E2B spends your account).
 
 MAX_CONCURRENT_ENVS caps the rollouts running at once over every transport; calls beyond it wait for a slot."""
+
+
+def _settings() -> Settings:
+    """The operator's settings, loaded once by the command that needs them; a refused one ends it with its name."""
+    try:
+        return Settings.load()
+    except ValidationError as error:
+        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
+
+
+def _cache_dir() -> Path:
+    return cache_root(_settings().cache)
 
 
 def _progress(phase: Phase, message: str) -> None:
@@ -254,7 +269,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except RunArgumentError as error:
         print(f"opencode-env run: {error}", file=sys.stderr)
         return 2
-    result = asyncio.run(run_rollout(request, make_backend(args.backend), progress=_progress))
+    result = asyncio.run(run_rollout(request, make_backend(args.backend, _settings()), progress=_progress))
     if args.out is not None:
         args.out.write_text(result.model_dump_json(indent=2))
         print(summarize(result), file=sys.stderr)
@@ -284,7 +299,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with ScriptedModelServer(demo_script()) as model:
         sampling = None if args.mode == "black_box" else NEUTRAL_SAMPLING
         request = demo_request(model.base_url, mode=args.mode, sampling=sampling)
-        result = asyncio.run(run_rollout(request, default_backend(), progress=_progress))
+        result = asyncio.run(run_rollout(request, default_backend(_settings()), progress=_progress))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     path = args.output_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(result.model_dump_json(indent=2))
@@ -305,10 +320,9 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    from opencode_env.settings import Settings
     from server.runtime import Runtime
 
-    settings = Settings.load().model_copy(update={"backend": args.backend})
+    settings = _settings().model_copy(update={"backend": args.backend})
     Runtime.build(settings).mcp.run(transport="stdio", show_banner=False)
     return 0
 
@@ -324,7 +338,7 @@ def _cmd_build_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_reap(args: argparse.Namespace) -> int:
-    killed = asyncio.run(reap_sandboxes(args.backend, older_than_s=args.older_than * 60))
+    killed = asyncio.run(reap_sandboxes(args.backend, older_than_s=args.older_than * 60, settings=_settings()))
     for sandbox_id in killed:
         print(sandbox_id)
     print(f"killed {len(killed)} sandbox(es) older than {args.older_than} min", file=sys.stderr)
@@ -335,8 +349,10 @@ def _cmd_install(_: argparse.Namespace) -> int:
     from opencode_env.sandbox.local.tools import install_cached, install_config_deps
     from opencode_env.wire.pins import PLUGIN_PACKAGE
 
-    print(f"OpenCode {OPENCODE_VERSION}: {install_cached()}")
-    print(f"{PLUGIN_PACKAGE} {OPENCODE_VERSION} (for each rollout's config directory): {install_config_deps()}")
+    cache = _cache_dir()
+    print(f"OpenCode {OPENCODE_VERSION}: {install_cached(root=cache)}")
+    deps = install_config_deps(root=cache)
+    print(f"{PLUGIN_PACKAGE} {OPENCODE_VERSION} (for each rollout's config directory): {deps}")
     return 0
 
 
@@ -390,25 +406,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(commands)
     add_view_parser(commands)
     add_check_task_parser(commands)
-    add_image_parser(commands)
+    add_image_parser(commands, _cache_dir)
     add_eval_parser(commands)
     return parser
 
 
 def _cmd_settings(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from opencode_env.settings import Settings, effective, markdown_table
+    from opencode_env.settings import effective, markdown_table
 
     if args.markdown:
         print(markdown_table())
         return 0
-    try:
-        loaded = Settings.load()
-    except ValidationError as error:
-        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
-        return 2
-    rows = effective(loaded)
+    rows = effective(_settings())
     width = max(len(name) for name, _, _ in rows)
     for name, value, source in rows:
         print(f"{name:<{width}}  {value or '-'}  ({source})")

@@ -45,7 +45,7 @@ def metadata_router(runtime: Runtime) -> APIRouter:
 
     @router.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
     def server_metadata() -> ServerMetadata:
-        problem = backend_problem(backend, backend.name)
+        problem = backend_problem(backend, backend.name, runtime.settings)
         return ServerMetadata(
             **metadata(backend.name).model_dump(),
             backend=backend.name,

@@ -80,6 +80,6 @@ class Runtime:
 
 def backend_from_settings(settings: Settings) -> SandboxBackend:
     try:
-        return make_backend(settings.backend)
+        return make_backend(settings.backend, settings)
     except UnknownBackend as error:
         raise UnknownBackend(settings.backend, named_by=BACKEND_VAR) from error

@@ -8,13 +8,16 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import ResourceLimits, SandboxError, SandboxSpec
-from opencode_env.sandbox.local.admission import MemoryAdmission, budget_from_env, machine_memory_mb
+from opencode_env.sandbox.local.admission import MemoryAdmission, machine_memory_mb, memory_budget_mb
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.settings import Settings
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
@@ -52,9 +55,18 @@ async def test_what_could_never_fit_is_refused_at_once() -> None:
 
 
 def test_the_budget_is_the_machines_memory_times_the_factor() -> None:
-    assert budget_from_env({"OPENCODE_ENV_MEMORY_OVERCOMMIT": "0.5"}) == int(machine_memory_mb() * 0.5)
+    assert memory_budget_mb(0.5) == int(machine_memory_mb() * 0.5)
+    assert memory_budget_mb() == int(machine_memory_mb() * 4)
     with pytest.raises(SandboxError, match="OPENCODE_ENV_MEMORY_OVERCOMMIT"):
-        budget_from_env({"OPENCODE_ENV_MEMORY_OVERCOMMIT": "lots"})
+        memory_budget_mb(0)
+    with pytest.raises(ValidationError, match="OPENCODE_ENV_MEMORY_OVERCOMMIT"):
+        Settings.load({"OPENCODE_ENV_MEMORY_OVERCOMMIT": "lots"})
+
+
+async def test_the_backend_the_registry_builds_takes_the_operators_factor() -> None:
+    backend = make_backend("local", Settings.load({"OPENCODE_ENV_MEMORY_OVERCOMMIT": "0.001"}))
+    with pytest.raises(SandboxError, match=rf"budget of {int(machine_memory_mb() * 0.001)} MiB"):
+        await backend.create(SMALL)
 
 
 async def test_a_sandbox_waits_for_room_and_starts_when_one_closes(opencode_binary: Path, sandbox_base: Path) -> None:

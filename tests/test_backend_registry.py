@@ -45,9 +45,9 @@ PER_CPU = max(2, (os.cpu_count() or 2) * 2)
 
 
 @pytest.mark.parametrize("call", [make_backend, resolve_backend_name])
-def test_an_unknown_backend_name_is_refused_with_the_known_ones(call: Callable[[str], object]) -> None:
+def test_an_unknown_backend_name_is_refused_with_the_known_ones(call: Callable[[str, Settings], object]) -> None:
     with pytest.raises(UnknownBackend) as refused:
-        call("locl")
+        call("locl", Settings())
     assert "'locl'" in str(refused.value)
     assert all(name in str(refused.value) for name in KNOWN)
 
@@ -93,10 +93,12 @@ def test_what_stops_each_backend_here_is_answered_by_the_registry(
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     problems = {name: backend_problem(object(), name) for name in backend_names()}
-    assert problems == {name: spec.environment_problem() for name, spec in BACKENDS.items()}
+    assert problems == {name: spec.environment_problem(Settings.load()) for name, spec in BACKENDS.items()}
     assert "bubblewrap" in str(problems["local"])
     assert "set E2B_API_KEY" in str(problems["e2b"])
     assert "set HF_TOKEN" in str(problems["hf"])
+    keys = Settings.load({"E2B_API_KEY": "e2b-key", "HF_TOKEN": "hf-token"})
+    assert (backend_problem(object(), "e2b", keys), backend_problem(object(), "hf", keys)) == (None, None)
     monkeypatch.setenv("E2B_API_KEY", "e2b-key")
     monkeypatch.setenv("HF_TOKEN", "hf-token")
     assert (backend_problem(object(), "e2b"), backend_problem(object(), "hf")) == (None, None)

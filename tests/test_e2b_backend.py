@@ -16,6 +16,7 @@ from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
 from e2b.sandbox_async.filesystem.filesystem import Filesystem
 
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend, reap
 from opencode_env.sandbox.cloud.template import dockerfile
@@ -177,7 +178,7 @@ async def test_a_live_rollout_on_e2b() -> None:
     endpoint = os.environ.get("OPENCODE_ENV_LIVE_ENDPOINT", "")
     if not endpoint:
         pytest.skip("set OPENCODE_ENV_LIVE_ENDPOINT (vllm, openai or hf_router, with its env vars) for a live rollout")
-    result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), E2BBackend())
+    result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), make_backend("e2b"))
     assert result.status == "completed", result.error
 
 

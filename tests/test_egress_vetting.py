@@ -20,7 +20,7 @@ from opencode_env.sandbox.addresses import (
     read_host_networks,
     refusal,
 )
-from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
+from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy, parse_trusted_hosts
 
 HOST_V4 = "81.2.69.160"
 HOST_V6 = "2a01:4f8:c17:1::1"
@@ -281,6 +281,11 @@ async def test_a_trusted_endpoint_is_reached_at_the_address_it_resolved_to(targe
     assert answer == b"HTTP/1.1 200 Connection established\r\n\r\ntarget\n"
     assert resolver.asked == ["localhost"]
     assert (target.connections, decoy.connections) == (1, 0)
+
+
+def test_the_operators_trusted_hosts_are_names_in_a_list() -> None:
+    assert parse_trusted_hosts(" Mirror.Test, ,pypi.org,") == frozenset({"mirror.test", "pypi.org"})
+    assert parse_trusted_hosts("") == frozenset()
 
 
 async def test_an_absolute_uri_goes_to_a_trusted_host_with_its_path(target: Listener) -> None:

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from huggingface_hub import HfApi, Sandbox
 from huggingface_hub._sandbox import SandboxFiles, SandboxProcess
+from pydantic import ValidationError
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox import resolve_backend_name
+from opencode_env.sandbox import make_backend, resolve_backend_name
 from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.cloud.hf import HFBackend, HFSandbox, default_image, reap
 from opencode_env.sandbox.cloud.hf_shell import parse_listing, parse_probe
+from opencode_env.settings import Settings
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
@@ -166,10 +168,11 @@ async def test_an_image_whose_server_is_not_root_is_refused_with_the_reason(
     assert cloud.alive == {}
 
 
-def test_a_bad_cap_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENCODE_ENV_HF_MAX_SANDBOXES", "0")
-    with pytest.raises(ValueError, match="OPENCODE_ENV_HF_MAX_SANDBOXES must be a positive integer"):
-        HFBackend(token="t")
+def test_a_bad_cap_is_refused() -> None:
+    with pytest.raises(ValidationError, match="OPENCODE_ENV_HF_MAX_SANDBOXES"):
+        Settings.load({"OPENCODE_ENV_HF_MAX_SANDBOXES": "0"})
+    with pytest.raises(ValueError, match="at least 1"):
+        HFBackend(token="t", max_sandboxes=0)
 
 
 async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Path, hf_no_leaks: None) -> None:
@@ -238,20 +241,14 @@ def test_listing_and_probe_parsing() -> None:
         ({}, "local"),
     ],
 )
-def test_auto_picks_e2b_then_hf_then_local(env: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("E2B_API_KEY", "SPACE_ID", "HF_TOKEN", "OPENCODE_ENV_HF_SANDBOXES"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert resolve_backend_name("auto") == expected
+def test_auto_picks_e2b_then_hf_then_local(env: dict[str, str], expected: str) -> None:
+    assert resolve_backend_name("auto", Settings.load(env)) == expected
 
 
-def test_the_default_image_is_the_spaces_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPENCODE_ENV_HF_IMAGE", raising=False)
-    monkeypatch.setenv("SPACE_ID", "me/opencode-env")
-    assert default_image() == "hf.co/spaces/me/opencode-env"
-    monkeypatch.setenv("OPENCODE_ENV_HF_IMAGE", "ghcr.io/me/opencode-env:1")
-    assert default_image() == "ghcr.io/me/opencode-env:1"
+def test_the_default_image_is_the_spaces_own() -> None:
+    assert default_image() == "python:3.12"
+    assert default_image(space_id="me/opencode-env") == "hf.co/spaces/me/opencode-env"
+    assert default_image("ghcr.io/me/opencode-env:1", "me/opencode-env") == "ghcr.io/me/opencode-env:1"
 
 
 @pytest.mark.hf
@@ -260,5 +257,5 @@ async def test_a_live_rollout_on_hf() -> None:
     endpoint = os.environ.get("OPENCODE_ENV_LIVE_ENDPOINT", "")
     if not endpoint:
         pytest.skip("set OPENCODE_ENV_LIVE_ENDPOINT (vllm, openai or hf_router, with its env vars) for a live rollout")
-    result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), HFBackend())
+    result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), make_backend("hf"))
     assert result.status == "completed", result.error

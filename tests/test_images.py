@@ -21,7 +21,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.sandbox.local.host_ids import UID_BASE
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT
-from opencode_env.sandbox.local.images import DEFAULT_IMAGE_VAR, ImageStore
+from opencode_env.sandbox.local.images import ImageStore
 from opencode_env.sandbox.local.tools import cache_root, cached_tools
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
@@ -183,11 +183,10 @@ async def test_a_sandbox_on_the_host_s_own_system_sees_only_its_system_directori
 
 
 async def test_readme_example_runs_on_the_default_image(
-    opencode_binary: Path, sandbox_base: Path, base_image: str, monkeypatch: pytest.MonkeyPatch
+    opencode_binary: Path, sandbox_base: Path, base_image: str
 ) -> None:
     """A request naming no image runs on the base image: `pip install pytest` (as the sandbox's root) and
     `python -m pytest` (as the grader) work as the README writes them."""
-    monkeypatch.delenv(DEFAULT_IMAGE_VAR, raising=False)
     backend = LocalBackend(cached_tools, base_dir=sandbox_base)
     test_file = "from add import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
     outcome = await rollout(

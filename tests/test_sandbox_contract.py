@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import (
     HOME,
     WORKDIR,
@@ -20,7 +21,6 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.cloud.e2b import E2BBackend
-from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from tests.conftest import processes_mentioning
@@ -44,8 +44,8 @@ def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake:
     if request.param == "hf-fake":
         return request.getfixturevalue("hf_fake")  # type: ignore[no-any-return]
     if request.param == "hf-live":
-        return HFBackend()
-    return E2BBackend()
+        return make_backend("hf")
+    return make_backend("e2b")
 
 
 @pytest.fixture

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.settings import Settings, markdown_table, variable_names
+from opencode_env.wire.models import RolloutRequest
+from tests.stub_backend import StubBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS_FOR_OUR_PROCESSES = frozenset(
@@ -35,6 +38,25 @@ def test_every_operator_variable_the_code_names_is_declared() -> None:
         named |= set(re.findall(r"\"(OPENCODE_ENV_[A-Z0-9_]+)\"", path.read_text()))
     undeclared = sorted(named - OURS_FOR_OUR_PROCESSES - set(variable_names()))
     assert undeclared == []
+
+
+HOST_VIEW_READS = "trust_settings(os.environ)"
+"""All that sandbox/ reads of this process's environment: the host's CA-bundle variables, which a local sandbox is
+given as the host has them (not settings)."""
+
+
+def test_no_backend_reads_an_operator_setting_from_the_environment() -> None:
+    """Backends get their settings through their constructors, from the registry; only the registry loads them, for a
+    caller that passes none."""
+    reads, loads = [], []
+    for path in ROOT.glob("opencode_env/sandbox/**/*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            if re.search(r"\bos\.(environ|getenv)\b|\bgetenv\(|import environ\b", line.replace(HOST_VIEW_READS, "")):
+                reads.append(where)
+            if "Settings.load(" in line and path.name != "registry.py":
+                loads.append(where)
+    assert (reads, loads) == ([], [])
 
 
 def test_the_readme_table_is_the_code_s() -> None:
@@ -68,3 +90,16 @@ def test_the_cli_shows_sources_and_never_a_secret() -> None:
     assert lines["E2B_API_KEY"].endswith("(set, hidden)  (environment)")
     assert lines["PORT"].split()[1:] == ["8123", "(environment)"]
     assert lines["OPENCODE_ENV_RESULTS_KEEP"].split()[1:] == ["200", "(default)"]
+
+
+async def test_a_rollout_under_a_refused_setting_ends_as_invalid_request_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENCODE_ENV_MAX_CPUS", "many")
+    backend = StubBackend()
+    request = RolloutRequest(instruction="x", base_url="http://127.0.0.1:9/v1", model="m")
+    result = await run_rollout(request, backend)
+    assert (result.status, result.failed_phase) == ("invalid_request", "validate")
+    assert "OPENCODE_ENV_MAX_CPUS" in (result.error or "")
+    assert backend.alive == set()
+    assert result.sandbox_id == ""

@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import replace
 
+from pydantic import ValidationError
+
 from opencode_env.rollout.agent_phase import run_agent, start_capture
 from opencode_env.rollout.classify import classify_agent_phase
 from opencode_env.rollout.collect_phase import collect, collect_agent_record, collect_turns
@@ -59,20 +61,21 @@ async def run_rollout(
     cancellation it still holds everything captured so far, with status `cancelled`. A server passes its
     `upstream_policy`: a base URL its caller chose is then checked before anything starts. `settings` are the
     operator's (named endpoints, the maxima, the operator's network proxy); by default this process's environment's,
-    read once here."""
+    read once here, and a bad one ends the rollout as `invalid_request` naming it."""
+    started = time.monotonic()
+    result = _begun(request, result or RolloutResult())
+    try:
+        settings = settings or Settings.load()
+    except ValidationError as error:
+        _fail(result, "invalid_request", "validate", f"a setting is refused: {error}")
+        result.wall_s = round(time.monotonic() - started, 4)
+        return result
     if backend is None:
         from opencode_env.sandbox import default_backend
 
-        backend = default_backend()
-    started = time.monotonic()
-    if result is None:
-        result = RolloutResult()
-    result.task_id, result.mode, result.backend = request.task_id, request.mode, backend.name
-    result.task = request.model_copy(update={"api_key": ""})
-    result.warnings = sampling_warnings(result.task)
-    result.oracle = request.solution is not None
+        backend = default_backend(settings)
+    result.backend = backend.name
     try:
-        settings = settings or Settings.load()
         upstream = NO_UPSTREAM if result.oracle else resolve_upstream(request, settings)
         result.upstream = upstream.info()
         if upstream_policy is not None:
@@ -106,6 +109,15 @@ async def run_rollout(
         result.wall_s = round(time.monotonic() - started, 4)
         if is_infrastructure_failure(result.status):
             result.reward, result.reward_source = None, "none"
+    return result
+
+
+def _begun(request: RolloutRequest, result: RolloutResult) -> RolloutResult:
+    """The result as it starts: the task it runs (without its key) and what is known before anything runs."""
+    result.task_id, result.mode = request.task_id, request.mode
+    result.task = request.model_copy(update={"api_key": ""})
+    result.warnings = sampling_warnings(result.task)
+    result.oracle = request.solution is not None
     return result
 
 

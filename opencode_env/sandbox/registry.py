@@ -4,18 +4,26 @@ there, whether it enforces a rollout's resource limits, and how to reap what it 
 
 Code outside `sandbox/` asks here and never compares a backend's name; a name the registry does not know is
 refused with the known ones, never taken for another backend.
+
+Backends read no environment: the registry builds each one from a `Settings` (the operator's settings, loaded once
+by whoever starts: the server, the command line), and a caller that passes none gets `Settings.load()`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from opencode_env.sandbox.base import SandboxBackend
+
+if TYPE_CHECKING:
+    # Settings names BackendName: imported at run time only where a caller passed no settings (see _loaded).
+    from opencode_env.settings import Settings
 
 BackendName = Literal["auto", "local", "e2b", "hf"]
 AUTO = "auto"
@@ -25,8 +33,9 @@ HF_OPT_IN_VAR = "OPENCODE_ENV_HF_SANDBOXES"
 E2B_CONCURRENCY = 16
 """Below OPENCODE_ENV_E2B_MAX_SANDBOXES's default of 20 (E2B's free-tier cap)."""
 
-Reaper = Callable[[float], Awaitable[list[str]]]
-"""Kills the sandboxes a backend tagged that have lived longer than the given seconds; returns their ids."""
+Reaper = Callable[["Settings", float], Awaitable[list[str]]]
+"""Kills the sandboxes a backend tagged (with the credentials in the settings) that have lived longer than the given
+seconds; returns their ids."""
 
 
 @runtime_checkable
@@ -48,11 +57,12 @@ class BackendSpec:
     name: str
     needs: str
     """What it needs from the environment, said to an operator."""
-    build: Callable[[], SandboxBackend]
+    build: Callable[[Settings], SandboxBackend]
     default_concurrency: Callable[[], int]
     """Rollouts at once when MAX_CONCURRENT_ENVS does not say."""
-    environment_problem: Callable[[], str | None]
-    """A cheap check of what it needs (no sandbox started): what is missing and what to set, or None."""
+    environment_problem: Callable[[Settings], str | None]
+    """A cheap check of what it needs in the settings (no sandbox started): what is missing and what to set, or
+    None."""
     enforces_limits: bool
     """Whether it enforces a rollout's memory, process, disk and CPU limits (else its VM's size bounds a rollout)."""
     proxy_beside_task_root: bool = True
@@ -79,26 +89,49 @@ def per_cpu_concurrency() -> int:
     return max(2, (os.cpu_count() or 2) * 2)
 
 
-def _build_local() -> SandboxBackend:
+def _loaded(settings: Settings | None) -> Settings:
+    """`settings`, else this process's environment's."""
+    if settings is not None:
+        return settings
+    from opencode_env.settings import Settings
+
+    return Settings.load()
+
+
+def _build_local(settings: Settings) -> SandboxBackend:
     from opencode_env.sandbox.local.backend import LocalBackend
-    from opencode_env.sandbox.local.tools import cached_tools
+    from opencode_env.sandbox.local.egress import parse_trusted_hosts
+    from opencode_env.sandbox.local.tools import cache_root, cached_tools
 
-    return LocalBackend(cached_tools)
+    cache = cache_root(settings.cache)
+    return LocalBackend(
+        functools.partial(cached_tools, cache),
+        image=settings.local_image,
+        memory_overcommit=settings.memory_overcommit,
+        egress_trusted_hosts=parse_trusted_hosts(settings.egress_trusted_hosts),
+        cache_dir=cache,
+    )
 
 
-def _build_e2b() -> SandboxBackend:
+def _build_e2b(settings: Settings) -> SandboxBackend:
     from opencode_env.sandbox.cloud.e2b import E2BBackend
 
-    return E2BBackend()
+    return E2BBackend(api_key=settings.e2b_api_key.get_secret_value(), max_sandboxes=settings.e2b_max_sandboxes)
 
 
-def _build_hf() -> SandboxBackend:
-    from opencode_env.sandbox.cloud.hf import HFBackend
+def _build_hf(settings: Settings) -> SandboxBackend:
+    from opencode_env.sandbox.cloud.hf import HFBackend, default_image
 
-    return HFBackend()
+    return HFBackend(
+        token=settings.hf_token.get_secret_value(),
+        image=default_image(settings.hf_image, settings.space_id),
+        flavor=settings.hf_flavor,
+        namespace=settings.hf_namespace,
+        max_sandboxes=settings.hf_max_sandboxes,
+    )
 
 
-def _local_problem() -> str | None:
+def _local_problem(settings: Settings) -> str | None:
     from opencode_env.sandbox.local.backend import INSTALL_HINT, ROOT_HINT
 
     if shutil.which("bwrap") is None:
@@ -106,28 +139,33 @@ def _local_problem() -> str | None:
     return ROOT_HINT if os.geteuid() != 0 else None
 
 
-def _e2b_problem() -> str | None:
-    return None if os.environ.get("E2B_API_KEY") else "the e2b backend needs an E2B API key: set E2B_API_KEY"
+def _e2b_problem(settings: Settings) -> str | None:
+    if settings.e2b_api_key.get_secret_value():
+        return None
+    return "the e2b backend needs an E2B API key: set E2B_API_KEY"
 
 
-def _hf_problem() -> str | None:
+def _hf_problem(settings: Settings) -> str | None:
     from huggingface_hub import get_token
 
-    if get_token():
+    # Beside HF_TOKEN, the SDK's own login (`hf auth login`) is a token the backend uses.
+    if settings.hf_token.get_secret_value() or get_token():
         return None
     return "the hf backend needs a Hugging Face token with Jobs access: set HF_TOKEN"
 
 
-async def _reap_e2b(older_than_s: float) -> list[str]:
+async def _reap_e2b(settings: Settings, older_than_s: float) -> list[str]:
     from opencode_env.sandbox.cloud.e2b import reap
 
-    return await reap(older_than_s=older_than_s)
+    return await reap(older_than_s=older_than_s, api_key=settings.e2b_api_key.get_secret_value())
 
 
-async def _reap_hf(older_than_s: float) -> list[str]:
+async def _reap_hf(settings: Settings, older_than_s: float) -> list[str]:
     from opencode_env.sandbox.cloud.hf import reap
 
-    return await reap(older_than_s=older_than_s)
+    return await reap(
+        older_than_s=older_than_s, token=settings.hf_token.get_secret_value(), namespace=settings.hf_namespace
+    )
 
 
 BACKENDS: Mapping[str, BackendSpec] = MappingProxyType(
@@ -184,25 +222,27 @@ def backend_spec(name: str) -> BackendSpec:
     return BACKENDS[name]
 
 
-def resolve_backend_name(name: str) -> str:
+def resolve_backend_name(name: str, settings: Settings) -> str:
     """`auto` is E2B when E2B_API_KEY is set; else Hugging Face Sandboxes on a Space (SPACE_ID) or with HF_TOKEN and
     OPENCODE_ENV_HF_SANDBOXES=1 (an HF token alone is common and must not start billing); else the local backend.
     Any other name must be a registered one (UnknownBackend)."""
     if name != AUTO:
         return backend_spec(name).name
-    if os.environ.get("E2B_API_KEY"):
+    if settings.e2b_api_key.get_secret_value():
         return "e2b"
-    if os.environ.get("SPACE_ID") or (os.environ.get("HF_TOKEN") and os.environ.get(HF_OPT_IN_VAR) == "1"):
+    if settings.space_id or (settings.hf_token.get_secret_value() and settings.hf_sandboxes):
         return "hf"
     return EMBEDDED
 
 
-def make_backend(name: str = AUTO) -> SandboxBackend:
-    return backend_spec(resolve_backend_name(name)).build()
+def make_backend(name: str = AUTO, settings: Settings | None = None) -> SandboxBackend:
+    """The backend `name` names, built from `settings` (default: this process's environment's)."""
+    settings = _loaded(settings)
+    return backend_spec(resolve_backend_name(name, settings)).build(settings)
 
 
-def default_backend() -> SandboxBackend:
-    return make_backend(EMBEDDED)
+def default_backend(settings: Settings | None = None) -> SandboxBackend:
+    return make_backend(EMBEDDED, settings)
 
 
 def default_concurrency(backend: SandboxBackend) -> int:
@@ -223,18 +263,20 @@ def proxy_beside_task_root(backend: SandboxBackend) -> bool:
     return spec.proxy_beside_task_root if spec is not None else True
 
 
-def backend_problem(backend: object, name: str) -> str | None:
+def backend_problem(backend: object, name: str, settings: Settings | None = None) -> str | None:
     """What stops this backend (registered as `name`) from running rollouts: its own preflight verdict when it has
-    one, else the cheap check of what it needs from the environment; None when nothing is known wrong."""
+    one, else the cheap check of what it needs in `settings` (default: this process's environment's); None when
+    nothing is known wrong."""
     if isinstance(backend, Preflighted):
         return backend.preflight_problem()
     spec = BACKENDS.get(name)
-    return spec.environment_problem() if spec is not None else None
+    return spec.environment_problem(_loaded(settings)) if spec is not None else None
 
 
-async def reap_sandboxes(name: str, *, older_than_s: float) -> list[str]:
-    """Kill the sandboxes backend `name` tagged that outlived `older_than_s`; returns their ids."""
+async def reap_sandboxes(name: str, *, older_than_s: float, settings: Settings | None = None) -> list[str]:
+    """Kill the sandboxes backend `name` tagged that outlived `older_than_s`, with the credentials in `settings`
+    (default: this process's environment's); returns their ids."""
     reap = backend_spec(name).reap
     if reap is None:
         raise ValueError(f"the {name} backend leaves nothing to reap; these do: {', '.join(reapable_names())}")
-    return await reap(older_than_s)
+    return await reap(_loaded(settings), older_than_s)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.settings import Settings
 
 TAG_REPOSITORY = "localhost/opencode-env-task"
 TERMINATE_GRACE_S = 10.0
@@ -81,10 +82,11 @@ def repository_name(name: str) -> str:
     return component[:128] or "task"
 
 
-def containers_conf() -> Path:
+def containers_conf(cache: Path | None = None) -> Path:
     """A containers.conf for podman in a container like this one: crun fails here, and podman's default ulimits
-    exceed what runc may set, so: runc, and no default ulimits."""
-    path = cache_root() / "containers.conf"
+    exceed what runc may set, so: runc, and no default ulimits. Kept in `cache` (default: the operator's
+    OPENCODE_ENV_CACHE, else ~/.cache/opencode-env)."""
+    path = (cache or cache_root(Settings.load().cache)) / "containers.conf"
     if path.is_file() and path.read_text() == CONTAINERS_CONF:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,28 +8,16 @@ not hit the vendor's API all in the same instant.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 DEFAULT_LIMIT = 20
-
-
-def limit_from_env(variable: str, default: int = DEFAULT_LIMIT) -> int:
-    """The cap named by `variable`, else `default`; a value that is not a positive integer is refused by name."""
-    raw = os.environ.get(variable, "")
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{variable} must be a positive integer (got {raw!r})")
-    return value
+"""The default of each cloud backend's cap (OPENCODE_ENV_E2B_MAX_SANDBOXES, OPENCODE_ENV_HF_MAX_SANDBOXES)."""
 
 
 class Admission:
     def __init__(self, limit: int, *, stagger_s: float) -> None:
+        if limit < 1:
+            raise ValueError(f"a cloud backend's cap on live sandboxes must be at least 1 (got {limit})")
         self._slots = asyncio.Semaphore(limit)
         self._stagger = asyncio.Lock()
         self._stagger_s = stagger_s

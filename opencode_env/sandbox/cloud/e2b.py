@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -30,7 +29,7 @@ from e2b import (
 from e2b.sandbox.filesystem.filesystem import FileType
 
 from opencode_env.sandbox.base import FileEntry, Identity, ProvidedTools, SandboxError, SandboxSpec
-from opencode_env.sandbox.cloud.admission import limit_from_env
+from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
@@ -217,8 +216,9 @@ class E2BSandbox(CloudSandbox):
 
 
 class E2BBackend:
-    """Creates E2B sandboxes, at most `max_sandboxes` alive at once, creations staggered (`Lifecycle`); the
-    `Provider` of its lifecycle."""
+    """Creates E2B sandboxes with `api_key`, at most `max_sandboxes` alive at once, creations staggered
+    (`Lifecycle`); the `Provider` of its lifecycle. It reads no environment: the registry passes the operator's
+    E2B_API_KEY and OPENCODE_ENV_E2B_MAX_SANDBOXES (`make_backend`)."""
 
     name = "e2b"
     label = "E2B"
@@ -229,14 +229,13 @@ class E2BBackend:
         self,
         *,
         sandbox_class: Any = AsyncSandbox,
-        api_key: str | None = None,
-        max_sandboxes: int | None = None,
+        api_key: str = "",
+        max_sandboxes: int = DEFAULT_LIMIT,
         server_id: str = "",
     ) -> None:
         self._sandbox_class = sandbox_class
         self._api_key = api_key
-        limit = max_sandboxes or limit_from_env(MAX_SANDBOXES_VAR)
-        self._lifecycle = Lifecycle(self, limit=limit, server_id=server_id)
+        self._lifecycle = Lifecycle(self, limit=max_sandboxes, server_id=server_id)
 
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         return await self._lifecycle.create(spec, spec.template or DEFAULT_TEMPLATE)
@@ -245,12 +244,11 @@ class E2BBackend:
         return await self._lifecycle.close_all()
 
     def credential(self) -> str:
-        key = self._api_key or os.environ.get("E2B_API_KEY", "")
-        if not key:
+        if not self._api_key:
             raise SandboxError(
                 "E2B_API_KEY is not set: the e2b backend needs an E2B API key (or use the local backend)"
             )
-        return key
+        return self._api_key
 
     async def create_vm(self, image: str, spec: SandboxSpec, tags: Mapping[str, str], credential: str) -> Any:
         return await self._sandbox_class.create(
@@ -300,19 +298,18 @@ async def _kill(sandbox: Any) -> None:
         raise SandboxError(f"{type(error).__name__}: {error}") from error
 
 
-async def reap(*, older_than_s: float, sandbox_class: Any = AsyncSandbox, api_key: str | None = None) -> list[str]:
+async def reap(*, older_than_s: float, api_key: str, sandbox_class: Any = AsyncSandbox) -> list[str]:
     """Kill sandboxes tagged by this tool that have lived longer than `older_than_s`; returns their ids."""
-    key = api_key or os.environ.get("E2B_API_KEY", "")
-    if not key:
+    if not api_key:
         raise SandboxError("E2B_API_KEY is not set: reap needs the key the sandboxes were created with")
     from e2b.sandbox.sandbox_api import SandboxQuery
 
-    paginator = sandbox_class.list(query=SandboxQuery(metadata={TAG: "1"}), api_key=key)
+    paginator = sandbox_class.list(query=SandboxQuery(metadata={TAG: "1"}), api_key=api_key)
     now = time.time()
     killed = []
     while paginator.has_next:
         for info in await paginator.next_items():
             if now - info.started_at.timestamp() >= older_than_s:
-                await sandbox_class.kill(info.sandbox_id, api_key=key)
+                await sandbox_class.kill(info.sandbox_id, api_key=api_key)
                 killed.append(info.sandbox_id)
     return killed

@@ -20,7 +20,6 @@ import base64
 import contextlib
 import functools
 import logging
-import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,24 +28,15 @@ from huggingface_hub import Sandbox, get_token
 
 from opencode_env.sandbox.base import FileEntry, Identity, ProvidedTools, SandboxError, SandboxSpec
 from opencode_env.sandbox.cloud import hf_shell
-from opencode_env.sandbox.cloud.admission import limit_from_env
-from opencode_env.sandbox.cloud.hf_sdk import (
-    CALL_TIMEOUT_S,
-    MAX_SANDBOXES_VAR,
-    NAMESPACE_VAR,
-    TAG,
-    Calls,
-    reap,
-    sdk_error,
-)
+from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
+from opencode_env.sandbox.cloud.hf_sdk import CALL_TIMEOUT_S, TAG, Calls, reap, sdk_error
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
 from opencode_env.wire.models import CommandResult
 
 log = logging.getLogger("opencode_env.hf")
-IMAGE_VAR = "OPENCODE_ENV_HF_IMAGE"
-FLAVOR_VAR = "OPENCODE_ENV_HF_FLAVOR"
 FALLBACK_IMAGE = "python:3.12"
+DEFAULT_FLAVOR = "cpu-basic"
 START_TIMEOUT_S = 180.0
 CALL_GRACE_S = 30.0
 KILL_TIMEOUT_S = 30.0
@@ -63,13 +53,14 @@ ENFORCEMENT = {
 __all__ = ["HFBackend", "HFProcess", "HFSandbox", "default_image", "reap"]
 
 
-def default_image() -> str:
-    """OPENCODE_ENV_HF_IMAGE, else this Space's own image (it has OpenCode and the proxy's packages), else a plain
-    Python image on which OpenCode is installed at run time."""
-    if configured := os.environ.get(IMAGE_VAR):
+def default_image(configured: str = "", space_id: str = "") -> str:
+    """`configured` (the operator's OPENCODE_ENV_HF_IMAGE), else the image of the Space `space_id` names (SPACE_ID,
+    set by a Space: its image has OpenCode and the proxy's packages), else a plain Python image on which OpenCode is
+    installed at run time."""
+    if configured:
         return configured
-    if space := os.environ.get("SPACE_ID"):
-        return f"hf.co/spaces/{space}"
+    if space_id:
+        return f"hf.co/spaces/{space_id}"
     return FALLBACK_IMAGE
 
 
@@ -233,7 +224,9 @@ class HFSandbox(CloudSandbox):
 
 class HFBackend:
     """Creates dedicated HF sandboxes, at most `max_sandboxes` alive at once, creations staggered (`Lifecycle`);
-    the `Provider` of its lifecycle."""
+    the `Provider` of its lifecycle. It reads no environment of its own: the registry passes the operator's settings
+    (`make_backend`); without a `token` it uses the SDK's (`huggingface_hub.get_token`: HF_TOKEN or a login). An
+    empty `namespace` is the token's own."""
 
     name = "hf"
     label = "HF"
@@ -244,23 +237,22 @@ class HFBackend:
         self,
         *,
         sandbox_class: Any = Sandbox,
-        token: str | None = None,
-        image: str | None = None,
-        flavor: str | None = None,
-        namespace: str | None = None,
-        max_sandboxes: int | None = None,
+        token: str = "",
+        image: str = FALLBACK_IMAGE,
+        flavor: str = DEFAULT_FLAVOR,
+        namespace: str = "",
+        max_sandboxes: int = DEFAULT_LIMIT,
         tools_dir: str = hf_shell.DEFAULT_TOOLS_DIR,
         server_id: str = "",
     ) -> None:
         self._sandbox_class = sandbox_class
         self._token_override = token
-        self._image = image or default_image()
-        self._flavor = flavor or os.environ.get(FLAVOR_VAR, "cpu-basic")
-        self._namespace = namespace or os.environ.get(NAMESPACE_VAR) or None
-        limit = max_sandboxes or limit_from_env(MAX_SANDBOXES_VAR)
-        self._calls = Calls(threads=4 * limit + 8)
+        self._image = image
+        self._flavor = flavor
+        self._namespace = namespace or None
+        self._lifecycle = Lifecycle(self, limit=max_sandboxes, server_id=server_id)
+        self._calls = Calls(threads=4 * max_sandboxes + 8)
         self._tools_dir = tools_dir
-        self._lifecycle = Lifecycle(self, limit=limit, server_id=server_id)
 
     async def create(self, spec: SandboxSpec) -> HFSandbox:
         if spec.network != "internet":

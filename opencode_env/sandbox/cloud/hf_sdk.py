@@ -4,7 +4,6 @@ mapped to one `SandboxError` that says what to do, and the reaper that finds san
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -80,17 +79,15 @@ class Calls:
             raise sdk_error(error, action) from error
 
 
-async def reap(
-    *, older_than_s: float, api: Any = None, token: str | None = None, namespace: str | None = None
-) -> list[str]:
-    """Kill the HF sandboxes tagged by this tool that have lived longer than `older_than_s`; returns their ids."""
+async def reap(*, older_than_s: float, api: Any = None, token: str = "", namespace: str = "") -> list[str]:
+    """Kill the HF sandboxes tagged by this tool, in `namespace` (empty: the token's own), that have lived longer
+    than `older_than_s`; returns their ids."""
     api = api or HfApi(token=token or get_token())
-    namespace = namespace or os.environ.get(NAMESPACE_VAR) or None
 
     def sweep() -> list[str]:
         now = time.time()
         killed = []
-        for job in api.list_jobs(status=["RUNNING", "SCHEDULING"], labels={TAG: "1"}, namespace=namespace):
+        for job in api.list_jobs(status=["RUNNING", "SCHEDULING"], labels={TAG: "1"}, namespace=namespace or None):
             born = job.created_at.timestamp() if job.created_at else now
             if now - born >= older_than_s:
                 api.cancel_job(job_id=job.id, namespace=job.owner.name)

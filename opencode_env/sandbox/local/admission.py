@@ -6,9 +6,7 @@ never fit is refused at once. The budget is the machine's memory times an overco
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import deque
-from collections.abc import Mapping
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxError
@@ -24,15 +22,11 @@ def machine_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
     raise SandboxError("cannot read MemTotal from /proc/meminfo")
 
 
-def budget_from_env(environ: Mapping[str, str] = os.environ) -> int:
-    raw = environ.get(OVERCOMMIT_VAR, "")
-    try:
-        factor = float(raw) if raw else DEFAULT_OVERCOMMIT
-    except ValueError as error:
-        raise SandboxError(f"{OVERCOMMIT_VAR}={raw!r} is not a number") from error
-    if factor <= 0:
-        raise SandboxError(f"{OVERCOMMIT_VAR} must be above 0, got {factor}")
-    return int(machine_memory_mb() * factor)
+def memory_budget_mb(overcommit: float = DEFAULT_OVERCOMMIT) -> int:
+    """This machine's memory times `overcommit` (the operator's OPENCODE_ENV_MEMORY_OVERCOMMIT)."""
+    if overcommit <= 0:
+        raise SandboxError(f"the memory overcommit factor ({OVERCOMMIT_VAR}) must be above 0, got {overcommit}")
+    return int(machine_memory_mb() * overcommit)
 
 
 class MemoryAdmission:

@@ -28,7 +28,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.local.admission import MemoryAdmission, budget_from_env
+from opencode_env.sandbox.local.admission import DEFAULT_OVERCOMMIT, MemoryAdmission, memory_budget_mb
 from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup
 from opencode_env.sandbox.local.egress import EgressProxy, LoopbackRelay
 from opencode_env.sandbox.local.host_ids import UidLease
@@ -92,11 +92,13 @@ class LocalSandbox(SandboxBoot, SandboxProcesses, SandboxFiles):
         spec: SandboxSpec,
         extra_path: tuple[str, ...] = (),
         share_host_network: bool = False,
+        trusted_hosts: frozenset[str] = frozenset(),
         image: PreparedImage | None = None,
         runtime: HostRuntime = HOST_ROOT,
         host_tools: ProvidedTools | None = None,
     ) -> None:
         self._share_host_network = share_host_network
+        self._trusted_hosts = trusted_hosts
         self._host_tools = host_tools or tools
         """The tools as the host has them (`tools` may name their launchers inside an image)."""
         self.image = image
@@ -200,7 +202,9 @@ def bwrap_available() -> bool:
 
 
 class LocalBackend:
-    """Creates local sandboxes; the OpenCode binary is installed once per machine by `tools_resolver`."""
+    """Creates local sandboxes; the OpenCode binary is installed once per machine by `tools_resolver`. It reads no
+    environment: the registry passes the operator's settings (`make_backend`), and each defaults to what an unset
+    variable means."""
 
     name = "local"
 
@@ -212,8 +216,18 @@ class LocalBackend:
         extra_path: tuple[str, ...] = (),
         share_host_network: bool = False,
         admission: MemoryAdmission | None = None,
+        image: str = "",
+        memory_overcommit: float = DEFAULT_OVERCOMMIT,
+        egress_trusted_hosts: frozenset[str] = frozenset(),
+        cache_dir: Path | None = None,
     ) -> None:
-        """`share_host_network=True` runs every sandbox in the host's network namespace, as a cloud VM has a network
+        """`image`: what a request naming none runs on (images.default_image: '' is the base image once built, else
+        the host's root). `memory_overcommit`: the rollouts' memory limits may add up to this many times the
+        machine's memory (admission.py), unless `admission` is given. `egress_trusted_hosts`: names the egress
+        proxy lets through even on private addresses. `cache_dir`: where unpacked images are kept (default
+        tools.cache_root()).
+
+        `share_host_network=True` runs every sandbox in the host's network namespace, as a cloud VM has a network
         of its own: no egress policy and no loopback isolation (a sandbox reaches whatever the host reaches, the
         host's loopback services included). It is for emulating a cloud VM on one machine (the project's E2B and
         Hugging Face fakes use it), never for untrusted agents on a shared host; the server and the CLI never set
@@ -225,14 +239,17 @@ class LocalBackend:
         self._extra_path = extra_path
         self._open = OpenSandboxes()
         self._base_dir = base_dir
-        self._images = ImageStore(cache_root() / "images")
+        self._images = ImageStore((cache_dir or cache_root()) / "images")
+        self._configured_image = image
         self._default_image: str | None = None
+        self._memory_overcommit = memory_overcommit
+        self._trusted_hosts = egress_trusted_hosts
         self._admission = admission
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         """A sandbox, once its memory limit (and its proxy's) fits this machine's budget: see admission.py."""
         if self._admission is None:
-            self._admission = MemoryAdmission(await asyncio.to_thread(budget_from_env))
+            self._admission = MemoryAdmission(await asyncio.to_thread(memory_budget_mb, self._memory_overcommit))
         admission, memory_mb = self._admission, spec.limits.memory_mb + PROXY_LIMITS.memory_bytes // 2**20
         await admission.admit(memory_mb)
         try:
@@ -260,7 +277,7 @@ class LocalBackend:
             self._reaped = True
             await asyncio.to_thread(reap_orphans, self._base_dir)
         if self._default_image is None:
-            self._default_image = await asyncio.to_thread(default_image)
+            self._default_image = await asyncio.to_thread(default_image, self._configured_image)
         ref = "" if spec.image == HOST_IMAGE else spec.image or self._default_image
         image = await asyncio.to_thread(self._images.prepare, ref) if ref else None
         runtime = await asyncio.to_thread(runtime_for, tools) if image is not None else None
@@ -287,6 +304,7 @@ class LocalBackend:
             spec=spec,
             extra_path=self._extra_path,
             share_host_network=self._share_host_network,
+            trusted_hosts=self._trusted_hosts,
             image=image,
             runtime=runtime or HOST_ROOT,
             host_tools=host_tools,

@@ -46,8 +46,10 @@ def build_base_image(
     tag: str = BASE_IMAGE,
     force: bool = False,
     say: Callable[[str], None] = log.info,
+    cache: Path | None = None,
 ) -> str:
-    """Build (or find) the base image; the Debian tree is cached as a tar, so a rebuild imports it again in seconds."""
+    """Build (or find) the base image; the Debian tree is cached as a tar under `cache` (default `cache_root()`), so
+    a rebuild imports it again in seconds."""
     if not force and image_exists(tag):
         say(f"{tag} is in podman's storage already")
         return tag
@@ -56,16 +58,16 @@ def build_base_image(
             raise BaseImageError(f"{program} is not installed (apt-get install debootstrap podman)")
     if os.geteuid() != 0:
         raise BaseImageError("building the base image needs root (debootstrap makes a root file system)")
-    archive = _debian_tree(suite, mirror, force=force, say=say)
+    archive = _debian_tree(suite, mirror, cache or cache_root(), force=force, say=say)
     changes = ["--change", f"ENV PATH={PATH}", "--change", "ENV LANG=C.UTF-8", "--change", "WORKDIR /"]
     _run(["podman", "import", "--quiet", *changes, str(archive), tag], "podman import")
     say(f"imported {tag} from {archive}")
     return tag
 
 
-def _debian_tree(suite: str, mirror: str, *, force: bool, say: Callable[[str], None]) -> Path:
+def _debian_tree(suite: str, mirror: str, cache: Path, *, force: bool, say: Callable[[str], None]) -> Path:
     recipe = hashlib.sha256(f"{suite} {mirror} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
-    archive = cache_root() / f"base-{suite}-{recipe}.tar"
+    archive = cache / f"base-{suite}-{recipe}.tar"
     if archive.is_file() and not force:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)

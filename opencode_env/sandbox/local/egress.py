@@ -18,7 +18,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from opencode_env.sandbox.addresses import (
@@ -54,8 +54,9 @@ class EgressPolicy:
     host's network): reachable with internet, and as an allowed endpoint without it."""
 
 
-def trusted_hosts_from_env(environ: Mapping[str, str]) -> frozenset[str]:
-    return frozenset(name.strip().lower() for name in environ.get(TRUSTED_HOSTS_VAR, "").split(",") if name.strip())
+def parse_trusted_hosts(listed: str) -> frozenset[str]:
+    """The names in a comma-separated list (the operator's OPENCODE_ENV_EGRESS_TRUSTED_HOSTS), lower-cased."""
+    return frozenset(name.strip().lower() for name in listed.split(",") if name.strip())
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:

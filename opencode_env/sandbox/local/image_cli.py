@@ -1,14 +1,17 @@
-"""`opencode-env image`: build the local backend's base image, or unpack an image into the cache ahead of use."""
+"""`opencode-env image`: build the local backend's base image, or unpack an image into the cache ahead of use.
+
+The cache is the operator's (OPENCODE_ENV_CACHE): the command line passes down how to find it, as `cache_dir`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from opencode_env.sandbox.local.base_image import MIRROR, SUITE, BaseImageError, build_base_image
 from opencode_env.sandbox.local.images import BASE_IMAGE, ImageStore
-from opencode_env.sandbox.local.tools import cache_root
 
 
 def _say(message: str) -> None:
@@ -17,7 +20,9 @@ def _say(message: str) -> None:
 
 def _cmd_build_base(args: argparse.Namespace) -> int:
     try:
-        tag = build_base_image(suite=args.suite, mirror=args.mirror, tag=args.tag, force=args.force, say=_say)
+        tag = build_base_image(
+            suite=args.suite, mirror=args.mirror, tag=args.tag, force=args.force, say=_say, cache=args.cache_dir()
+        )
     except BaseImageError as error:
         print(f"opencode-env image build-base: {error}", file=sys.stderr)
         return 2
@@ -26,21 +31,23 @@ def _cmd_build_base(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    prepared = ImageStore(cache_root() / "images").prepare(args.image)
+    prepared = ImageStore(args.cache_dir() / "images").prepare(args.image)
     print(f"{prepared.ref}: {prepared.image_id[:19]} unpacked at {prepared.rootfs} (workdir {prepared.workdir or '/'})")
     return 0
 
 
-def _cmd_prune(_: argparse.Namespace) -> int:
-    removed = ImageStore(cache_root() / "images").prune()
+def _cmd_prune(args: argparse.Namespace) -> int:
+    removed = ImageStore(args.cache_dir() / "images").prune()
     for image_id in removed:
         print(image_id)
     print(f"removed {len(removed)} unpacked image(s) no longer in podman's storage", file=sys.stderr)
     return 0
 
 
-def add_image_parser(subparsers: Any) -> None:
+def add_image_parser(subparsers: Any, cache_dir: Callable[[], Path]) -> None:
+    """`cache_dir` finds the cache when a command runs (loading the settings then, not when the parser is built)."""
     image = subparsers.add_parser("image", help="the local backend's images (build the base image, prepare one)")
+    image.set_defaults(cache_dir=cache_dir)
     commands = image.add_subparsers(dest="image_command", required=True)
     base = commands.add_parser(
         "build-base",

@@ -22,7 +22,6 @@ log = logging.getLogger("opencode_env.images")
 ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
 HOST_IMAGE = "host"
 """The image name that means none: the host's own root file system, read-only (the backend's default)."""
-DEFAULT_IMAGE_VAR = "OPENCODE_ENV_LOCAL_IMAGE"
 BASE_IMAGE = "localhost/opencode-env-base:bookworm"
 PODMAN_TIMEOUT_S = 600.0
 _LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
@@ -41,10 +40,10 @@ class PreparedImage:
     has_shell: bool = True
 
 
-def default_image(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
-    """The image a request that names none runs on: OPENCODE_ENV_LOCAL_IMAGE, else the base image when it has been
-    built on this machine (`opencode-env image build-base`), else the host's root."""
-    configured = environ.get(DEFAULT_IMAGE_VAR, "")
+def default_image(configured: str = "") -> str:
+    """The image a request that names none runs on: `configured` (the operator's OPENCODE_ENV_LOCAL_IMAGE; 'host':
+    the host's root), else the base image when it has been built on this machine (`opencode-env image build-base`),
+    else the host's root."""
     if configured:
         return "" if configured == HOST_IMAGE else configured
     return BASE_IMAGE if image_exists(BASE_IMAGE) else ""

@@ -14,13 +14,7 @@ from pathlib import Path
 from opencode_env.sandbox.base import ProvidedTools, SandboxError, SandboxSpec
 from opencode_env.sandbox.local import netns
 from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup, Limits, cgroup_prefix, detect, proxy_cgroup_name
-from opencode_env.sandbox.local.egress import (
-    LOOPBACK_NAMES,
-    EgressPolicy,
-    EgressProxy,
-    LoopbackRelay,
-    trusted_hosts_from_env,
-)
+from opencode_env.sandbox.local.egress import LOOPBACK_NAMES, EgressPolicy, EgressProxy, LoopbackRelay
 from opencode_env.sandbox.local.host_runtime import BASE_PATH, HostRuntime
 from opencode_env.sandbox.local.host_view import sandbox_runtime_paths
 from opencode_env.sandbox.local.images import PreparedImage
@@ -43,6 +37,7 @@ class SandboxBoot:
     _spec: SandboxSpec
     _extra_path: tuple[str, ...]
     _share_host_network: bool
+    _trusted_hosts: frozenset[str]
     _holder: asyncio.subprocess.Process | None
     _holder_pid: int
     _cgroup: Cgroup | None
@@ -102,7 +97,7 @@ class SandboxBoot:
             EgressPolicy(
                 internet=self._spec.network == "internet",
                 allowed=frozenset(self._spec.model_endpoints),
-                trusted_hosts=trusted_hosts_from_env(os.environ),
+                trusted_hosts=self._trusted_hosts,
             ),
             rollout=self.sandbox_id,
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +21,9 @@ class InstallError(SandboxError):
     """OpenCode could not be installed (the sandbox cannot be made ready)."""
 
 
-def cache_root() -> Path:
-    configured = os.environ.get("OPENCODE_ENV_CACHE")
+def cache_root(configured: str | Path = "") -> Path:
+    """Our caches: `configured` (the operator's OPENCODE_ENV_CACHE, passed down from the settings), else
+    ~/.cache/opencode-env."""
     return Path(configured) if configured else Path.home() / ".cache" / "opencode-env"
 
 
@@ -94,11 +94,12 @@ def _npm_install_once(base: Path, name: str, package: str, version: str) -> Path
     return prefix
 
 
-async def cached_tools() -> ProvidedTools:
-    """The tools the local backend provides: the cached OpenCode and this interpreter (for the proxy)."""
-    binary = await asyncio.to_thread(install_cached)
+async def cached_tools(root: Path | None = None) -> ProvidedTools:
+    """The tools the local backend provides: the OpenCode cached under `root` (default `cache_root()`) and this
+    interpreter (for the proxy)."""
+    binary = await asyncio.to_thread(install_cached, OPENCODE_VERSION, root)
     try:
-        config_deps: Path | None = await asyncio.to_thread(install_config_deps)
+        config_deps: Path | None = await asyncio.to_thread(install_config_deps, OPENCODE_VERSION, root)
     except InstallError as error:
         log.warning("OpenCode will try to fetch its plugin package at every start: %s", error)
         config_deps = None
