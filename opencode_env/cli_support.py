@@ -1,0 +1,44 @@
+"""What every `opencode-env` command shares: the operator's settings loaded once, progress on stderr, a result's
+summary, and what each backend needs."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from opencode_env.sandbox import BACKENDS
+from opencode_env.settings import Settings
+from opencode_env.wire.models import Phase, RolloutResult
+from opencode_env.wire.summary import result_summary
+
+
+def settings_or_exit() -> Settings:
+    """The operator's settings, loaded once by the command that needs them; a refused one ends it with its name."""
+    try:
+        return Settings.load()
+    except ValidationError as error:
+        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
+
+
+def progress_to_stderr(phase: Phase, message: str) -> None:
+    print(f"[{phase}] {message}", file=sys.stderr, flush=True)
+
+
+def summarize(result: RolloutResult) -> str:
+    """The result's summary, then what a trainer must know: how much of the agent's tokens each export carries, and
+    the result's warnings."""
+    from opencode_env.training.sequences import training_summary
+
+    lines = [result_summary(result)]
+    coverage = training_summary(result).coverage if result.proxy_turns else None
+    if coverage is not None:
+        lines.append(f"coverage:   {coverage.text()}")
+    lines += [f"warning:    {warning}" for warning in result.warnings]
+    return "\n".join(lines)
+
+
+def needs(names: Sequence[str]) -> str:
+    return "; ".join(f"{name} needs {BACKENDS[name].needs}" for name in names)

@@ -1,0 +1,221 @@
+"""`opencode-env run`: one rollout from flags, a request file or a Harbor task directory; the result as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from opencode_env.cli_support import needs, progress_to_stderr, settings_or_exit, summarize
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox import (
+    EMBEDDED,
+    backend_names,
+    make_backend,
+)
+from opencode_env.wire.models import RolloutRequest
+
+RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
+from --instruction / --instruction-file, or from --task DIR; each flag given beside it replaces that field (--file
+and --verify-file add paths, replacing those the request already has). A field no one sets keeps the request's own
+default. The API key comes from --api-key-env VAR, else from the request file if it holds one, else from the
+endpoint's variables on this machine; it is never printed. With --solution (or a request file holding a
+`solution`) the commands run in place of the agent: an oracle run, which needs no model."""
+
+
+FILE_FLAGS = {"files": "--file", "verify_files": "--verify-file"}
+"""The flags that add files to the request; every other flag whose dest is a request field sets that field."""
+
+
+class RunArgumentError(Exception):
+    """A `run` flag that cannot be used as given; the message names the flag."""
+
+
+def _sandbox_file(value: str) -> tuple[str, str]:
+    """An argparse type for `PATH=LOCALFILE`: (PATH, the local file's text); argparse names the flag on a failure."""
+    path, equals, local = value.partition("=")
+    if not equals or not path or not local:
+        raise argparse.ArgumentTypeError(f"{value[:200]!r} is not PATH=LOCALFILE (a path in the sandbox=a file here)")
+    return path, _read_text(Path(local))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror or error}") from error
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise argparse.ArgumentTypeError(
+            f"{path} is not UTF-8 text (byte {error.start}): a request carries text files only"
+        ) from error
+
+
+def _text_argument(value: str) -> str:
+    return _read_text(Path(value))
+
+
+def _request_file(value: str) -> dict[str, Any]:
+    """An argparse type for --request: the file's JSON object (validated as a request once the flags are merged)."""
+    text = _read_text(Path(value))
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{value} is not JSON: {error.msg} (line {error.lineno})") from error
+    if not isinstance(fields, dict):
+        raise argparse.ArgumentTypeError(f"{value} holds JSON {type(fields).__name__}, not a RolloutRequest object")
+    return fields
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    help_text = f"where the rollout runs ({needs(backend_names())})"
+    parser.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help=help_text)
+    model = parser.add_argument_group("the model (or the VLLM_URL / OPENAI_* / HF_* variables of an --endpoint)")
+    model.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], help="a named endpoint")
+    model.add_argument("--base-url", help="an OpenAI-compatible base URL, e.g. http://gpu:8000/v1")
+    model.add_argument("--model", help="the model id the endpoint serves")
+    model.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
+    parser.add_argument(
+        "--request", type=_request_file, metavar="FILE.json", help="a whole RolloutRequest as JSON; flags beside it win"
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--instruction", help="the task for the agent")
+    source.add_argument("--instruction-file", type=_text_argument, help="a file holding the task for the agent")
+    source.add_argument("--task", type=Path, metavar="DIR", help="a Harbor task directory (its image built once)")
+    parser.add_argument("--oracle", action="store_true", help="with --task: run its solution/solve.sh, no agent")
+    parser.add_argument("--image", help="the sandbox's image (see RolloutRequest.image)")
+    parser.add_argument("--workdir", help="the agent's work dir (default /home/user/workdir)")
+    parser.add_argument("--setup", action="append", metavar="CMD", help="a setup command (repeat)")
+    parser.add_argument("--verify", action="append", metavar="CMD", help="a verify command (repeat)")
+    parser.add_argument(
+        "--solution", action="append", metavar="CMD", help="a solution command (repeat): an oracle run, no model"
+    )
+    parser.add_argument(
+        "--file",
+        dest="files",
+        action="append",
+        type=_sandbox_file,
+        metavar="PATH=LOCALFILE",
+        help="write LOCALFILE's text to PATH in the sandbox before setup (relative to the work dir, or absolute)",
+    )
+    parser.add_argument(
+        "--verify-file",
+        dest="verify_files",
+        action="append",
+        type=_sandbox_file,
+        metavar="PATH=LOCALFILE",
+        help="a protected file written to PATH just before verify; the agent never sees it",
+    )
+    parser.add_argument("--task-id", help="your label for the task, echoed in the result")
+    parser.add_argument("--mode", choices=["transparent_proxy", "black_box"], help="capture or not")
+    parser.add_argument("--network", choices=["internet", "model_only"], help="the sandbox's way out")
+    parser.add_argument(
+        "--agent-timeout", dest="agent_timeout_s", type=float, metavar="S", help="the agent's time limit"
+    )
+    parser.add_argument(
+        "--setup-timeout", dest="setup_timeout_s", type=float, metavar="S", help="each setup command's limit"
+    )
+    parser.add_argument(
+        "--verify-timeout", dest="verify_timeout_s", type=float, metavar="S", help="each verify command's limit"
+    )
+    parser.add_argument("--max-tokens-cap", type=int, metavar="N", help="max_tokens per model call")
+    parser.add_argument("--top-logprobs", type=int, metavar="K", help="alternatives kept per token")
+    parser.add_argument("--disable-thinking", action=argparse.BooleanOptionalAction, help="enable_thinking=false")
+    parser.add_argument("--template", help="an E2B template (an alias of --image there)")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="write the result JSON here instead of stdout")
+
+
+def _given_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The request fields the flags set (None: not given); the API key from --api-key-env when given."""
+    fields = {
+        name: value
+        for name, value in vars(args).items()
+        if name in RolloutRequest.model_fields and name not in FILE_FLAGS and value is not None
+    }
+    if args.instruction_file is not None:
+        fields["instruction"] = args.instruction_file
+    if args.api_key_env:
+        if args.api_key_env not in os.environ:
+            raise RunArgumentError(f"--api-key-env names {args.api_key_env}, which is not set")
+        fields["api_key"] = os.environ[args.api_key_env]
+    return fields
+
+
+def _with_files(fields: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """`fields` with the --file / --verify-file paths added (a path given twice is a mistake, not a choice)."""
+    for name, flag in FILE_FLAGS.items():
+        given: list[tuple[str, str]] = getattr(args, name) or []
+        paths = [path for path, _ in given]
+        twice = sorted({path for path in paths if paths.count(path) > 1})
+        if twice:
+            raise RunArgumentError(f"{flag} gives {', '.join(twice)} more than once")
+        if given:
+            fields[name] = {**(fields.get(name) or {}), **dict(given)}
+    return fields
+
+
+def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
+    given = _given_fields(args)
+    if args.task is not None:
+        if args.request is not None:
+            raise RunArgumentError("--request and --task each give the whole task: give one")
+        return _request_from_task(args, given)
+    if args.oracle:
+        raise RunArgumentError("--oracle runs a task directory's solution: give --task DIR (or --solution CMD)")
+    if args.request is None and "instruction" not in given:
+        raise RunArgumentError("say what to run: --instruction, --instruction-file, --task DIR or --request FILE.json")
+    return RolloutRequest.model_validate(_with_files({**(args.request or {}), **given}, args))
+
+
+def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> RolloutRequest:
+    from opencode_env.tasks.harbor import request_from_task_dir
+
+    task = request_from_task_dir(args.task, oracle=args.oracle, **given)
+    if not (args.files or args.verify_files):
+        return task
+    return RolloutRequest.model_validate(_with_files(task.model_dump(), args))
+
+
+def _validation_message(error: ValidationError) -> str:
+    problems = [f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors()]
+    return "invalid request: " + "; ".join(problems)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from opencode_env.tasks import ImageBuildError, TaskFormatError
+
+    try:
+        request = _request_from_args(args)
+    except ValidationError as error:
+        print(f"opencode-env: {_validation_message(error)}", file=sys.stderr)
+        return 2
+    except (TaskFormatError, ImageBuildError) as error:
+        print(f"opencode-env: {error}", file=sys.stderr)
+        return 2
+    except RunArgumentError as error:
+        print(f"opencode-env run: {error}", file=sys.stderr)
+        return 2
+    result = asyncio.run(
+        run_rollout(request, make_backend(args.backend, settings_or_exit()), progress=progress_to_stderr)
+    )
+    if args.out is not None:
+        args.out.write_text(result.model_dump_json(indent=2))
+        print(summarize(result), file=sys.stderr)
+    else:
+        print(result.model_dump_json(indent=2))
+    if result.status == "invalid_request":
+        hint = (
+            " (on the command line: --base-url and --model, or --endpoint)"
+            if "base_url" in (result.error or "")
+            else ""
+        )
+        print(f"opencode-env run: {result.error}{hint}", file=sys.stderr)
+        return 2
+    return 0 if result.status == "completed" else 1
