@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opencode_env.sandbox.base import Sandbox
+from opencode_env.sandbox.base import RolloutSandbox, Sandbox
 from opencode_env.training.attribution import OpenCodeStore, StoredStep
 
 DATABASE = "opencode.db"
@@ -91,7 +91,7 @@ def _step(session: str, created: Any, data: Any) -> StoredStep | None:
     )
 
 
-async def attribution_store(sandbox: Sandbox) -> tuple[OpenCodeStore | None, str | None]:
+async def attribution_store(sandbox: RolloutSandbox) -> tuple[OpenCodeStore | None, str | None]:
     """The store where it can decide attribution (the agent's tools could not have written it), else why not."""
     if not sandbox.opencode_isolated:
         return None, "the agent's tools can write OpenCode's store on this backend: attributed by headers only"

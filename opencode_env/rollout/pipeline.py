@@ -25,6 +25,7 @@ from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_pro
 from opencode_env.rollout.verify_phase import close_quietly, verify
 from opencode_env.sandbox.base import (
     WORKDIR,
+    RolloutSandbox,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -168,7 +169,7 @@ async def _create_sandbox(
     result: RolloutResult,
     deadline: Deadline,
     progress: ProgressCallback | None,
-) -> Sandbox:
+) -> RolloutSandbox:
     if progress is not None:
         outcome = progress("sandbox", f"creating a {backend.name} sandbox")
         if outcome is not None:

@@ -12,7 +12,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.opencode import UPSTREAM_KEY_VAR
-from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, Sandbox, SandboxError
+from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, RolloutSandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 from opencode_env.settings import Settings
 from opencode_env.wire.models import RolloutRequest, RolloutTurn
@@ -78,7 +78,7 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, setti
 
 
 async def start_proxy(
-    sandbox: Sandbox, upstream: Upstream, request: RolloutRequest, settings: Settings, budget_s: float
+    sandbox: RolloutSandbox, upstream: Upstream, request: RolloutRequest, settings: Settings, budget_s: float
 ) -> ProxyHandle:
     """Start the proxy; returns once it listens, before it is fully up (see wait_healthy)."""
     launch = proxy_launch(sandbox.tools.python or "python3", upstream, request, settings)

@@ -12,7 +12,7 @@ from typing import TypeVar
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
-    Sandbox,
+    RolloutSandbox,
     SandboxBackend,
     SandboxSpec,
 )
@@ -42,7 +42,7 @@ class PhaseFailure(Exception):
 class RolloutState:
     request: RolloutRequest
     upstream: Upstream
-    sandbox: Sandbox
+    sandbox: RolloutSandbox
     result: RolloutResult
     deadline: Deadline
     progress: ProgressCallback | None

@@ -1,4 +1,5 @@
-"""The sandbox seam: what the pipeline needs from any backend (local bubblewrap, E2B, a test fake).
+"""The sandbox seam: what the pipeline needs from any backend (local bubblewrap, E2B, Hugging Face, a test fake):
+the narrow core (`Sandbox`) and what a rollout needs beyond it (`RolloutSandbox`).
 
 A command's own failure is a `CommandResult` (exit code, output), never an exception; `SandboxError` means the
 sandbox itself could not be created or reached.
@@ -137,16 +138,15 @@ class BackgroundProcess(Protocol):
 
 
 class Sandbox(Protocol):
+    """The core every backend gives, whatever isolates it (Harbor's `BaseEnvironment` in spirit): run a command (a
+    result, never an exception for a non-zero exit), start one in the background, move files, close. Reading the
+    reward, collecting files, copying a work dir and checking OpenCode's store need nothing more."""
+
     sandbox_id: str
     backend: str
     tools: ProvidedTools
-    enforcement: dict[str, str]
-    """What isolation and limits are active (for the result): e.g. {"limits": "cgroup v1", "disk": "loop ext4"}."""
     opencode_data_dir: str
     """Where OpenCode keeps its sessions and logs (its XDG_DATA_HOME)."""
-    opencode_isolated: bool
-    """True where the agent's tools can neither write OpenCode's data nor call the proxy as OpenCode (the local
-    backend): OpenCode's own store then decides which session a call belongs to."""
 
     async def run(
         self,
@@ -169,12 +169,36 @@ class Sandbox(Protocol):
 
     async def write_file(self, path: str, data: str | bytes) -> None: ...
 
-    async def write_control_file(self, name: str, data: str) -> str:
-        """A file task commands can read but not change (the agent's config, the instruction); returns its path."""
+    async def read_file(self, path: str) -> bytes:
+        """The file's bytes; raises FileNotFoundError when it does not exist."""
         ...
 
     async def read_tail(self, path: str, limit: int) -> bytes:
         """The file's last `limit` bytes; raises FileNotFoundError when it does not exist or is not a plain file."""
+        ...
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        """Regular files under root (paths relative to it), at most `limit` of them."""
+        ...
+
+    async def close(self) -> None:
+        """Kill every process and release the sandbox; safe to call twice."""
+        ...
+
+
+class RolloutSandbox(Sandbox, Protocol):
+    """What a rollout needs beyond the core, where how a backend isolates decides how it is done: the local backend
+    does these from the host side (outside every namespace of the sandbox), a cloud VM through its root, written once
+    for every cloud backend (`sandbox.cloud.sandbox.CloudSandbox`)."""
+
+    enforcement: dict[str, str]
+    """What isolation and limits are active (for the result): e.g. {"limits": "cgroup v1", "disk": "loop ext4"}."""
+    opencode_isolated: bool
+    """True where the agent's tools can neither write OpenCode's data nor call the proxy as OpenCode (the local
+    backend): OpenCode's own store then decides which session a call belongs to."""
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        """A file task commands can read but not change (the agent's config, the instruction); returns its path."""
         ...
 
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
@@ -189,18 +213,6 @@ class Sandbox(Protocol):
 
     def limits_hit(self) -> list[LimitHit]:
         """Resource limits the sandbox enforced so far ('memory', 'processes', 'disk')."""
-        ...
-
-    async def read_file(self, path: str) -> bytes:
-        """The file's bytes; raises FileNotFoundError when it does not exist."""
-        ...
-
-    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
-        """Regular files under root (paths relative to it), at most `limit` of them."""
-        ...
-
-    async def close(self) -> None:
-        """Kill every process and release the sandbox; safe to call twice."""
         ...
 
 
@@ -244,7 +256,7 @@ class OpenSandboxes:
 class SandboxBackend(Protocol):
     name: str
 
-    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+    async def create(self, spec: SandboxSpec) -> RolloutSandbox: ...
 
     async def close_all(self) -> int:
         """Close every sandbox this backend still has open (server shutdown); returns how many."""
