@@ -7,15 +7,18 @@ import socket
 from collections.abc import Sequence
 
 import pytest
+from fastmcp import Client
 
 from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
+from opencode_env.sandbox.listening import listening_ports, listening_ports_in
 from opencode_env.settings import Settings
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire.models import RolloutRequest, RolloutResult
 from tests.server_app import runtime_for
 from tests.stub_backend import StubBackend
+from tests.stub_server import stub_arguments, stub_server
 
 NAMES = {
     "api.example.com": ["93.184.216.34"],
@@ -33,7 +36,7 @@ def resolve(host: str, port: int) -> Sequence[IPAddress]:
 
 
 def policy(allow: str = "", *, own_ports: frozenset[int] = frozenset({8000}), local: bool = False) -> UpstreamPolicy:
-    base = UpstreamPolicy.configured(allow, own_ports, callers_are_local=local)
+    base = UpstreamPolicy.configured(allow, lambda: own_ports, callers_are_local=local)
     return UpstreamPolicy(base.allowed, base.own_ports, resolve, lambda: THIS_MACHINE)
 
 
@@ -99,7 +102,7 @@ async def test_a_refused_url_ends_the_rollout_as_an_invalid_request_before_any_s
     try:
         backend = StubBackend()
         request = RolloutRequest(base_url=f"http://127.0.0.1:{port}/v1", model="m", instruction="x")
-        strict = UpstreamPolicy.configured("", frozenset({8000}))
+        strict = UpstreamPolicy.configured("", lambda: frozenset({8000}))
         result = await run_rollout(request, backend, upstream_policy=strict)
         assert (result.status, result.failed_phase) == ("invalid_request", "validate")
         assert "base_url" in (result.error or "")
@@ -156,3 +159,38 @@ async def test_the_servers_key_never_meets_a_callers_root_in_a_shared_vm(
     assert as_user.status != "invalid_request", as_user.error
     in_process = await run_rollout(request, backend)
     assert in_process.status != "invalid_request", in_process.error
+
+
+def test_the_ports_this_process_listens_on_are_read_from_the_kernel() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        assert port not in listening_ports()
+        listener.listen()
+        assert port in listening_ports()
+    assert port not in listening_ports()
+
+
+def test_a_tcp_table_is_read_for_listening_sockets_of_this_process_only() -> None:
+    table = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1\n"
+        "   1: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1\n"
+        "   2: 0100007F:1F92 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 333 1\n"
+    )
+    assert listening_ports_in([table], frozenset({111, 333})) == {8080}
+
+
+async def test_a_caller_cannot_point_a_rollout_at_the_server_it_calls_whatever_port_it_listens_on() -> None:
+    """The issue's attack: a server started on a port other than PORT (here one the OS picked), no token, so
+    loopback is allowed; a caller names the server itself as its model."""
+    with stub_server(command_s=0.0) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        assert port != Settings.load().port
+        arguments = {**stub_arguments("inward"), "base_url": f"http://127.0.0.1:{port}/v1", "mode": "transparent_proxy"}
+        async with Client(f"{server.url}/mcp") as client:
+            answer = await client.call_tool("run_rollout", arguments)
+        result = RolloutResult.model_validate(answer.structured_content)
+        assert result.status == "invalid_request"
+        assert "this server itself" in (result.error or "")
+        assert server.backend.created == 0

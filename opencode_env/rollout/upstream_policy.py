@@ -3,7 +3,8 @@
 URLs the operator configured (the server's environment, the endpoint catalog's defaults) are trusted as they are.
 A base URL a caller sends to a server is checked: its host must be on the operator's allow-list
 (`OPENCODE_ENV_UPSTREAM_ALLOW`: hosts, host:port pairs or networks, comma-separated), or every address it resolves
-to must be public and none of this machine's; the server's own port is never a target. A server that serves only
+to must be public and none of this machine's; the server's own ports (every port its process listens on, read from
+the kernel, and the one it was configured with) are never a target. A server that serves only
 callers on its own machine (no token) allows loopback when no list is set: such a caller reaches loopback anyway.
 In-process (the library, run by the operator) there is no caller to distrust and nothing is checked.
 """
@@ -79,12 +80,15 @@ LOOPBACK = AllowList(
 @dataclass(frozen=True)
 class UpstreamPolicy:
     allowed: AllowList = field(default_factory=AllowList)
-    own_ports: frozenset[int] = frozenset()
+    own_ports: Callable[[], frozenset[int]] = frozenset
+    """The server's own ports at the time of a check (it may listen on more than it was configured with)."""
     resolve: Resolver = system_resolver
     host_networks: Callable[[], frozenset[IPNetwork]] = read_host_networks
 
     @classmethod
-    def configured(cls, allow: str, own_ports: frozenset[int], *, callers_are_local: bool = False) -> UpstreamPolicy:
+    def configured(
+        cls, allow: str, own_ports: Callable[[], frozenset[int]], *, callers_are_local: bool = False
+    ) -> UpstreamPolicy:
         """The operator's allow-list (OPENCODE_ENV_UPSTREAM_ALLOW's text); with none, loopback too when every
         caller is on this machine."""
         allowed = AllowList.parse(allow) if allow or not callers_are_local else LOOPBACK
@@ -102,7 +106,7 @@ class UpstreamPolicy:
         except OSError as error:
             raise UpstreamRefused(f"base_url: cannot resolve {host!r}: {error}") from error
         local = self.host_networks()
-        if port in self.own_ports and any(within(a, local) for a in addresses):
+        if port in self.own_ports() and any(within(a, local) for a in addresses):
             raise UpstreamRefused(f"base_url: {host}:{port} is this server itself, never a model endpoint")
         if not self.allowed.admits(host, port, addresses):
             for address in addresses:
