@@ -4,12 +4,13 @@ rollout cost the server in memory? Over the standard MCP transport (MCP sessions
 OpenEnv's WebSocket (/ws, the protocol opencode_env's client speaks).
 
     uv run python -m bench.server_load [--levels 64,256,1000] [--transports mcp,ws] [--calls-per-session 8]
-        [--rounds 1] [--compare served,gc-defaults --repeats 3]
+        [--rounds 1] [--compare served,gc-defaults,older@/path/to/a/checkout --repeats 3]
 
 Each (transport, level) gets a fresh server process (bench.load_server) with the rollout cap raised to the level, so
 that memory one level leaves behind does not hide the next level's growth. A level is how many calls are in flight
 at once; with --rounds N each of them is followed by the next as soon as it returns, N times. With --compare, each
-named variant of the server (see VARIANTS) runs at each level, interleaved, --repeats times, and a table prints
+named variant of the server (see VARIANTS; `NAME@DIR` is the server of another checkout of this repository, run
+from DIR with this virtualenv) runs at each level, interleaved, --repeats times, and a table prints
 them side by side: the server's CPU per call, the latency the server added to a call (the caller's wall time less
 the rollout's own `wall_s`), p50 and p99, and the server's peak RSS, each also as a ratio to the first variant.
 
@@ -32,7 +33,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,12 +139,23 @@ def load_1m() -> float:
 
 
 @contextmanager
-def server_process(max_rollouts: int, switches: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+def server_process(
+    max_rollouts: int, switches: dict[str, str] | None = None, checkout: str | None = None
+) -> Iterator[tuple[str, int]]:
+    """A bench.load_server process; from `checkout` (a directory: `python -m` puts it first on the path) when given."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "bench.load_server", str(port), str(max_rollouts)]
-    with running_server(argv, f"{url}/bench/lag", env={**os.environ, **(switches or {})}) as pid:
+    env = {**os.environ, **(switches or {})}
+    with running_server(argv, f"{url}/bench/lag", env=env, cwd=checkout) as pid:
         yield url, pid
+
+
+def variant_server(variant: str, level: int) -> AbstractContextManager[tuple[str, int]]:
+    name, _, checkout = variant.partition("@")
+    if checkout:
+        return server_process(level, checkout=checkout)
+    return server_process(level, VARIANTS[name])
 
 
 def outcome_of(error: BaseException) -> str:
@@ -363,7 +375,7 @@ def compare(transports: list[str], levels: list[int], variants: list[str], repea
         for transport, level in itertools.product(transports, levels):
             shift = repeat % len(variants)  # each variant runs first as often as the others
             for variant in variants[shift:] + variants[:shift]:
-                with server_process(level, VARIANTS[variant]) as (url, pid):
+                with variant_server(variant, level) as (url, pid):
                     measured = asyncio.run(measure(url, pid, transport, level, **how))
                 runs.setdefault((transport, level, variant), []).append(measured)
                 print(
@@ -381,7 +393,7 @@ def compare(transports: list[str], levels: list[int], variants: list[str], repea
         for variant in variants:
             row = Figures.of(runs[transport, level, variant])
             cells = "".join(_cell(getattr(row, name), getattr(base, name)) for name in FIGURES)
-            print(f"{variant:>14}{cells}{row.failed:>7}")
+            print(f"{variant.partition('@')[0]:>14}{cells}{row.failed:>7}")
 
 
 def _cell(value: float, base: float) -> str:

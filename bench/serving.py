@@ -20,12 +20,17 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(
-    argv: list[str], ready_url: str, *, env: Mapping[str, str] | None = None, quiet: bool = False
+    argv: list[str],
+    ready_url: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    cwd: str | None = None,
 ) -> Iterator[int]:
     """Start `argv`, wait until `ready_url` answers 200 (at most 120 s), yield its pid; stop it on the way out
     (killed if it takes over 90 s)."""
     output = subprocess.DEVNULL if quiet else None
-    server = subprocess.Popen(argv, env=env, stdout=output, stderr=output)
+    server = subprocess.Popen(argv, env=env, stdout=output, stderr=output, cwd=cwd)
     try:
         deadline = time.monotonic() + 120
         while not _answers(ready_url):
