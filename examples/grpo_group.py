@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 
 from opencode_env import OpenCodeEnv, RolloutRequest, RolloutResult
@@ -58,9 +59,9 @@ def describe(index: int, result: RolloutResult) -> str:
 
 
 async def run_group(server: str, request: RolloutRequest, size: int) -> list[RolloutResult]:
-    results: list[RolloutResult] = await OpenCodeEnv(base_url=server).run_rollouts(
-        [request] * size, max_concurrency=4, progress=False
-    )
+    # Connecting first fails at once, saying what to start, when no server listens there.
+    async with OpenCodeEnv(base_url=server) as env:
+        results: list[RolloutResult] = await env.run_rollouts([request] * size, max_concurrency=4, progress=False)
     return results
 
 
@@ -85,7 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             verify=DEMO_VERIFY,
             task_id="grpo_add",
         )
-        results = asyncio.run(run_group(args.server, request, args.size))
+        try:
+            results = asyncio.run(run_group(args.server, request, args.size))
+        except ConnectionError as error:
+            print(f"grpo_group: {error}", file=sys.stderr)
+            return 2
 
     for index, result in enumerate(results):
         print(describe(index, result))

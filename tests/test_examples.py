@@ -53,11 +53,12 @@ def test_quickstart(server_url: str, no_leaks: None) -> None:
     assert "aligned:    yes" in done.stdout
 
 
-def test_quickstart_without_a_server_says_how_to_start_one() -> None:
+@pytest.mark.parametrize("example", ["quickstart.py", "grpo_group.py"])
+def test_an_example_without_a_server_says_how_to_start_one(example: str) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    done = run_example("quickstart.py", nobody)
+    done = run_example(example, nobody)
     assert done.returncode == 2
     assert "Start one with `opencode-env serve`" in done.stderr
     assert "Traceback" not in done.stderr
