@@ -17,8 +17,8 @@ from pydantic import Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from opencode_env.sandbox.registry import BackendName
-
+BackendName = Literal["auto", "local", "e2b", "hf"]
+"""Where rollouts run: a backend of the sandbox registry, or `auto` (the registry decides)."""
 LOWER_CASE_TOO = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
 """Read in either case, as curl reads them."""
 Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network"]

@@ -50,6 +50,7 @@ QUICK_MODULES = frozenset(
         "test_settings.py",
         "test_sampling_warnings.py",
         "test_steps_coverage.py",
+        "test_import_graph.py",
     }
 )
 """The quick tier (`./dev test --quick`, `-m quick`): the unit tests, the contract suite over every backend, and one

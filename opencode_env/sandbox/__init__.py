@@ -8,7 +8,6 @@ from opencode_env.sandbox.registry import (
     BACKENDS,
     EMBEDDED,
     HF_OPT_IN_VAR,
-    BackendName,
     BackendSpec,
     Preflighted,
     RunsPreflight,
@@ -24,6 +23,7 @@ from opencode_env.sandbox.registry import (
     reapable_names,
     resolve_backend_name,
 )
+from opencode_env.settings import BackendName
 
 __all__ = [
     "AUTO",

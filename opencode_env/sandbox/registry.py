@@ -17,15 +17,11 @@ import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.settings import Settings
 
-if TYPE_CHECKING:
-    # Settings names BackendName: imported at run time only where a caller passed no settings (see _loaded).
-    from opencode_env.settings import Settings
-
-BackendName = Literal["auto", "local", "e2b", "hf"]
 AUTO = "auto"
 EMBEDDED = "local"
 """The backend that runs on this machine with nothing to configure: used when a caller names none."""
@@ -33,7 +29,7 @@ HF_OPT_IN_VAR = "OPENCODE_ENV_HF_SANDBOXES"
 E2B_CONCURRENCY = 16
 """Below OPENCODE_ENV_E2B_MAX_SANDBOXES's default of 20 (E2B's free-tier cap)."""
 
-Reaper = Callable[["Settings", float], Awaitable[list[str]]]
+Reaper = Callable[[Settings, float], Awaitable[list[str]]]
 """Kills the sandboxes a backend tagged (with the credentials in the settings) that have lived longer than the given
 seconds; returns their ids."""
 
@@ -91,11 +87,7 @@ def per_cpu_concurrency() -> int:
 
 def _loaded(settings: Settings | None) -> Settings:
     """`settings`, else this process's environment's."""
-    if settings is not None:
-        return settings
-    from opencode_env.settings import Settings
-
-    return Settings.load()
+    return settings if settings is not None else Settings.load()
 
 
 def _build_local(settings: Settings) -> SandboxBackend:
