@@ -1,6 +1,7 @@
 """The server: `create_app(runtime)` composes, by path, the standard MCP transport (`/mcp`, `/mcp/stream`), our
 `/metadata` and `/web`, and OpenEnv's app as OpenEnv builds it (`create_app`: `/ws`, `/mcp` over WebSocket,
-`/reset`, `/step`, `/state`, `/schema`, `/health`, its docs) under everything else; one access rule in front.
+`/reset`, `/step`, `/state`, `/schema`, `/health`, its docs) for every path none of those takes; one access rule in
+front.
 
 `app` is what `uvicorn server.app:app` and `main()` serve: it answers `/health` and `/ready` from its first moment
 while the real app is built (`server.staged`) from this process's settings.
@@ -88,7 +89,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.router.routes.extend(Route(path, endpoint) for path in MCP_PATHS)
     if rollouts.runs is not None:
         app.include_router(web_router(rollouts.runs, rollouts.run_recorded))
-    app.mount("/", CancelOnDisconnect(openenv, replies))
+    # OpenEnv's app answers whatever no route here matches (its own routes, its docs, its 404s); as the router's
+    # fallback rather than a catch-all mount, so that a route added to this app later still comes first.
+    app.router.default = CancelOnDisconnect(openenv, replies)
     app.add_middleware(AccessGate, policy=runtime.access)
     _log_start(runtime)
     return app

@@ -174,3 +174,18 @@ def test_serve_help_explains_the_access_token(capsys: pytest.CaptureFixture[str]
     assert "OPENCODE_ENV_TOKEN" in text
     assert "Authorization: Bearer" in text
     assert "OPENCODE_ENV_ALLOW_UNAUTHENTICATED" in text
+
+
+async def test_a_route_added_to_the_built_app_comes_before_openenvs() -> None:
+    app = app_for(token="")
+
+    @app.get("/extra")
+    def extra() -> dict[str, str]:
+        return {"served": "here"}
+
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        assert (await client.get("/extra")).json() == {"served": "here"}
+        assert (await client.get("/health")).json()["status"] == "healthy"
+        assert (await client.get("/schema")).status_code == 200
+        assert (await client.get("/nowhere")).status_code == 404
