@@ -29,6 +29,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from opencode_env.training.attribution import SESSION_HEADER
 from opencode_env.wire.models import CommandResult, LimitHit
 from tests.stub_backend import MemoryFiles, StubProcess
 
@@ -54,6 +55,9 @@ class TraceShape:
     tool_output_tokens: int = 300
     completion_tokens: int = 150
     top_logprobs: int = 5
+
+
+SESSION = "ses_latency"
 
 
 def synthetic_trace(shape: TraceShape, seed: int) -> bytes:
@@ -88,6 +92,8 @@ def synthetic_trace(shape: TraceShape, seed: int) -> bytes:
             "aligned": True,
             "prompt_base": prompt_base,
             "prompt_token_ids": new_ids,
+            # OpenCode's own calls name its session (a call without one is unattributed and never trained).
+            "headers": {SESSION_HEADER: SESSION},
         }
         lines.append(json.dumps(record))
     return ("\n".join(lines) + "\n").encode()
@@ -150,6 +156,7 @@ class LatencySandbox(MemoryFiles):
     backend = "latency"
     enforcement: dict[str, str] = {}  # noqa: RUF012 - read-only, shared by every sandbox
     opencode_data_dir = OPENCODE_DATA_DIR
+    opencode_isolated = False
 
     def __init__(
         self, sandbox_id: str, latencies: Latencies, left_behind: AgentRecord, seed: int, registry: OpenSandboxes

@@ -21,12 +21,11 @@ import asyncio
 import cProfile
 import gc
 import itertools
-import json
 import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -34,16 +33,14 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import SecretStr
 
-from bench.latency_backend import LatencyBackend, LatencySandbox
+from bench.latency_backend import LatencyBackend
 from opencode_env.settings import Settings
-from opencode_env.training.attribution import SESSION_HEADER
 from server import heap
 from server.app import UVICORN_OPTIONS, create_app
 from server.rollouts import Rollouts
 from server.runtime import Runtime
 
 TICK_S = 0.010
-BENCH_SESSION = "ses_bench"
 
 
 @dataclass
@@ -100,22 +97,10 @@ def rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def latency_backend() -> LatencyBackend:
-    """bench.latency_backend brought up to the pipeline's present contract: its sandboxes say they are not isolated
-    from their agent (as the stub's), and its trace's calls name OpenCode's session, as OpenCode's own do (without
-    it every call is unattributed and each rollout ends as an agent_error)."""
-    LatencySandbox.opencode_isolated = False  # type: ignore[attr-defined]
-    backend = LatencyBackend()
-    record = backend._left_behind
-    turns = [{**json.loads(line), "headers": {SESSION_HEADER: BENCH_SESSION}} for line in record.trace.splitlines()]
-    backend._left_behind = replace(record, trace=("\n".join(map(json.dumps, turns)) + "\n").encode())
-    return backend
-
-
 def bench_app(max_rollouts: int) -> FastAPI:
     runtime = Runtime.build(
         Settings.load().model_copy(update={"token": SecretStr("")}),
-        backend=latency_backend(),
+        backend=LatencyBackend(),
         max_rollouts=max_rollouts,
         keep_results=False,
     )

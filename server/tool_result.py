@@ -1,15 +1,17 @@
 """A rollout's result in the two forms the server answers with.
 
 Both are built off the event loop by their callers (`asyncio.to_thread`): a result with its turns' token ids and
-logprobs is a few hundred kilobytes of JSON, and converting it costs milliseconds of CPU that every other caller of
-the server would otherwise wait behind.
+logprobs is a few hundred kilobytes of JSON. The observation's text is the structured content encoded by orjson:
+`python -m bench.answer_encoding` measured it at 0.08x / 0.14x the standard library's `json.dumps` (0.26 against
+3.22 ms for a 184 KB result, 1.71 against 12.35 ms for 681 KB; medians of 15 interleaved runs on this 2-core
+machine), while for the object itself `model_dump(mode="json")` is as fast as any other way (1.00 / 0.99x).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
 
@@ -33,7 +35,7 @@ def session_tool_result(answer: ToolResult) -> dict[str, Any]:
     """For OpenEnv sessions (`/ws`, `/step`): the tool's answer as an observation's `result` carries it, in the
     shape OpenEnv's clients read: `data` the result as a JSON object (as FastMCP's client gives it), and the text
     block the whole result as JSON (programs, not chat models, call here)."""
-    text = json.dumps(answer.structured_content, allow_nan=False, separators=(",", ":"))
+    text = orjson.dumps(answer.structured_content).decode()
     return {
         "content": [{"type": "text", "text": text, "annotations": None, "meta": None}],
         "structured_content": answer.structured_content,
