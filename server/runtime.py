@@ -13,7 +13,7 @@ from fastmcp import FastMCP
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import UnknownBackend, backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.sandbox.listening import listening_ports
+from opencode_env.sandbox.listening import ListeningPorts
 from opencode_env.settings import Settings
 from opencode_env.viewer.runs import ResultsDir, Runs
 from opencode_env.wire.version import VERSION
@@ -52,10 +52,9 @@ class Runtime:
             risk=backend_risk(backend),
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
+        listening = ListeningPorts()
         upstream_policy = UpstreamPolicy.configured(
-            settings.upstream_allow,
-            lambda: listening_ports() | {settings.port},
-            callers_are_local=callers_are_local,
+            settings.upstream_allow, lambda: listening() | {settings.port}, callers_are_local=callers_are_local
         )
         results = ResultsDir.configured(settings.results_dir, settings.results_keep) if keep_results else None
         rollouts = Rollouts(

@@ -13,7 +13,7 @@ from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
-from opencode_env.sandbox.listening import listening_ports, listening_ports_in
+from opencode_env.sandbox.listening import ListeningPorts, listening_ports, listening_ports_in
 from opencode_env.settings import Settings
 from opencode_env.wire.models import RolloutRequest, RolloutResult
 from tests.server_app import runtime_for
@@ -194,3 +194,15 @@ async def test_a_caller_cannot_point_a_rollout_at_the_server_it_calls_whatever_p
         assert result.status == "invalid_request"
         assert "this server itself" in (result.error or "")
         assert server.backend.created == 0
+
+
+def test_a_reading_of_the_listening_ports_serves_until_it_is_old() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        cached, fresh = ListeningPorts(max_age_s=3600), ListeningPorts(max_age_s=0)
+        assert port in cached()
+        assert port in fresh()
+    assert port in cached()
+    assert port not in fresh()

@@ -5,10 +5,14 @@ every listener it runs beside (egress proxies, relays)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 LISTEN_STATE = "0A"
+READING_MAX_AGE_S = 5.0
+"""A reading costs ~9 ms here (every fd of the process, the whole TCP table), more with every connection; a server's
+ports do not change once it listens, so checks within a few seconds share one."""
 TCP_TABLES = (Path("/proc/self/net/tcp"), Path("/proc/self/net/tcp6"))
 FD_DIR = Path("/proc/self/fd")
 
@@ -46,3 +50,18 @@ def listening_ports() -> frozenset[int]:
         return listening_ports_in(tables, socket_inodes())
     except FileNotFoundError:
         return frozenset()
+
+
+class ListeningPorts:
+    """`listening_ports()`, read again only once the last reading is older than `max_age_s`."""
+
+    def __init__(self, max_age_s: float = READING_MAX_AGE_S) -> None:
+        self._max_age_s = max_age_s
+        self._read_at = float("-inf")
+        self._ports: frozenset[int] = frozenset()
+
+    def __call__(self) -> frozenset[int]:
+        now = time.monotonic()
+        if now - self._read_at > self._max_age_s:
+            self._ports, self._read_at = listening_ports(), now
+        return self._ports
