@@ -19,9 +19,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from opencode_env.wire.access import READY_PATH, STARTING
+
 log = logging.getLogger("opencode_env.server")
-STARTING = "the server is starting (loading its dependencies): retry in a few seconds"
-ANSWERED_AT_ONCE = ("/health", "/ready")
+ANSWERED_AT_ONCE = ("/health", READY_PATH)
 READY_WAIT_S = 120.0
 TRY_AGAIN_LATER = 1013
 DENIAL_EXTENSION = "websocket.http.response"
@@ -49,7 +50,7 @@ class StagedApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] == "http" and scope["path"] == "/ready":
+        if scope["type"] == "http" and scope["path"] == READY_PATH:
             await self._answer_readiness(send)
             return
         if self._app is None and scope.get("path") not in ANSWERED_AT_ONCE:

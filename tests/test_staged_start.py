@@ -79,11 +79,42 @@ async def test_a_request_that_waits_too_long_hears_that_the_server_is_starting()
         assert starting.status_code == 503
         assert "starting" in starting.json()["error"]
         assert starting.headers["retry-after"] == "2"
-        with pytest.raises(ConnectionError, match="starting"):
-            async with OpenCodeEnv(server.url) as env:
+        with pytest.raises(ConnectionError, match="still starting after 1 s"):
+            async with OpenCodeEnv(server.url, ready_timeout_s=1) as env:
                 await env.list_tools()
     finally:
         release.set()
+        server.stop()
+
+
+async def test_our_client_waits_for_a_loading_server_beyond_its_hold_and_its_connect_timeout() -> None:
+    """The server holds a request 0.3 s, the client's connect timeout is 0.5 s, the build takes 3 s: the client asks
+    /ready as its Retry-After says and calls once the tool can be called."""
+    release = threading.Event()
+    server = ThreadedServer(StagedApp(build_once_released(release), ready_wait_s=0.3))
+    server.start()
+    try:
+        threading.Timer(3.0, release.set).start()
+        async with OpenCodeEnv(server.url, connect_timeout_s=0.5, ready_timeout_s=60) as env:
+            assert release.is_set()
+            assert [tool.name for tool in await env.list_tools()] == ["run_rollout"]
+    finally:
+        release.set()
+        server.stop()
+
+
+async def test_our_client_hears_at_once_why_a_server_could_not_start() -> None:
+    def broken_build() -> Any:
+        raise RuntimeError("E2B_API_KEY is malformed")
+
+    server = ThreadedServer(StagedApp(broken_build))
+    server.start()
+    try:
+        wait_for_status(f"{server.url}/health", 503)
+        with pytest.raises(ConnectionError, match="E2B_API_KEY is malformed"):
+            async with OpenCodeEnv(server.url, ready_timeout_s=60) as env:
+                await env.list_tools()
+    finally:
         server.stop()
 
 

@@ -61,7 +61,9 @@ class OpenCodeEnv(OpenEnvSession):
         connect_timeout_s: float = 10.0,
         message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S,
         max_message_size_mb: float = 100.0,
+        ready_timeout_s: float = 300.0,
     ) -> None:
+        """`ready_timeout_s`: how long to wait for a server that is still loading (its /ready says so)."""
         resolved = token if token is not None else os.environ.get(TOKEN_VAR, "")
         super().__init__(
             base_url,
@@ -69,12 +71,14 @@ class OpenCodeEnv(OpenEnvSession):
             connect_timeout_s=connect_timeout_s,
             message_timeout_s=message_timeout_s,
             max_message_size_mb=max_message_size_mb,
+            ready_timeout_s=ready_timeout_s,
         )
         self._client_options: dict[str, Any] = {
             "token": resolved,
             "connect_timeout_s": connect_timeout_s,
             "message_timeout_s": message_timeout_s,
             "max_message_size_mb": max_message_size_mb,
+            "ready_timeout_s": ready_timeout_s,
         }
         self._sync_view: SyncView | None = None
 

@@ -17,7 +17,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from opencode_env.wire.access import READY_PATH, STARTING
+
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+DEFAULT_RETRY_AFTER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,27 @@ class Tool:
 
 class ServerError(RuntimeError):
     """The server answered with an error (a tool's failure, a bad action, a full server)."""
+
+
+def http_url(base_url: str) -> str:
+    parts = urlsplit(base_url.rstrip("/"))
+    scheme = {"wss": "https", "ws": "http"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, parts.path, "", ""))
+
+
+def _retry_after_s(header: str | None) -> float:
+    try:
+        return max(float(header or DEFAULT_RETRY_AFTER_S), 0.1)
+    except ValueError:
+        return DEFAULT_RETRY_AFTER_S
+
+
+def _reason(body: bytes) -> str:
+    try:
+        answer = json.loads(body or b"{}")
+    except ValueError:
+        return ""
+    return str(answer.get("error") or "") if isinstance(answer, dict) else ""
 
 
 def websocket_url(base_url: str) -> str:
@@ -46,20 +70,24 @@ class OpenEnvSession:
         connect_timeout_s: float = 10.0,
         message_timeout_s: float = 60.0,
         max_message_size_mb: float = 100.0,
+        ready_timeout_s: float = 300.0,
     ) -> None:
         self.base_url = base_url
         self._ws_url = websocket_url(base_url)
         self._token = token
         self._connect_timeout = connect_timeout_s
+        self._ready_timeout = ready_timeout_s
         self._message_timeout = message_timeout_s
         self._max_message_size = int(max_message_size_mb * 1024 * 1024)
         self._ws: ClientConnection | None = None
         self._lock = asyncio.Lock()
 
     async def connect(self) -> OpenEnvSession:
-        """Open the WebSocket, sending the bearer token when there is one."""
+        """Open the WebSocket, sending the bearer token when there is one; a server that is still loading is waited
+        for (see `wait_until_ready`)."""
         if self._ws is not None:
             return self
+        await self.wait_until_ready()
         headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
         try:
             self._ws = await ws_connect(
@@ -80,6 +108,36 @@ class OpenEnvSession:
         except (OSError, InvalidHandshake, TimeoutError) as error:
             raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
         return self
+
+    async def wait_until_ready(self) -> None:
+        """Ask the server's readiness route (answered at once, even while it loads): while it says it is starting,
+        wait as long as its Retry-After says, for at most `ready_timeout_s`; a server that could not start is an
+        error with its reason at once. A server without the route (404) is taken as ready."""
+        import httpx
+
+        url = http_url(self.base_url) + READY_PATH
+        deadline = asyncio.get_running_loop().time() + self._ready_timeout
+        local = urlsplit(url).hostname in LOCAL_HOSTS
+        async with httpx.AsyncClient(timeout=self._connect_timeout, trust_env=not local) as http:
+            while True:
+                try:
+                    answer = await http.get(url)
+                except httpx.ConnectError as error:
+                    raise ConnectionError(
+                        f"nothing answers at {url}: is a server running there? Start one with `opencode-env serve` "
+                        "(or run rollouts in-process with opencode_env.run_rollout, no server needed)"
+                    ) from error
+                except httpx.HTTPError as error:
+                    raise ConnectionError(f"failed to reach {url}: {error}") from error
+                if answer.status_code != 503:
+                    return
+                reason = _reason(answer.content) or f"HTTP {answer.status_code}"
+                if reason != STARTING:
+                    raise ConnectionError(f"{url}: {reason}")
+                delay = _retry_after_s(answer.headers.get("retry-after"))
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise ConnectionError(f"{url}: still starting after {self._ready_timeout:.0f} s ({reason})")
+                await asyncio.sleep(delay)
 
     async def close(self) -> None:
         if self._ws is None:
@@ -150,8 +208,4 @@ class OpenEnvSession:
 def refusal_reason(refused: InvalidStatus) -> str:
     """The server's own explanation, from the body of its refusal, else the HTTP status."""
     response = refused.response
-    try:
-        reason = json.loads(response.body or b"{}").get("error")
-    except (ValueError, AttributeError):
-        reason = None
-    return str(reason) if reason else f"HTTP {response.status_code}"
+    return _reason(bytes(response.body or b"")) or f"HTTP {response.status_code}"
