@@ -84,7 +84,10 @@ def create_app(runtime: Runtime) -> FastAPI:
                 streams_closing.set()
                 await runtime.cancel_in_flight()
 
-    app = FastAPI(title="opencode-env", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
+    # OpenEnv's app serves the docs and their OpenAPI document (its routes are the HTTP API an OpenEnv user reads).
+    app = FastAPI(
+        title="opencode-env", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.include_router(metadata_router(runtime))
     app.router.routes.extend(Route(path, endpoint) for path in MCP_PATHS)
     if rollouts.runs is not None:
