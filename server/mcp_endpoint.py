@@ -28,6 +28,13 @@ from server.tool import invalid_arguments
 
 INVALID_PARAMS = -32602
 STREAMABLE_HEADERS = (b"mcp-session-id", b"mcp-protocol-version")
+MAX_READ_BODY_BYTES = 64 * 2**20
+"""A body read here (to look inside) is refused past this: the largest valid request (files and protected files at
+their limits, every JSON escape) is well under it."""
+
+
+class BodyTooLarge(Exception):
+    """The body went past MAX_READ_BODY_BYTES."""
 
 
 class McpEndpoint:
@@ -65,7 +72,11 @@ class McpEndpoint:
         if any(name in headers for name in STREAMABLE_HEADERS):
             await self.standard(scope, receive, send)
             return
-        body, replay = await _buffered(receive)
+        try:
+            body, replay = await _buffered(receive)
+        except BodyTooLarge:
+            await _answer_json(send, _too_large(), status=413)
+            return
         message = _json_object(body)
         if b"text/event-stream" not in headers.get(b"accept", b"").lower():
             refusal = invalid_params_answer(message) if message is not None else None
@@ -101,9 +112,14 @@ def _json_object(body: bytes) -> dict[str, object] | None:
     return message if isinstance(message, dict) else None
 
 
-async def _answer_json(send: Send, body: bytes) -> None:
+def _too_large() -> bytes:
+    error = {"code": INVALID_PARAMS, "message": f"the request body is over {MAX_READ_BODY_BYTES} bytes"}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+async def _answer_json(send: Send, body: bytes, status: int = 200) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -128,13 +144,18 @@ def _until(closing: asyncio.Event, receive: Receive) -> Receive:
 
 
 async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
-    """The whole request body, and a `receive` that hands it out again before passing on what follows."""
+    """The whole request body, and a `receive` that hands it out again before passing on what follows; BodyTooLarge
+    past MAX_READ_BODY_BYTES (read no further)."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             return b"", _replaying([message], receive)
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_READ_BODY_BYTES:
+            raise BodyTooLarge
         if not message.get("more_body", False):
             break
     body = b"".join(chunks)

@@ -3,6 +3,7 @@ MCPToolClient (WebSocket and its HTTP JSON-RPC), curl-style plain JSON-RPC, and 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ from openenv.core.mcp_client import MCPToolClient
 
 from opencode_env.wire.models import RolloutResult
 from opencode_env.wire.version import VERSION
+from server.disconnect import PendingReplies
+from server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@0.15.0"
@@ -186,3 +189,27 @@ async def test_the_text_block_is_a_summary_unless_the_json_is_asked_for(server: 
     [json_text] = whole.content
     assert json_text.type == "text"
     assert json.loads(json_text.text) == whole.structured_content
+
+
+async def test_a_body_read_at_mcp_is_bounded() -> None:
+    endpoint = McpEndpoint(
+        standard=refuse, stateless=refuse, openenv=refuse, closing=asyncio.Event(), replies=PendingReplies()
+    )
+    chunk = b"x" * 2**20
+    parts = [{"type": "http.request", "body": chunk, "more_body": True}] * (MAX_READ_BODY_BYTES // len(chunk) + 2)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return parts.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [(b"content-type", b"application/json")]}
+    await endpoint(scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert len(parts) == 1
+
+
+async def refuse(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("a body over the limit went on")
