@@ -101,7 +101,7 @@ async def test_a_real_rollout_shows_its_status_reward_turns_and_no_network(
     assert len(timeline.find_elements(By.CSS_SELECTOR, ".tl-tool")) == len(timed_tools) == 2
     assert browser.find_element(By.ID, "tl-startup").text.startswith("OpenCode start-up")
     browser.execute_script("arguments[0].scrollIntoView()", browser.find_element(By.ID, "phases"))
-    browser.save_screenshot("/tmp/h2_real_timeline.png")
+    save_screenshot(browser, "viewer-real-timeline.png")
     urls = requested_urls(browser)
     assert page_url in urls
     assert [url for url in urls if url.startswith(NETWORK_SCHEMES)] == []
@@ -135,7 +135,6 @@ def test_token_colour_follows_its_logprob_and_the_popup_shows_the_alternatives(
     chosen = popup.find_element(By.CSS_SELECTOR, "tr.chosen")
     assert chosen.text.startswith('▶ " maybe"')
     save_screenshot(browser, "viewer-topk-sorted.png")
-    browser.save_screenshot("/tmp/h2_topk.png")
 
     # The sampled " ok" is not among the recorded alternatives: it is added, marked, in its place by probability.
     ActionChains(browser).move_to_element(middle).perform()
@@ -222,7 +221,7 @@ def test_the_task_section_shows_what_the_rollout_was_asked(browser: WebDriver, t
     assert "TASK_LEVEL" in section.text
     assert "easy" not in section.text
     browser.execute_script("arguments[0].scrollIntoView()", section)
-    browser.save_screenshot("/tmp/h2_task.png")
+    save_screenshot(browser, "viewer-task.png")
 
     open_page(browser, RolloutResult(task_id="old"), tmp_path)
     assert "not recorded" in browser.find_element(By.ID, "task").text
@@ -268,7 +267,7 @@ def test_the_timeline_lays_out_calls_and_tool_runs_after_opencodes_start_up(brow
     legend = browser.find_element(By.ID, "timeline-legend").text
     assert "start-up 50.5 s · model calls busy 3.50 s · tools busy 4.50 s" in legend
     browser.execute_script("arguments[0].scrollIntoView()", browser.find_element(By.ID, "phases"))
-    browser.save_screenshot("/tmp/h2_timeline.png")
+    save_screenshot(browser, "viewer-timeline.png")
     browser.execute_script("window.scrollTo(0, 0)")
     calls[1].click()
     # A call's bar opens its turn: the page scrolls the turn's card into view.
@@ -317,7 +316,7 @@ def test_sequences_forks_skipped_turns_and_coverage_are_listed(browser: WebDrive
         assert len(coverage) == len(expected)
         assert coverage[0].startswith(f"trl row {trl['covered_tokens']} of {trl['agent_tokens']} agent tokens")
     browser.execute_script("arguments[0].scrollIntoView()", block)
-    browser.save_screenshot("/tmp/h2_sequences.png")
+    save_screenshot(browser, "viewer-sequences.png")
 
 
 def test_the_coverage_table_is_left_out_when_the_summary_has_none(browser: WebDriver, tmp_path: Path) -> None:
