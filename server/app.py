@@ -52,6 +52,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     from server.gate import AccessGate
     from server.mcp_endpoint import McpEndpoint
     from server.metadata import metadata_router
+    from server.served_ports import NoteServedPorts
     from server.shutdown import answer_before_exit
 
     rollouts = runtime.rollouts
@@ -96,6 +97,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     # fallback rather than a catch-all mount, so that a route added to this app later still comes first.
     app.router.default = CancelOnDisconnect(openenv, replies)
     app.add_middleware(AccessGate, policy=runtime.access)
+    app.add_middleware(NoteServedPorts, ports=runtime.served_ports)
     _log_start(runtime)
     return app
 

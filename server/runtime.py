@@ -13,12 +13,12 @@ from fastmcp import FastMCP
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import UnknownBackend, backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.sandbox.listening import ListeningPorts
 from opencode_env.settings import Settings
 from opencode_env.viewer.runs import ResultsDir, Runs
 from opencode_env.wire.version import VERSION
 from server.auth import AccessPolicy
 from server.rollouts import CANCEL_GRACE_S, Rollouts
+from server.served_ports import ServedPorts
 from server.tool import build_mcp
 
 log = logging.getLogger("opencode_env.server")
@@ -32,6 +32,8 @@ class Runtime:
     rollouts: Rollouts
     mcp: FastMCP
     access: AccessPolicy
+    served_ports: ServedPorts
+    """The ports the server is reached on, which a caller's base_url may never name (noted by the app per request)."""
 
     @classmethod
     def build(
@@ -52,9 +54,9 @@ class Runtime:
             risk=backend_risk(backend),
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
-        listening = ListeningPorts()
+        served_ports = ServedPorts(settings.port)
         upstream_policy = UpstreamPolicy.configured(
-            settings.upstream_allow, lambda: listening() | {settings.port}, callers_are_local=callers_are_local
+            settings.upstream_allow, served_ports, callers_are_local=callers_are_local
         )
         results = ResultsDir.configured(settings.results_dir, settings.results_keep) if keep_results else None
         rollouts = Rollouts(
@@ -70,7 +72,7 @@ class Runtime:
             backend.name,
             rollouts.limit,
         )
-        return cls(settings, backend, rollouts, build_mcp(rollouts), access)
+        return cls(settings, backend, rollouts, build_mcp(rollouts), access, served_ports)
 
     async def cancel_in_flight(self, timeout_s: float = CANCEL_GRACE_S) -> None:
         """Cancel every rollout still running (server shutdown) and wait for their sandboxes to close."""

@@ -13,9 +13,9 @@ from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
-from opencode_env.sandbox.listening import ListeningPorts, listening_ports, listening_ports_in
 from opencode_env.settings import Settings
 from opencode_env.wire.models import RolloutRequest, RolloutResult
+from server.served_ports import ServedPorts
 from tests.server_app import runtime_for
 from tests.stub_backend import StubBackend
 from tests.stub_server import stub_arguments, stub_server
@@ -161,26 +161,6 @@ async def test_the_servers_key_never_meets_a_callers_root_in_a_shared_vm(
     assert in_process.status != "invalid_request", in_process.error
 
 
-def test_the_ports_this_process_listens_on_are_read_from_the_kernel() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        port = listener.getsockname()[1]
-        assert port not in listening_ports()
-        listener.listen()
-        assert port in listening_ports()
-    assert port not in listening_ports()
-
-
-def test_a_tcp_table_is_read_for_listening_sockets_of_this_process_only() -> None:
-    table = (
-        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-        "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1\n"
-        "   1: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1\n"
-        "   2: 0100007F:1F92 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 333 1\n"
-    )
-    assert listening_ports_in([table], frozenset({111, 333})) == {8080}
-
-
 async def test_a_caller_cannot_point_a_rollout_at_the_server_it_calls_whatever_port_it_listens_on() -> None:
     """The issue's attack: a server started on a port other than PORT (here one the OS picked), no token, so
     loopback is allowed; a caller names the server itself as its model."""
@@ -196,13 +176,9 @@ async def test_a_caller_cannot_point_a_rollout_at_the_server_it_calls_whatever_p
         assert server.backend.created == 0
 
 
-def test_a_reading_of_the_listening_ports_serves_until_it_is_old() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        cached, fresh = ListeningPorts(max_age_s=3600), ListeningPorts(max_age_s=0)
-        assert port in cached()
-        assert port in fresh()
-    assert port in cached()
-    assert port not in fresh()
+def test_the_ports_the_server_is_reached_on_are_its_own() -> None:
+    ports = ServedPorts(configured=8000)
+    ports.note({"type": "http", "server": ("127.0.0.1", 41234)})
+    ports.note({"type": "websocket", "server": ("::1", 41235, 0, 0)})
+    ports.note({"type": "http", "server": None})
+    assert ports() == {8000, 41234, 41235}

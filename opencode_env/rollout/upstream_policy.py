@@ -3,8 +3,8 @@
 URLs the operator configured (the server's environment, the endpoint catalog's defaults) are trusted as they are.
 A base URL a caller sends to a server is checked: its host must be on the operator's allow-list
 (`OPENCODE_ENV_UPSTREAM_ALLOW`: hosts, host:port pairs or networks, comma-separated), or every address it resolves
-to must be public and none of this machine's; the server's own ports (every port its process listens on, read from
-the kernel, and the one it was configured with) are never a target. A server that serves only
+to must be public and none of this machine's; the server's own ports (every port it is reached on, and the one it was
+configured with) are never a target. A server that serves only
 callers on its own machine (no token) allows loopback when no list is set: such a caller reaches loopback anyway.
 In-process (the library, run by the operator) there is no caller to distrust and nothing is checked.
 """
