@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +131,8 @@ def main(host: str | None = None, port: int | None = None, backend: str | None =
     try:
         settings = Settings.load()
     except ValidationError as error:
-        raise SystemExit(f"opencode-env: a setting is refused: {error}") from error
+        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
     if backend is not None:
         settings = settings.model_copy(update={"backend": backend})
     uvicorn.run(served(settings), host=host or settings.host, port=port or settings.port, **UVICORN_OPTIONS)

@@ -141,7 +141,7 @@ def test_a_server_on_an_unknown_backend_name_exits_naming_the_variable_and_the_k
     ended = subprocess.run(
         [sys.executable, "-m", "server.app"], check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90
     )
-    assert ended.returncode != 0
+    assert ended.returncode == 2
     assert "a setting is refused" in ended.stderr
     assert "OPENCODE_ENV_BACKEND" in ended.stderr
     assert "'locl'" in ended.stderr
