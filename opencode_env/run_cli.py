@@ -20,6 +20,7 @@ from opencode_env.sandbox import (
     make_backend,
 )
 from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire.request import request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
 from --instruction / --instruction-file, or from --task DIR; each flag given beside it replaces that field (--file
@@ -183,18 +184,13 @@ def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> Rollo
     return RolloutRequest.model_validate(_with_files(task.model_dump(), args))
 
 
-def _validation_message(error: ValidationError) -> str:
-    problems = [f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors()]
-    return "invalid request: " + "; ".join(problems)
-
-
 def run_command(args: argparse.Namespace) -> int:
     from opencode_env.tasks import ImageBuildError, TaskFormatError
 
     try:
         request = _request_from_args(args)
     except ValidationError as error:
-        print(f"opencode-env: {_validation_message(error)}", file=sys.stderr)
+        print(f"opencode-env: invalid request: {request_problems(error)}", file=sys.stderr)
         return 2
     except (TaskFormatError, ImageBuildError) as error:
         print(f"opencode-env: {error}", file=sys.stderr)

@@ -145,6 +145,11 @@ def variable_names() -> list[str]:
     return [str(field.validation_alias) for field in Settings.model_fields.values()]
 
 
+def variable(setting: str) -> str:
+    """The environment variable that sets `setting` (a field of Settings)."""
+    return str(Settings.model_fields[setting].validation_alias)
+
+
 def _group(field: FieldInfo) -> str:
     extra = field.json_schema_extra
     return str(extra.get("group", "")) if isinstance(extra, dict) else ""

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -125,14 +124,10 @@ def served(settings: Settings | None = None) -> StagedApp:
 
 
 def main(host: str | None = None, port: int | None = None, backend: str | None = None) -> None:
-    from pydantic import ValidationError
+    from opencode_env.cli_support import settings_or_exit
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        settings = Settings.load()
-    except ValidationError as error:
-        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
-        raise SystemExit(2) from error
+    settings = settings_or_exit()
     if backend is not None:
         settings = settings.model_copy(update={"backend": backend})
     uvicorn.run(served(settings), host=host or settings.host, port=port or settings.port, **UVICORN_OPTIONS)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastmcp import FastMCP
 
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
-from opencode_env.sandbox import UnknownBackend, backend_risk, default_concurrency, make_backend
+from opencode_env.sandbox import backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.viewer.runs import ResultsDir, Runs
@@ -22,7 +22,6 @@ from server.served_ports import ServedPorts
 from server.tool import build_mcp
 
 log = logging.getLogger("opencode_env.server")
-BACKEND_VAR = "OPENCODE_ENV_BACKEND"
 
 
 @dataclass
@@ -47,7 +46,7 @@ class Runtime:
         """The runtime of a server configured by `settings` (default: this process's environment). `backend` and
         `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only."""
         settings = settings or Settings.load()
-        backend = backend or backend_from_settings(settings)
+        backend = backend or make_backend(settings.backend, settings)
         access = AccessPolicy(
             token=settings.token.get_secret_value(),
             allow_unauthenticated=settings.allow_unauthenticated,
@@ -80,10 +79,3 @@ class Runtime:
         closed = await self.backend.close_all()
         if closed:
             log.info("shutting down: closed %d sandbox(es) whose rollouts had been torn down", closed)
-
-
-def backend_from_settings(settings: Settings) -> SandboxBackend:
-    try:
-        return make_backend(settings.backend, settings)
-    except UnknownBackend as error:
-        raise UnknownBackend(settings.backend, named_by=BACKEND_VAR) from error

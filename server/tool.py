@@ -19,6 +19,7 @@ from fastmcp.utilities.json_schema import compress_schema
 from pydantic import PrivateAttr, ValidationError
 
 from opencode_env.wire.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.request import request_problems
 from opencode_env.wire.version import VERSION
 from server.rollouts import Rollouts
 from server.tool_result import SERVER_NAME, mcp_tool_result
@@ -33,8 +34,7 @@ TOOL_DESCRIPTION = (
 
 def invalid_arguments(error: ValidationError) -> str:
     """The caller's mistake in one line, naming each field and its limit."""
-    problems = [f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()]
-    return f"invalid arguments for {TOOL_NAME}: " + "; ".join(problems)
+    return f"invalid arguments for {TOOL_NAME}: {request_problems(error)}"
 
 
 class RolloutTool(Tool):

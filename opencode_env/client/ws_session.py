@@ -40,6 +40,13 @@ def http_url(base_url: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path, "", ""))
 
 
+def nobody_at(url: str) -> str:
+    return (
+        f"nothing answers at {url}: is a server running there? Start one with `opencode-env serve` "
+        "(or run rollouts in-process with opencode_env.run_rollout, no server needed)"
+    )
+
+
 def _retry_after_s(header: str | None) -> float:
     try:
         return max(float(header or DEFAULT_RETRY_AFTER_S), 0.1)
@@ -101,10 +108,7 @@ class OpenEnvSession:
         except InvalidStatus as refused:
             raise ConnectionError(f"{self._ws_url} refused the connection: {refusal_reason(refused)}") from refused
         except ConnectionRefusedError as error:
-            raise ConnectionError(
-                f"nothing answers at {self._ws_url}: is a server running there? Start one with `opencode-env serve` "
-                "(or run rollouts in-process with opencode_env.run_rollout, no server needed)"
-            ) from error
+            raise ConnectionError(nobody_at(self._ws_url)) from error
         except (OSError, InvalidHandshake, TimeoutError) as error:
             raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
         return self
@@ -123,10 +127,7 @@ class OpenEnvSession:
                 try:
                     answer = await http.get(url)
                 except httpx.ConnectError as error:
-                    raise ConnectionError(
-                        f"nothing answers at {url}: is a server running there? Start one with `opencode-env serve` "
-                        "(or run rollouts in-process with opencode_env.run_rollout, no server needed)"
-                    ) from error
+                    raise ConnectionError(nobody_at(url)) from error
                 except httpx.HTTPError as error:
                     raise ConnectionError(f"failed to reach {url}: {error}") from error
                 if answer.status_code != 503:

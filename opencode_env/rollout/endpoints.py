@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from opencode_env.settings import Settings
+from opencode_env.settings import Settings, variable
 from opencode_env.wire.models import EndpointName, RolloutRequest, UpstreamInfo
 
 
@@ -30,9 +30,8 @@ class EndpointDefaults:
         return url, key, getattr(settings, f"{self.prefix}_model")
 
     def variables(self) -> str:
-        fields = Settings.model_fields
         names = (self.url_setting, f"{self.prefix}_api_key", f"{self.prefix}_model")
-        return " / ".join(str(fields[name].validation_alias) for name in names)
+        return " / ".join(variable(name) for name in names)
 
 
 CATALOG: dict[str, EndpointDefaults] = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opencode_env.sandbox.base import ResourceLimits
-from opencode_env.settings import Settings
+from opencode_env.settings import Settings, variable
 from opencode_env.wire.models import RolloutRequest
 
 SERVER_MAXIMA = {
@@ -22,10 +22,11 @@ class LimitError(ValueError):
 def sandbox_limits(request: RolloutRequest, settings: Settings) -> ResourceLimits:
     for field, setting in SERVER_MAXIMA.items():
         maximum = float(getattr(settings, setting))
-        variable = Settings.model_fields[setting].validation_alias
         value = getattr(request, field)
         if value > maximum:
-            raise LimitError(f"{field}={value} is over this server's maximum of {maximum:g} (set by {variable})")
+            raise LimitError(
+                f"{field}={value} is over this server's maximum of {maximum:g} (set by {variable(setting)})"
+            )
     return ResourceLimits(
         memory_mb=request.memory_mb, max_processes=request.max_processes, disk_mb=request.disk_mb, cpus=request.cpus
     )

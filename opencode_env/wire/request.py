@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
 Mode = Literal["transparent_proxy", "black_box"]
@@ -56,6 +65,11 @@ class Sampling(BaseModel):
     def sent(self) -> dict[str, Any]:
         """The fields set, as the request body carries them."""
         return self.model_dump(exclude_none=True)
+
+
+def request_problems(error: ValidationError) -> str:
+    """A request's validation failure in one line, naming each field and its problem."""
+    return "; ".join(f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors())
 
 
 class RolloutRequest(BaseModel):
