@@ -10,15 +10,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 class ServedPorts:
     def __init__(self, configured: int) -> None:
-        self._ports = {configured}
+        # Replaced, never changed in place: the caller-URL check reads it from a worker thread.
+        self._ports = frozenset({configured})
 
     def __call__(self) -> frozenset[int]:
-        return frozenset(self._ports)
+        return self._ports
 
     def note(self, scope: Scope) -> None:
         server = scope.get("server")
-        if server and server[1] is not None:
-            self._ports.add(int(server[1]))
+        if server and server[1] is not None and int(server[1]) not in self._ports:
+            self._ports = self._ports | {int(server[1])}
 
 
 class NoteServedPorts:
