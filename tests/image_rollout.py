@@ -5,6 +5,10 @@ One demo rollout through the server's standard MCP endpoint, with its token, on 
 runs it. The SDK under the backend is the fake cloud of tests/fake_hf.py in plain mode: the container plays the
 sandbox's VM (the backend's real setpriv drops task commands to `user`; its proxy runs as root with the image's
 packages; OpenCode is the image's own). Everything is loopback: the scripted model, this server, the proxy.
+
+The server is configured as a Space operator would configure it: a caller may name a model on this machine only if
+the operator allows it in OPENCODE_ENV_UPSTREAM_ALLOW (`./dev image` sets it to the scripted model's address,
+127.0.0.1:8001); without it the token server refuses the loopback URL, as it must.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tests.fake_hf import FakeHfCloud
 from tests.server_app import app_for
 
 EXPECTED_TURNS = 3
+MODEL_PORT = 8001
 USER_UID = 1000
 
 
@@ -61,7 +66,7 @@ def problems(result: RolloutResult) -> list[str]:
 
 
 async def rollout(server_url: str, token: str) -> RolloutResult:
-    with ScriptedModelServer(demo_script()) as model:
+    with ScriptedModelServer(demo_script(), port=MODEL_PORT) as model:
         async with Client(f"{server_url}/mcp/stream", auth=token) as client:
             request = demo_request(model.base_url).model_dump(mode="json")
             answer = await client.call_tool("run_rollout", request)
@@ -71,6 +76,13 @@ async def rollout(server_url: str, token: str) -> RolloutResult:
 def main() -> int:
     if os.geteuid() != 0:
         print("rollout smoke test: must run as root, as a Hugging Face sandbox server does", file=sys.stderr)
+        return 1
+    if f"127.0.0.1:{MODEL_PORT}" not in os.environ.get("OPENCODE_ENV_UPSTREAM_ALLOW", ""):
+        print(
+            f"rollout smoke test: OPENCODE_ENV_UPSTREAM_ALLOW must allow the scripted model (127.0.0.1:{MODEL_PORT}),"
+            " as an operator allows a model on the Space's own machine",
+            file=sys.stderr,
+        )
         return 1
     cloud = FakeHfCloud(plain_processes=True)
     backend = HFBackend(sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env", max_sandboxes=1)

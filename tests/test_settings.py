@@ -1,5 +1,6 @@
 """One place for settings: every operator variable the code reads is declared in opencode_env/settings.py, the
-README's table is made from it, a bad value is refused by name, and `opencode-env settings` never shows a secret."""
+docs' settings table is made from it (tests/test_docs.py), a bad value is refused by name, and `opencode-env
+settings` never shows a secret."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.settings import Settings, markdown_table, variable_names
+from opencode_env.settings import Settings, variable_names
 from opencode_env.wire.models import RolloutRequest
 from tests.stub_backend import StubBackend
 
@@ -57,12 +58,6 @@ def test_no_backend_reads_an_operator_setting_from_the_environment() -> None:
             if "Settings.load(" in line and path.name != "registry.py":
                 loads.append(where)
     assert (reads, loads) == ([], [])
-
-
-def test_the_readme_table_is_the_code_s() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- settings-table: opencode-env settings --markdown -->\n", 1)[1]
-    assert block.split("\n<!-- end settings-table -->", 1)[0] == markdown_table()
 
 
 @pytest.mark.parametrize(
