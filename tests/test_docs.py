@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,17 @@ def test_a_settings_page_without_its_marker_is_refused() -> None:
     hook = settings_hook()
     with pytest.raises(hook.MarkerMissing, match=r"settings\.md must hold"):
         hook.page_with_table("# Settings\n\nno table here\n")
+
+
+def test_the_readme_links_to_files_that_exist_and_pages_in_the_nav() -> None:
+    """The README is read on GitHub and on the Space, outside the site's strict build: its links are checked here."""
+    readme = (ROOT / "README.md").read_text()
+    nav = (ROOT / "mkdocs.yml").read_text()
+    targets = {link.split("#", 1)[0] for link in re.findall(r"\]\(([^)#:]+(?:#[^)]*)?)\)", readme)}
+    assert {"docs/getting-started.md", "docs/calling.md", "CHANGELOG.md"} <= targets
+    assert [t for t in sorted(targets) if not (ROOT / t).is_file()] == []
+    pages = [t.removeprefix("docs/") for t in targets if t.startswith("docs/")]
+    assert [page for page in pages if f": {page}" not in nav] == []
 
 
 @pytest.mark.timeout(600)
