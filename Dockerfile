@@ -13,8 +13,11 @@ ENV TRUST='if [ -f /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca 
 RUN --mount=type=secret,id=ca eval "$TRUST" \
     && python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir --quiet "uv==${UV_VERSION}"
 WORKDIR /opt/app
-COPY pyproject.toml uv.lock README.md ./
+# The dependencies' layer reads only pyproject.toml and uv.lock: an edit of the README or the code rebuilds what
+# follows it, not the dependencies (minutes of downloads).
+COPY pyproject.toml uv.lock ./
 RUN --mount=type=secret,id=ca eval "$TRUST" && /opt/uv/bin/uv sync --frozen --no-dev --no-install-project
+COPY README.md ./
 COPY opencode_env opencode_env
 COPY server server
 COPY openenv.yaml ./
