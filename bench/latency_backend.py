@@ -30,7 +30,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.training.attribution import SESSION_HEADER
-from opencode_env.wire.models import CommandResult, LimitHit
+from opencode_env.wire import CommandResult, LimitHit
 from tests.stub_backend import MemoryFiles, StubProcess
 
 

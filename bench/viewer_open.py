@@ -17,7 +17,7 @@ from pathlib import Path
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from opencode_env.viewer import render_page
-from opencode_env.wire.models import RolloutResult, RolloutTurn
+from opencode_env.wire import RolloutResult, RolloutTurn
 from tests.browser import chromium
 
 NO_OBSERVER = "delete window.IntersectionObserver;"

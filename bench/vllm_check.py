@@ -36,8 +36,7 @@ from opencode_env.proxy.token_in import TokenIn
 from opencode_env.rollout.proxy_session import Trace
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.training.steps import training_steps
-from opencode_env.wire.models import RolloutResult, RolloutTurn
-from opencode_env.wire.prompt_compaction import common_prefix_length
+from opencode_env.wire import RolloutResult, RolloutTurn, common_prefix_length
 from tests.proxy_process import running_proxy
 
 SYSTEM = (

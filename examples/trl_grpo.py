@@ -31,7 +31,7 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import rollout_reward
 from opencode_env.training.trl_rollout import InProcess, make_rollout_func
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire import RolloutRequest
 
 VOCAB_SIZE = max(SPECIAL_IDS.values()) + 1
 

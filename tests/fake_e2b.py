@@ -43,7 +43,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess
 from opencode_env.sandbox.local.tools import cached_tools, npm_cache
-from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
+from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
 from tests.helpers import host_path
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None

@@ -11,7 +11,7 @@ from opencode_env.sandbox.local.backend import LocalSandbox
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 RUN_MARK = f"{secrets.randbelow(10**6):06d}"
 """Fractional digits that make this test run's sleeping commands its own: a leak check looks for them across the

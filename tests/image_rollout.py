@@ -23,7 +23,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 from tests.fake_hf import FakeHfCloud
 from tests.server_app import app_for
 

@@ -22,7 +22,7 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
-from opencode_env.wire.models import CommandResult, LimitHit
+from opencode_env.wire import CommandResult, LimitHit
 
 
 class StubProcess:

@@ -12,7 +12,7 @@ from opencode_env.cli import main
 from opencode_env.training.attribution import attribute_turns
 from opencode_env.training.formats import harness_result, training_rows, trl_batch
 from opencode_env.training.sequences import training_sequences, training_summary
-from opencode_env.wire.models import RolloutTurn, TurnKind
+from opencode_env.wire import RolloutTurn, TurnKind
 from tests.test_training import history, result_of, turn
 
 EOS = 99

@@ -18,7 +18,7 @@ from opencode_env.proxy.capture import (
 )
 from opencode_env.proxy.request import RewriteConfig, neutral_error, recorded_headers, rewrite_request, turn_kind
 from opencode_env.rollout.proxy_session import parse_trace
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 
 def sse(*chunks: dict[str, Any] | str, separator: str = "\n\n") -> bytes:

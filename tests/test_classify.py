@@ -7,7 +7,7 @@ import pytest
 
 from opencode_env.rollout.classify import classify_agent_phase
 from opencode_env.rollout.state import PhaseFailure
-from opencode_env.wire.models import RolloutResult, RolloutStatus, RolloutTurn, TokenUsage
+from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TokenUsage
 
 OVERFLOW = "This model's maximum context length is 32768 tokens. Your prompt contains at least 40000 input tokens."
 

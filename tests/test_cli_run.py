@@ -15,7 +15,7 @@ from opencode_env.sandbox.registry import backend_names
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

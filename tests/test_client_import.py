@@ -45,7 +45,7 @@ def test_the_capture_proxy_starts_without_a_web_framework_or_the_models() -> Non
         "from opencode_env.proxy.delivery import delivery_aware_protocol\n"
         "from opencode_env.proxy.settings import ProxySettings\n"
         "create_app(ProxySettings(upstream_url='http://127.0.0.1:9/v1', trace_path='/dev/null'))\n"
-        "heavy = ['fastapi', 'starlette', 'pydantic', 'httpx', 'opencode_env.wire.models']\n"
+        "heavy = ['fastapi', 'starlette', 'pydantic', 'httpx', 'opencode_env.wire']\n"
         "print(json.dumps([name for name in heavy if name in sys.modules]))\n"
     )
     completed = subprocess.run(

@@ -16,7 +16,7 @@ from opencode_env.sandbox.base import FileEntry, Identity, ProvidedTools, Sandbo
 from opencode_env.sandbox.cloud import lifecycle
 from opencode_env.sandbox.cloud.lifecycle import Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire import CommandResult
 
 pytestmark = pytest.mark.timeout(30)
 

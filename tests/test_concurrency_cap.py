@@ -11,7 +11,7 @@ import pytest
 from fastmcp import Client as FastMCPClient
 from openenv.core.mcp_client import MCPToolClient
 
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
 
 pytestmark = pytest.mark.timeout(180)

@@ -28,7 +28,7 @@ from opencode_env.evals import (
 from opencode_env.evals.cli import add_eval_parser
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
+from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
 from tests.server_app import app_for
 
 WORKDIR = "/home/user/workdir"

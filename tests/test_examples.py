@@ -18,7 +18,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import SCHEMA_VERSION
+from opencode_env.wire import SCHEMA_VERSION
 from tests.server_app import app_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -20,7 +20,7 @@ from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.tasks.harbor import request_from_task_dir
 from opencode_env.testing.script import Script, bash
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 TEST_SH = """\
 #!/bin/bash

@@ -17,7 +17,7 @@ from opencode_env.tasks import BuiltImage, HarborTask, ImageBuilder, ImageBuildE
 from opencode_env.tasks.harbor import request_from_task_dir
 from opencode_env.tasks.image_build import TAG_REPOSITORY, context_hash, repository_name
 from opencode_env.tasks.task_toml import parse_size_mb
-from opencode_env.wire.models import MAX_FILES
+from opencode_env.wire import MAX_FILES
 
 TOML_1_0 = """\
 version = "1.0"

@@ -22,7 +22,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
 from opencode_env.settings import Settings
 from opencode_env.testing.script import Script, bash, say
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire import RolloutRequest
 from tests.helpers import host_path, rollout
 
 CANARY_KEY = "sk-hostile-canary-5e1d9b"

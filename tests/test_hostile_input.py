@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.server_app import app_for
 from tests.stub_backend import StubBackend
 

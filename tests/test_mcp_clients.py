@@ -16,8 +16,7 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
-from opencode_env.wire.models import RolloutResult
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import VERSION, RolloutResult
 from server.disconnect import PendingReplies
 from server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
 from tests.stub_server import StubServer, stub_arguments, stub_server

@@ -7,8 +7,7 @@ import pytest
 
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.sandbox.cloud.e2b import E2BBackend
-from opencode_env.wire.models import RolloutResult
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import VERSION, RolloutResult
 from tests.server_app import app_for
 from tests.stub_server import CountingBackend
 

@@ -14,7 +14,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import DEMO_VERIFY
 from opencode_env.testing.script import demo_script
-from opencode_env.wire.pins import OPENCODE_VERSION, PLUGIN_PACKAGE
+from opencode_env.wire import OPENCODE_VERSION, PLUGIN_PACKAGE
 from tests.helpers import rollout
 
 

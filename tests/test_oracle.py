@@ -12,7 +12,7 @@ from opencode_env.cli import main
 from opencode_env.rollout.check_task import judge
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.wire.models import MAX_COMMANDS, RolloutRequest, RolloutResult
+from opencode_env.wire import MAX_COMMANDS, RolloutRequest, RolloutResult
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "task_hello.json"
 WORKDIR = "/home/user/workdir"

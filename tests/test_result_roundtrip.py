@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.backend import LocalSandbox
-from opencode_env.wire.models import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
+from opencode_env.wire import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
 from server.tool_result import mcp_tool_result, session_tool_result
 
 WORKDIR = "/home/user/workdir"

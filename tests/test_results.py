@@ -8,7 +8,7 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, demo_script, fail, stall
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.helpers import rollout
 from tests.stub_backend import StubBackend
 

@@ -25,7 +25,7 @@ from opencode_env.viewer.runs import (
     RunView,
     default_results_dir,
 )
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 from server.rollouts import Rollouts
 from tests.stub_backend import StubBackend
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until

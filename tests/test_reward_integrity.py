@@ -17,7 +17,7 @@ import pytest
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import DEMO_VERIFY
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, write
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 from tests.helpers import Outcome, rollout
 
 REWARD = "/home/user/logs/verifier/reward.txt"

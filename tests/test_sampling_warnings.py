@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opencode_env.training.sampling import sampling_warnings
 from opencode_env.training.sequences import training_summary
-from opencode_env.wire.models import RolloutRequest, RolloutResult, Sampling
+from opencode_env.wire import RolloutRequest, RolloutResult, Sampling
 
 
 def request(sampling: Sampling | None = None, **fields: object) -> RolloutRequest:

@@ -16,7 +16,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, bash, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import Mode
+from opencode_env.wire import Mode
 from tests.server_app import app_for
 
 CANARY = "sk-canary-7f3a9c1e5b2d"

@@ -18,7 +18,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.server_app import app_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 from server.disconnect import PendingReplies
 from server.mcp_endpoint import McpEndpoint
 from tests.conftest import processes_mentioning

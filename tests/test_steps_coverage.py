@@ -18,7 +18,7 @@ from opencode_env.training import (
     trl_row_coverage,
 )
 from opencode_env.training.formats import training_rows, trl_batch
-from opencode_env.wire.models import RolloutResult, RolloutTurn, TurnKind
+from opencode_env.wire import RolloutResult, RolloutTurn, TurnKind
 from tests.test_training import history, result_of, turn
 
 EOS = 99

@@ -9,7 +9,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, bash, say, task
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.attribution import OpenCodeStore, StoredStep, attribution_check
-from opencode_env.wire.models import RolloutTurn
+from opencode_env.wire import RolloutTurn
 
 ROOT, CHILD = "ses_root", "ses_child"
 

@@ -8,7 +8,7 @@ from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, demo_script, say
 from opencode_env.training.sequences import training_sequences, training_summary
-from opencode_env.wire.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind
+from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind
 from tests.helpers import rollout
 
 SYSTEM = {"role": "system", "content": "be brief"}

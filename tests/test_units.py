@@ -13,9 +13,7 @@ from opencode_env.rollout.reward import parse_reward_json, parse_reward_txt, pas
 from opencode_env.sandbox.local.host_view import trust_settings
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.settings import Settings
-from opencode_env.wire.models import CommandResult, RolloutRequest
-from opencode_env.wire.pins import OPENCODE_VERSION
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import OPENCODE_VERSION, VERSION, CommandResult, RolloutRequest
 
 
 def request(**fields: object) -> RolloutRequest:

@@ -16,7 +16,7 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import demo_script
 from opencode_env.viewer import render_page
 from opencode_env.viewer.page import training_view
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     CommandResult,
     PhaseTimings,
     RolloutRequest,

@@ -10,7 +10,7 @@ from pathlib import Path
 from opencode_env.cli import main
 from opencode_env.viewer import render_page
 from opencode_env.viewer.page import SequenceSegment, TrainingView, training_view
-from opencode_env.wire.models import CommandResult, MessagesBase, RolloutResult, RolloutTurn
+from opencode_env.wire import CommandResult, MessagesBase, RolloutResult, RolloutTurn
 
 HOSTILE = "</script><script>alert(1)</script><!-- <img src=x onerror=alert(2)> & \u2028"
 

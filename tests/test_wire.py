@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from opencode_env.client.client import parse_result
 from opencode_env.rollout.proxy_session import parse_trace
 from opencode_env.training.sequences import training_sequences
-from opencode_env.wire.models import SCHEMA_VERSION, MessagesBase, RolloutResult, RolloutTurn
+from opencode_env.wire import SCHEMA_VERSION, MessagesBase, RolloutResult, RolloutTurn
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V0_DEMO = FIXTURES / "result_v0_demo.json"
@@ -151,7 +151,7 @@ def test_the_proxy_trace_is_parsed_strictly() -> None:
 def test_sampling_is_bounded_and_belongs_to_the_proxy() -> None:
     from pydantic import ValidationError
 
-    from opencode_env.wire.models import RolloutRequest, Sampling
+    from opencode_env.wire import RolloutRequest, Sampling
 
     request = RolloutRequest(instruction="x", sampling=Sampling(temperature=0.7, seed=3))
     assert request.sampling is not None

@@ -14,8 +14,7 @@ from fastmcp import Client
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from websockets.asyncio.client import connect
 
-from opencode_env.wire.models import RolloutResult
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import VERSION, RolloutResult
 from server.environment import OpenCodeEnvironment
 from tests.server_app import runtime_for
 from tests.stub_backend import StubBackend

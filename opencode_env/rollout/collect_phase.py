@@ -18,7 +18,7 @@ from opencode_env.sandbox.base import (
     Sandbox,
 )
 from opencode_env.training.attribution import attribution_check
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     TokenUsage,
 )
 

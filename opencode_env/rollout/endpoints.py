@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from opencode_env.settings import Settings, variable
-from opencode_env.wire.models import EndpointName, RolloutRequest, UpstreamInfo
+from opencode_env.wire import EndpointName, RolloutRequest, UpstreamInfo
 
 
 class EndpointError(ValueError):

@@ -34,13 +34,14 @@ from opencode_env.sandbox.base import (
 from opencode_env.sandbox.registry import proxy_beside_task_root
 from opencode_env.settings import Settings
 from opencode_env.training.sampling import sampling_warnings
-from opencode_env.wire.deadline import Deadline, total_budget_s
-from opencode_env.wire.models import (
+from opencode_env.wire import (
+    Deadline,
     Phase,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
     is_infrastructure_failure,
+    total_budget_s,
 )
 
 log = logging.getLogger("opencode_env.rollout.pipeline")

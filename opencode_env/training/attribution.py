@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from opencode_env.wire.models import AttributionCheck, RolloutTurn
+from opencode_env.wire import AttributionCheck, RolloutTurn
 
 SESSION_HEADER = "x-session-id"
 OWN_KINDS = ("agent", "sub_agent")

@@ -9,7 +9,7 @@ temperature, top_p and top_k), which the result does not record.
 
 from __future__ import annotations
 
-from opencode_env.wire.models import RolloutRequest, Sampling
+from opencode_env.wire import RolloutRequest, Sampling
 
 UNRECORDED = (
     "no sampling was set: the model server's defaults decided the sampling, unrecorded (vLLM applies the model's "

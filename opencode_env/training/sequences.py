@@ -29,7 +29,7 @@ from opencode_env.training.coverage import (
     trainable_sessions,
 )
 from opencode_env.training.steps import steps_coverage
-from opencode_env.wire.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
+from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
 
 SequenceStart = Literal["first", "drift", "after_unusable_turn"]
 """Why a sequence started: its session's first usable turn; a prompt that extends no open sequence (a fork

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.training.formats import trl_batch
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 
 
 class RolloutRunner(Protocol):

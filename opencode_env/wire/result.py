@@ -21,146 +21,209 @@ Every result is standard JSON, whatever the sandbox or the model produced: a typ
 (a -inf logprob) is written as the string "NaN", "Infinity" or "-Infinity" and read back as that float (see
 `WireFloat`); a work-dir path whose bytes are not UTF-8 is listed in `files_non_utf8` with its bytes in base64.
 
-This module holds the result and names every wire type (`__all__`); the rest live by job beside it: request.py (the
-request and its bounds), turn.py (a model call's record), prompt_compaction.py (prompt ids on the wire),
-result_parts.py (command results, timings, usage and the other records of a result), status.py (how a rollout
-ended), wire_float.py (NaN and infinities in JSON).
+This module holds the result: how a rollout ended (status, failed phase, reward source), the records a result is
+made of besides its turns (command results, tool calls, attribution, usage, timings, the upstream, non-UTF-8
+paths), how prompt ids are compacted on the wire, and the few lines a person reads of it. Beside it: request.py (the
+request, its bounds and its deadline), turn.py (a model call's record, and the proxy's trace lines), shared.py (the
+wire float, pins, version). `opencode_env.wire` names every public wire type.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, WithJsonSchema, field_serializer, model_validator
 
-from opencode_env.wire.prompt_compaction import (
-    COMPACTION_WINDOW,
-    common_prefix_length,
-    compact_prompts,
-    expanded_prompt,
-)
-from opencode_env.wire.request import (
-    MAX_COMMAND_CHARS,
-    MAX_COMMANDS,
-    MAX_ENV_VALUE_CHARS,
-    MAX_ENV_VARS,
-    MAX_FILE_CHARS,
-    MAX_FILES,
-    MAX_FILES_TOTAL_CHARS,
-    MAX_INSTRUCTION_CHARS,
-    RESERVED_ENV,
-    Command,
-    EndpointName,
-    EnvName,
-    EnvValue,
-    FilePath,
-    FileText,
-    ImageRef,
-    Mode,
-    Network,
-    ResultText,
-    RolloutRequest,
-    Sampling,
-    SandboxPath,
-    SetupAs,
-    TaskId,
-    TokenIn,
-    VerifyAs,
-    VerifySandbox,
-)
-from opencode_env.wire.result_parts import (
-    AttributionCheck,
-    CommandResult,
-    NonUtf8Path,
-    PhaseTimings,
-    TokenUsage,
-    ToolCallSummary,
-    UpstreamInfo,
-)
-from opencode_env.wire.status import (
-    INFRASTRUCTURE_FAILURES,
-    LimitHit,
-    Phase,
-    RewardSource,
-    RolloutStatus,
-    is_infrastructure_failure,
-)
-from opencode_env.wire.turn import (
-    CallUsage,
-    MessagesBase,
-    PromptBase,
-    PromptSource,
-    RecordedOutcome,
-    RolloutTurn,
-    TokenIdSource,
-    TopLogprob,
-    TurnKind,
-    TurnOutcome,
-)
-from opencode_env.wire.wire_float import NonFiniteName, WireFloat
+from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
+from opencode_env.wire.shared import WireFloat
+from opencode_env.wire.turn import PromptBase, RolloutTurn
 
-__all__ = [
-    "COMPACTION_WINDOW",
-    "INFRASTRUCTURE_FAILURES",
-    "MAX_COMMANDS",
-    "MAX_COMMAND_CHARS",
-    "MAX_ENV_VALUE_CHARS",
-    "MAX_ENV_VARS",
-    "MAX_FILES",
-    "MAX_FILES_TOTAL_CHARS",
-    "MAX_FILE_CHARS",
-    "MAX_INSTRUCTION_CHARS",
-    "RESERVED_ENV",
-    "SCHEMA_VERSION",
-    "TOOL_NAME",
-    "AttributionCheck",
-    "CallUsage",
-    "Command",
-    "CommandResult",
-    "EndpointName",
-    "EnvName",
-    "EnvValue",
-    "FilePath",
-    "FileText",
-    "ImageRef",
-    "LimitHit",
-    "MessagesBase",
-    "Mode",
-    "Network",
-    "NonFiniteName",
-    "NonUtf8Path",
-    "Phase",
-    "PhaseTimings",
-    "PromptBase",
-    "PromptSource",
-    "RecordedOutcome",
-    "ResultText",
-    "RewardSource",
-    "RolloutRequest",
-    "RolloutResult",
-    "RolloutStatus",
-    "RolloutTurn",
-    "Sampling",
-    "SandboxPath",
-    "SentToolSchema",
-    "SetupAs",
-    "TaskId",
-    "TokenIdSource",
-    "TokenIn",
-    "TokenUsage",
-    "ToolCallSummary",
-    "TopLogprob",
-    "TurnKind",
-    "TurnOutcome",
-    "UpstreamInfo",
-    "VerifyAs",
-    "VerifySandbox",
-    "WireFloat",
-    "common_prefix_length",
-    "compact_prompts",
-    "is_infrastructure_failure",
+Phase = Literal["validate", "sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
+RolloutStatus = Literal[
+    "completed",
+    "setup_failed",
+    "agent_timeout",
+    "agent_error",
+    "sandbox_error",
+    "install_error",
+    "proxy_error",
+    "upstream_error",
+    "invalid_request",
+    "timeout",
+    "cancelled",
+    "internal_error",
 ]
+INFRASTRUCTURE_FAILURES: frozenset[RolloutStatus] = frozenset(
+    {"sandbox_error", "install_error", "proxy_error", "upstream_error", "timeout", "cancelled", "internal_error"}
+)
+"""Statuses where our side (sandbox, install, proxy, model endpoint, deadline) failed: such a rollout carries no
+reward and gives no usable training data. `invalid_request` never ran; `setup_failed`, `agent_error` and
+`agent_timeout` are outcomes of the task or the policy."""
+
+
+def is_infrastructure_failure(status: RolloutStatus) -> bool:
+    """The one predicate that decides whether a rollout's reward and training data can be used."""
+    return status in INFRASTRUCTURE_FAILURES
+
+
+RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
+LimitHit = Literal["memory", "processes", "disk"]
+
+
+class CommandResult(BaseModel):
+    cmd: str
+    exit_code: int | None = Field(description="None when the command was killed (timeout) before it exited.")
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: WireFloat = 0.0
+    timed_out: bool = False
+    output_truncated: bool = False
+
+
+class ToolCallSummary(BaseModel):
+    tool: str
+    status: str
+    title: str = ""
+    exit_code: int | None = None
+    started_at: WireFloat | None = Field(None, description="Unix time the tool started (OpenCode's event).")
+    ended_at: WireFloat | None = Field(None, description="Unix time the tool ended (OpenCode's event).")
+    session_id: str | None = Field(None, description="The OpenCode session whose step ran the tool.")
+
+
+class AttributionCheck(BaseModel):
+    """Each model call tied to the OpenCode session that made it, and the proxy's record checked against OpenCode's
+    own session store (read from the host side once the agent has stopped): every assistant step OpenCode recorded
+    should have a turn, and every agent or sub-agent turn a recorded step."""
+
+    source: Literal["opencode_store", "headers_only"] = Field(
+        "headers_only",
+        description="opencode_store: sessions and their parents from OpenCode's database; headers_only: the store "
+        "could not be read (see note), so the first session named is OpenCode's and any other is unattributed.",
+    )
+    sessions: int = Field(0, description="Sessions OpenCode recorded (the root and its sub-agents).")
+    sub_agent_sessions: int = 0
+    steps_recorded: int = Field(0, description="Assistant steps (model calls that answered) in OpenCode's store.")
+    turns_matched: int = Field(0, description="Complete agent and sub-agent turns matched to a recorded step.")
+    disagreements: list[str] = Field(default_factory=list, description="Steps without a turn, turns without a step.")
+    note: str | None = Field(None, description="Why the store was not used, when it was not.")
+
+
+class TokenUsage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_calls: int = 0
+    source: Literal["proxy", "opencode_events", "none"] = "none"
+
+
+class PhaseTimings(BaseModel):
+    """Seconds spent in each phase; None for a phase that never started."""
+
+    sandbox_s: WireFloat | None = None
+    install_s: WireFloat | None = None
+    prepare_s: WireFloat | None = None
+    setup_s: WireFloat | None = None
+    proxy_s: WireFloat | None = None
+    agent_s: WireFloat | None = None
+    verify_s: WireFloat | None = None
+    collect_s: WireFloat | None = None
+    close_s: WireFloat | None = None
+
+
+class UpstreamInfo(BaseModel):
+    """Where the model calls went, without the key."""
+
+    endpoint: EndpointName = ""
+    base_url: str = ""
+    model: str = ""
+    disable_thinking: bool = False
+
+
+class NonUtf8Path(BaseModel):
+    """A work-dir path whose bytes are not valid UTF-8 (Linux names are bytes; JSON text cannot hold them as such)."""
+
+    path_base64: str = Field(
+        description="The path's exact bytes, relative to the work dir ('/' between components), in standard padded "
+        "base64 (RFC 4648): the one lossless form."
+    )
+    display: str = Field(
+        description="For reading only: the path decoded as UTF-8 with each byte that is not UTF-8 written as \\xNN "
+        "(not unique: a UTF-8 name may read the same)."
+    )
+
+
+COMPACTION_WINDOW = 4
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading items a and b share (slice comparisons run in C; a binary search finds a divergence)."""
+    limit = min(len(a), len(b))
+    if (a if limit == len(a) else a[:limit]) == (b if limit == len(b) else b[:limit]):
+        return limit
+    low, high = 0, limit - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _shared_with(base: RolloutTurn, prompt: list[int]) -> int:
+    head, tail = base.prompt_token_ids, base.completion_token_ids
+    shared = common_prefix_length(head, prompt)
+    if shared < len(head):
+        return shared
+    return shared + common_prefix_length(tail, prompt[shared:])
+
+
+def compact_prompts(turns: list[RolloutTurn]) -> list[RolloutTurn]:
+    """The turns with each prompt written as a reference to a recent turn's ids plus its new suffix."""
+    numbers = Counter(turn.turn for turn in turns)
+    recent: list[RolloutTurn] = []
+    out = []
+    for turn in turns:
+        prompt = turn.prompt_token_ids
+        best, shared = None, 0
+        for candidate in reversed(recent):
+            if len(candidate.prompt_token_ids) + len(candidate.completion_token_ids) <= shared:
+                continue
+            count = _shared_with(candidate, prompt)
+            if count > shared:
+                best, shared = candidate, count
+        if best is None:
+            out.append(turn)
+        else:
+            base = PromptBase(turn=best.turn, count=shared)
+            out.append(
+                turn.model_copy(
+                    update={"prompt_token_ids": [], "prompt_base": base, "prompt_suffix_ids": prompt[shared:]}
+                )
+            )
+        if numbers[turn.turn] == 1 and prompt:
+            recent = [*recent[-(COMPACTION_WINDOW - 1) :], turn]
+    return out
+
+
+def expanded_prompt(turn: RolloutTurn, earlier: dict[int, RolloutTurn], index: int) -> list[int]:
+    """`turn`'s whole prompt: the ids its `prompt_base` names in an earlier turn, then its suffix."""
+    base = turn.prompt_base
+    if base is None:
+        return list(turn.prompt_suffix_ids)
+    source = earlier.get(base.turn)
+    if source is None:
+        raise ValueError(f"proxy_turns[{index}].prompt_base.turn: {base.turn} is not an earlier turn")
+    head, tail = source.prompt_token_ids, source.completion_token_ids
+    if base.count > len(head) + len(tail):
+        raise ValueError(
+            f"proxy_turns[{index}].prompt_base.count: {base.count} is over the {len(head) + len(tail)} ids of "
+            f"turn {base.turn}"
+        )
+    prefix = head[: base.count] if base.count <= len(head) else head + tail[: base.count - len(head)]
+    return prefix + turn.prompt_suffix_ids
+
 
 TOOL_NAME = "run_rollout"
 SCHEMA_VERSION = 3
@@ -316,3 +379,32 @@ class RolloutResult(BaseModel):
                     built[position] = list(turn.request.get("messages", []))
                 on_stack.discard(stack.pop())
         return built
+
+
+WHERE_THE_REST_IS = (
+    "the full RolloutResult (every turn's tokens and logprobs, commands, files) is this tool result's structured "
+    "content; call with result_text='json' to have it as this text too"
+)
+
+
+def result_summary(result: RolloutResult) -> str:
+    timings = result.timings.model_dump()
+    phases = ", ".join(f"{name[:-2]} {value:.2f}s" for name, value in timings.items() if value is not None)
+    tools = ", ".join(f"{call.tool}({call.status})" for call in result.tool_calls) or "none"
+    lines = [
+        f"status:     {result.status}" + (f" in {result.failed_phase}: {result.error}" if result.error else ""),
+        f"reward:     {result.reward} ({result.reward_source})",
+        f"turns:      {len(result.proxy_turns)} captured, {result.usage.llm_calls} LLM calls, "
+        f"{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} completion tokens",
+        f"tool calls: {tools}",
+        "verify:     " + ", ".join(f"exit {r.exit_code}" for r in result.verify_results),
+        f"timings:    {phases}; wall {result.wall_s:.2f}s",
+        f"sandbox:    {result.backend} {result.sandbox_id}, OpenCode {result.opencode_version}",
+    ]
+    return "\n".join(lines)
+
+
+def tool_text(result: RolloutResult) -> str:
+    """The MCP tool result's text block: the summary, the task's id and where the rest is."""
+    task = f"task:       {result.task_id}\n" if result.task_id else ""
+    return f"{task}{result_summary(result)}\n{WHERE_THE_REST_IS}"
