@@ -29,9 +29,9 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
 from opencode_env.training.attribution import SESSION_HEADER
 from opencode_env.wire import CommandResult, LimitHit
-from tests.stub_backend import MemoryFiles, StubProcess
 
 
 @dataclass(frozen=True)

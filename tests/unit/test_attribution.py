@@ -13,7 +13,7 @@ from opencode_env.training.attribution import attribute_turns
 from opencode_env.training.formats import harness_result, training_rows, trl_batch
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import RolloutTurn, TurnKind
-from tests.test_training import history, result_of, turn
+from tests.integration.test_training import history, result_of, turn
 
 EOS = 99
 STRANGER = [{"role": "user", "content": "a tool's own call"}]

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.settings import Settings, markdown_table, variable_names
+from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest
-from tests.stub_backend import StubBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS_FOR_OUR_PROCESSES = frozenset(

@@ -35,9 +35,9 @@ from opencode_env.sandbox import (
     resolve_backend_name,
 )
 from opencode_env.settings import Settings
+from opencode_env.testing.stub_backend import StubBackend
 from server.staged import STARTING
 from tests.server_app import runtime_for
-from tests.stub_backend import StubBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN = ("auto", "local", "e2b", "hf")

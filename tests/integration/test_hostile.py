@@ -21,9 +21,10 @@ from opencode_env.sandbox.base import REWARD_TXT, ResourceLimits, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
 from opencode_env.settings import Settings
+from opencode_env.testing.fake_e2b import host_path
 from opencode_env.testing.script import Script, bash, say
 from opencode_env.wire import RolloutRequest
-from tests.helpers import host_path, rollout
+from tests.helpers import rollout
 
 CANARY_KEY = "sk-hostile-canary-5e1d9b"
 

@@ -38,16 +38,27 @@ from e2b.api.client.models.sandbox_state import SandboxState
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
-from opencode_env.sandbox.base import HOME, Identity, ProvidedTools, SandboxSpec
+from opencode_env.sandbox.base import HOME, WORKDIR, Identity, ProvidedTools, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess
 from opencode_env.sandbox.local.tools import cached_tools, npm_cache
 from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
-from tests.helpers import host_path
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
 NPM_GLOBAL = f"{HOME}/.npm-global"
+
+
+def host_path(sandbox: LocalSandbox, path: str) -> Path:
+    """Where a path in a local sandbox's home or /tmp lives on the host, from the sandbox's public layout: for tests
+    and the fakes that emulate a cloud VM with a local sandbox. Where the product reads or writes a sandbox's tree it
+    goes through hostfs (no link followed); a test that opens this path must not stand in for that."""
+    normal = os.path.normpath(path if path.startswith("/") else f"{WORKDIR}/{path}")
+    if normal == HOME or normal.startswith(HOME + "/"):
+        return sandbox.layout.home / os.path.relpath(normal, HOME)
+    if normal == "/tmp" or normal.startswith("/tmp/"):
+        return sandbox.layout.tmp / os.path.relpath(normal, "/tmp")
+    raise ValueError(f"{path!r} is outside the sandbox's home and /tmp")
 
 
 @dataclass

@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from opencode_env.settings import Settings
+from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.viewer.runs import (
     RESULTS_DIR_VAR,
     ResultsDir,
@@ -27,9 +28,13 @@ from opencode_env.viewer.runs import (
 )
 from opencode_env.wire import RolloutRequest, RolloutResult
 from server.rollouts import Rollouts
-from tests.stub_backend import StubBackend
+from tests.integration.test_concurrency_cap import (
+    through_openenv_json_rpc,
+    through_standard_mcp,
+    through_step,
+    through_websocket,
+)
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
-from tests.test_concurrency_cap import through_openenv_json_rpc, through_standard_mcp, through_step, through_websocket
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = "sk-results-never-stored"

@@ -3,7 +3,6 @@ possible. The backend contract suite runs on it too (tests/test_sandbox_contract
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import time
@@ -23,10 +22,15 @@ from opencode_env.sandbox.cloud.hf import HFBackend, HFSandbox, default_image, r
 from opencode_env.sandbox.cloud.hf_shell import parse_listing, parse_probe
 from opencode_env.settings import Settings
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.testing.fake_hf import (
+    FAKE_TOOLS_DIR,
+    FakeHfApi,
+    FakeHfCloud,
+    FakeSandbox,
+    FakeSandboxFiles,
+    FakeSandboxProcess,
+)
 from tests.conftest import processes_mentioning
-from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfApi, FakeHfCloud, FakeSandbox, FakeSandboxFiles, FakeSandboxProcess
 from tests.helpers import sleep_cmd
 
 
@@ -62,16 +66,6 @@ def hf_no_leaks(hf_cloud: FakeHfCloud, sandbox_base: Path) -> Iterator[None]:
     assert hf_cloud.alive == {}
     assert list(sandbox_base.iterdir()) == []
     assert processes_mentioning(str(sandbox_base)) == []
-
-
-async def test_a_full_rollout_through_hf(hf_fake: HFBackend, hf_no_leaks: None) -> None:
-    with ScriptedModelServer(demo_script()) as model:
-        result = await run_rollout(demo_request(model.base_url), hf_fake)
-    assert result.status == "completed", result.error
-    assert (result.backend, result.reward, len(result.proxy_turns)) == ("hf", 1.0, 3)
-    assert result.sandbox_id.startswith("fakejob")
-    assert result.opencode_version == "1.18.33"
-    assert all(turn.aligned for turn in result.proxy_turns)
 
 
 async def test_task_commands_run_as_user_and_privileged_ones_as_root(hf_fake: HFBackend, hf_no_leaks: None) -> None:
@@ -173,41 +167,6 @@ def test_a_bad_cap_is_refused() -> None:
         Settings.load({"OPENCODE_ENV_HF_MAX_SANDBOXES": "0"})
     with pytest.raises(ValueError, match="at least 1"):
         HFBackend(token="t", max_sandboxes=0)
-
-
-async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Path, hf_no_leaks: None) -> None:
-    cloud = FakeHfCloud(base_dir=sandbox_base, create_delay_s=1.0)
-    backend = HFBackend(
-        sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
-    )
-    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), backend))
-    await asyncio.sleep(0.3)
-    rollout.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await rollout
-    for _ in range(100):
-        if cloud.created and not cloud.alive:
-            break
-        await asyncio.sleep(0.05)
-    assert cloud.created == 1
-    assert cloud.alive == {}
-
-
-async def test_sandboxes_over_the_cap_wait_their_turn(hf_cloud: FakeHfCloud, hf_no_leaks: None) -> None:
-    backend = HFBackend(
-        sandbox_class=hf_cloud.sandbox_class(),
-        token=hf_cloud.token,
-        image="opencode-env",
-        max_sandboxes=1,
-        tools_dir=FAKE_TOOLS_DIR,
-    )
-    first = await backend.create(SandboxSpec())
-    second = asyncio.ensure_future(backend.create(SandboxSpec()))
-    await asyncio.sleep(0.5)
-    assert not second.done()
-    assert len(hf_cloud.alive) == 1
-    await first.close()
-    await (await asyncio.wait_for(second, timeout=120)).close()
 
 
 async def test_reap_kills_tagged_sandboxes_left_behind(

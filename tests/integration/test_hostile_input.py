@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.server_app import app_for
-from tests.stub_backend import StubBackend
 
 HOSTILE_TEXT = [
     "../../etc/passwd",

@@ -21,16 +21,16 @@ from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend, reap
 from opencode_env.sandbox.cloud.template import dockerfile
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from tests.conftest import processes_mentioning
-from tests.fake_e2b import (
+from opencode_env.testing.fake_e2b import (
     FakeAsyncSandbox,
     FakeCloud,
     FakeCommandHandle,
     FakeCommands,
     FakeFilesystem,
 )
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.conftest import processes_mentioning
 from tests.helpers import sleep_cmd
 
 
@@ -57,21 +57,6 @@ def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
 )
 def test_the_fake_has_the_sdks_signatures(real: Callable[..., Any], fake: Callable[..., Any]) -> None:
     assert parameters(fake) == parameters(real)
-
-
-async def test_a_full_rollout_through_e2b(e2b_fake: E2BBackend, fake_cloud: FakeCloud, no_leaks: None) -> None:
-    reports: list[tuple[str, str]] = []
-    with ScriptedModelServer(demo_script()) as model:
-        result = await run_rollout(
-            demo_request(model.base_url), e2b_fake, progress=lambda phase, text: reports.append((phase, text))
-        )
-    assert result.status == "completed", result.error
-    assert (result.backend, result.reward, len(result.proxy_turns)) == ("e2b", 1.0, 3)
-    assert result.sandbox_id.startswith("fake")
-    assert result.opencode_version == "1.18.33"
-    assert all(turn.aligned for turn in result.proxy_turns)
-    assert result.timings.install_s is not None
-    assert [text for phase, text in reports if phase == "install"] == [], "the template has everything baked in"
 
 
 @pytest.mark.timeout(300)
@@ -120,33 +105,6 @@ async def test_each_creation_failure_is_one_clear_fast_error(
     assert expected in (result.error or "")
     assert cloud.alive == {}
     print(f"{expected!r}: failed in {elapsed * 1000:.0f} ms")
-
-
-async def test_a_cancelled_creation_still_kills_the_sandbox(sandbox_base: Any, no_leaks: None) -> None:
-    cloud = FakeCloud(base_dir=sandbox_base, create_delay_s=1.0)
-    backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
-    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), backend))
-    await asyncio.sleep(0.3)
-    rollout.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await rollout
-    for _ in range(100):
-        if cloud.created and not cloud.alive:
-            break
-        await asyncio.sleep(0.05)
-    assert cloud.created == 1
-    assert cloud.alive == {}
-
-
-async def test_sandboxes_over_the_cap_wait_their_turn(fake_cloud: FakeCloud, no_leaks: None) -> None:
-    backend = E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key, max_sandboxes=1)
-    first = await backend.create(SandboxSpec())
-    second = asyncio.ensure_future(backend.create(SandboxSpec()))
-    await asyncio.sleep(0.5)
-    assert not second.done()
-    assert len(fake_cloud.alive) == 1
-    await first.close()
-    await (await asyncio.wait_for(second, timeout=10)).close()
 
 
 async def test_reap_kills_tagged_sandboxes_left_behind(

@@ -22,7 +22,7 @@ from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
-from tests.browser import chromium, network_requests, requested_urls, save_screenshot
+from tests.browser.driver import chromium, network_requests, requested_urls, save_screenshot
 from tests.server_app import app_for
 
 TOKEN = "web-t0ken-for-tests"

@@ -14,10 +14,10 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
 from opencode_env.settings import Settings
+from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
 from server.served_ports import ServedPorts
 from tests.server_app import runtime_for
-from tests.stub_backend import StubBackend
 from tests.stub_server import stub_arguments, stub_server
 
 NAMES = {

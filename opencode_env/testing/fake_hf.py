@@ -1,6 +1,6 @@
 """A stand-in for huggingface_hub's dedicated `Sandbox` (and the two `HfApi` calls the reaper makes) that runs
 commands for real: by default each sandbox in a local bubblewrap sandbox, or, with `plain_processes`, as plain
-processes of this machine, which then plays the one sandbox's VM (for the image's smoke test: tests/fake_hf_plain.py).
+processes of this machine, which then plays the one sandbox's VM (for the image's smoke test: fake_hf_plain.py).
 
 Like the SDK it is synchronous; like the HF Jobs it stands for, its sandboxes live elsewhere: on the fake cloud's
 own event loop, in its own thread, so a call blocks its caller the way a remote call does. It has the SDK's method
@@ -37,7 +37,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess
 from opencode_env.sandbox.local.tools import cached_tools
-from tests.fake_hf_plain import PlainMachine
+from opencode_env.testing.fake_hf_plain import PlainMachine
 
 T = TypeVar("T")
 # The fake cannot write /opt: where the backend keeps its root-owned tools and control files in a fake sandbox.

@@ -19,7 +19,7 @@ from opencode_env.training import (
 )
 from opencode_env.training.formats import training_rows, trl_batch
 from opencode_env.wire import RolloutResult, RolloutTurn, TurnKind
-from tests.test_training import history, result_of, turn
+from tests.integration.test_training import history, result_of, turn
 
 EOS = 99
 ROOT, CHILD, OTHER_CHILD = "ses_root", "ses_child", "ses_other_child"

@@ -8,9 +8,9 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, demo_script, fail, stall
+from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.helpers import rollout
-from tests.stub_backend import StubBackend
 
 
 async def test_a_tight_total_deadline_still_leaves_verify_its_time(backend: LocalBackend, no_leaks: None) -> None:

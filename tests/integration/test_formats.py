@@ -15,7 +15,7 @@ from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
 from opencode_env.training.trl_rollout import InProcess, make_rollout_func
 from opencode_env.wire import RolloutRequest, RolloutResult
-from tests.test_training import history, result_of, turn
+from tests.integration.test_training import history, result_of, turn
 
 EOS = 99
 

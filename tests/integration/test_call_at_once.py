@@ -18,7 +18,7 @@ from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
 from opencode_env.client.client import OpenCodeEnv
-from tests.test_access import free_port
+from tests.integration.test_access import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

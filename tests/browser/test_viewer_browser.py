@@ -25,9 +25,9 @@ from opencode_env.wire import (
     Sampling,
     ToolCallSummary,
 )
-from tests.browser import NETWORK_SCHEMES, chromium, requested_urls, rgb, save_screenshot
+from tests.browser.driver import NETWORK_SCHEMES, chromium, requested_urls, rgb, save_screenshot
 from tests.helpers import rollout
-from tests.test_viewer_page import forking_result
+from tests.integration.test_viewer_page import forking_result
 
 T0 = 1_750_000_000.0
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from opencode_env.client.client import OpenCodeEnv
+from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from server.staged import StagedApp
 from tests.server_app import app_for
-from tests.stub_backend import StubBackend
 
 
 def wait_for_status(url: str, status: int, timeout_s: float = 30) -> httpx.Response:
