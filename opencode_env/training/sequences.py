@@ -91,7 +91,7 @@ class TrainingSequences(BaseModel):
     )
     unattributed: list[int] = Field(
         default_factory=list,
-        description="Turns the proxy could not tie to OpenCode's session (training.attribution): in no sequence.",
+        description="Turns the proxy could not tie to OpenCode's session (rollout.attribution): in no sequence.",
     )
     no_sequences_reason: str | None = None
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from opencode_env.cli import main
+from opencode_env.evals.trl_rollout import InProcess, make_rollout_func
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
-from opencode_env.training.trl_rollout import InProcess, make_rollout_func
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.integration.test_training import history, result_of, turn
 

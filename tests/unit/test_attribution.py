@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from opencode_env.cli import main
-from opencode_env.training.attribution import attribute_turns
+from opencode_env.rollout.attribution import attribute_turns
 from opencode_env.training.formats import harness_result, training_rows, trl_batch
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import RolloutTurn, TurnKind

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opencode_env.training.sampling import sampling_warnings
+from opencode_env.rollout.sampling import sampling_warnings
 from opencode_env.training.sequences import training_summary
 from opencode_env.wire import RolloutRequest, RolloutResult, Sampling
 
