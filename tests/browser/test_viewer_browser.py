@@ -13,6 +13,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.chromium import NETWORK_SCHEMES, chromium, requested_urls, rgb, save_screenshot
 from opencode_env.testing.script import demo_script
 from opencode_env.viewer import render_page
 from opencode_env.viewer.page import training_view
@@ -25,7 +26,6 @@ from opencode_env.wire import (
     Sampling,
     ToolCallSummary,
 )
-from tests.browser.driver import NETWORK_SCHEMES, chromium, requested_urls, rgb, save_screenshot
 from tests.helpers import rollout
 from tests.integration.test_viewer_page import forking_result
 

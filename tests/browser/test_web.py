@@ -15,6 +15,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.chromium import chromium, network_requests, requested_urls, save_screenshot
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
@@ -22,7 +23,6 @@ from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
-from tests.browser.driver import chromium, network_requests, requested_urls, save_screenshot
 from tests.server_app import app_for
 
 TOKEN = "web-t0ken-for-tests"

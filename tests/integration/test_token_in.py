@@ -16,10 +16,10 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.chat_template import IM_END, SPECIAL_IDS
 from opencode_env.testing.demo import demo_request
+from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.sequences import training_sequences
-from tests.proxy_process import running_proxy
 
 VLLM = ("--endpoint-kind", "vllm", "--model-override", "scripted-policy")
 STOP = SPECIAL_IDS[IM_END]

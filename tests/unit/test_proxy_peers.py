@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from opencode_env.proxy.peers import socket_owner
+from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.testing.script import Script, say
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from tests.proxy_process import running_proxy
 
 TOKEN = "proxy-token-for-the-peer-test"
 OPENCODE_UID = 2_100_000_321

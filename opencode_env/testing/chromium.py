@@ -1,4 +1,5 @@
-"""A real headless Chromium (Debian's `chromium` + `chromium-driver`) driven by selenium, for the viewer's tests."""
+"""A real headless Chromium (Debian's `chromium` + `chromium-driver`) driven by selenium, for the viewer's tests and
+bench/viewer_open.py. It needs the dev dependencies (selenium, pytest: a missing Chromium skips the test)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.chromium.webdriver import ChromiumDriver as WebDriver
 
-DEFAULT_ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+DEFAULT_ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 ARTIFACTS = Path(os.environ.get("OPENCODE_ENV_TEST_ARTIFACTS", DEFAULT_ARTIFACTS))
 FLAGS = [
     "--headless",
@@ -60,7 +61,7 @@ def chromium() -> Iterator[WebDriver]:
 def requested_urls(session: WebDriver) -> list[str]:
     """Every URL the page asked the network stack for since the last call (DevTools Network events)."""
     urls = []
-    for entry in session.get_log("performance"):
+    for entry in session.get_log("performance"):  # type: ignore[no-untyped-call]  # selenium leaves it untyped
         message = json.loads(entry["message"])["message"]
         if message["method"] == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
