@@ -21,7 +21,7 @@ from tests.server_app import app_for
 from tests.stub_server import StubServer, stub_server
 
 TOKEN = "t0k-for-tests"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LISTING = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
 STREAM = {"accept": "application/json, text/event-stream"}
 

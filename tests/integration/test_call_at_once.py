@@ -20,7 +20,7 @@ from openenv.core.mcp_client import MCPToolClient
 from opencode_env.client.client import OpenCodeEnv
 from tests.integration.test_access import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def sdk(url: str) -> list[str]:

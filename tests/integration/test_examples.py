@@ -21,7 +21,7 @@ from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import SCHEMA_VERSION
 from tests.server_app import app_for
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")

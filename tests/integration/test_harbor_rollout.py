@@ -150,7 +150,7 @@ async def test_run_a_task_dir_from_the_command_line(calc_task: Path, sandbox_bas
 
 async def test_the_shipped_example_task(backend: LocalBackend) -> None:
     """examples/harbor/fix-calc, as the README runs it: the oracle solves it, doing nothing does not."""
-    task = Path(__file__).resolve().parents[1] / "examples" / "harbor" / "fix-calc"
+    task = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "fix-calc"
     solved = await run_rollout(request_from_task_dir(task, oracle=True), backend)
     nothing = await run_rollout(request_from_task_dir(task, oracle=True).model_copy(update={"solution": []}), backend)
     assert (solved.status, solved.reward) == ("completed", 1.0), solved.error

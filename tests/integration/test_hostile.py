@@ -65,7 +65,7 @@ async def test_root_only_files_stay_unreadable(box: LocalSandbox, root_only_cana
 
 
 async def test_no_mount_tricks_and_no_kernel_settings(box: LocalSandbox) -> None:
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     _code, out = await sh(
         box,
         f"mount -o remount,rw,bind {checkout} 2>&1; mount --bind / /mnt 2>&1; "

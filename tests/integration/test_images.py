@@ -128,7 +128,7 @@ async def test_changes_never_reach_another_rollout_on_the_image(backend: LocalBa
 @pytest.fixture
 def canaries() -> Iterator[list[Path]]:
     """A file in the server's checkout and one in a host directory of no particular kind, both world-readable."""
-    checkout = Path(__file__).resolve().parents[1] / f".canary-{RUN_MARK}"
+    checkout = Path(__file__).resolve().parents[2] / f".canary-{RUN_MARK}"
     elsewhere = Path(f"/opt/opencode-env-canary-{RUN_MARK}") / "secret"
     elsewhere.parent.mkdir(exist_ok=True)
     for canary in (checkout, elsewhere):
@@ -170,7 +170,7 @@ async def test_a_sandbox_on_the_host_s_own_system_sees_only_its_system_directori
                 assert "No such file" in seen.stderr
         for hidden in ("/opt", "/srv", "/var/lib", "/var/log"):
             assert await _sh(sandbox, f"test -e {hidden} || echo hidden", "root") == "hidden", hidden
-        checkout = Path(__file__).resolve().parents[1]
+        checkout = Path(__file__).resolve().parents[2]
         environment = Path(sys.executable).parent.parent
         shown = await _sh(sandbox, f"find /{checkout.parts[1]} -type f -not -path '{environment}/*'", "root")
         assert shown == str(checkout / "opencode_env/sandbox/local/userns.py")

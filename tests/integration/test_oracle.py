@@ -14,7 +14,7 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.wire import MAX_COMMANDS, RolloutRequest, RolloutResult
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "task_hello.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "task_hello.json"
 WORKDIR = "/home/user/workdir"
 SOLVED = f'cd {WORKDIR} && test "$(cat answer.txt)" = 42'
 

@@ -39,7 +39,7 @@ from opencode_env.testing.stub_backend import StubBackend
 from server.staged import STARTING
 from tests.server_app import runtime_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KNOWN = ("auto", "local", "e2b", "hf")
 PER_CPU = max(2, (os.cpu_count() or 2) * 2)
 

@@ -18,7 +18,7 @@ from opencode_env.sandbox.local import hostfs, hostfs_write
 
 OWNER = (2_100_000_001, 2_100_000_001)
 OTHER = (2_100_000_777, 2_100_000_777)
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from opencode_env.settings import Settings, markdown_table, variable_names
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OURS_FOR_OUR_PROCESSES = frozenset(
     {
         "OPENCODE_ENV_UPSTREAM_KEY",
@@ -27,9 +27,11 @@ OURS_FOR_OUR_PROCESSES = frozenset(
         "OPENCODE_ENV_HTTPS_PROXY",
         "OPENCODE_ENV_HTTP_PROXY",
         "OPENCODE_ENV_NO_PROXY",
+        "OPENCODE_ENV_TEST_ARTIFACTS",
     }
 )
-"""Variables we set for processes we start (the proxy's key and token, markers in our own images), not settings."""
+"""Variables we set for processes we start (the proxy's key and token, markers in our own images), and the test
+harness's own (where opencode_env.testing.chromium saves screenshots), not settings."""
 
 
 def test_every_operator_variable_the_code_names_is_declared() -> None:

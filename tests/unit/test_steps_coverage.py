@@ -23,7 +23,7 @@ from tests.integration.test_training import history, result_of, turn
 
 EOS = 99
 ROOT, CHILD, OTHER_CHILD = "ses_root", "ses_child", "ses_other_child"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def thinking_rollout(turns: int = 14, reasoning: int = 300, answer: int = 80, tool_output: int = 7) -> RolloutResult:

@@ -13,7 +13,7 @@ from opencode_env.rollout.proxy_session import parse_trace
 from opencode_env.training.sequences import training_sequences
 from opencode_env.wire import SCHEMA_VERSION, MessagesBase, RolloutResult, RolloutTurn
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 V0_DEMO = FIXTURES / "result_v0_demo.json"
 
 
