@@ -23,7 +23,7 @@ from bench.latency_backend import LatencyBackend
 from bench.wire_format import synthetic
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.testing.demo import demo_request
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 
 def timed_ms(work: Callable[[], object]) -> float:

@@ -22,7 +22,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, ToolCallStep
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.sequences import training_summary
-from opencode_env.wire.models import TokenIn
+from opencode_env.wire import TokenIn
 
 SHARES = ("trl row", "sequences", "steps")
 

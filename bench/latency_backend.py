@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opencode_env.rollout.attribution import SESSION_HEADER
 from opencode_env.rollout.state import EVENTS_PATH
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -29,9 +30,8 @@ from opencode_env.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
-from opencode_env.training.attribution import SESSION_HEADER
-from opencode_env.wire.models import CommandResult, LimitHit
-from tests.stub_backend import MemoryFiles, StubProcess
+from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
+from opencode_env.wire import CommandResult, LimitHit
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ import httpx
 
 from bench.opencode_body import capture_opencode_request
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
+from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.testing.script import Script, Step
-from tests.proxy_process import running_proxy
 
 REWRITE = RewriteConfig(endpoint_kind="vllm", model_override="scripted-policy", top_logprobs=5, max_tokens_cap=4096)
 

@@ -23,7 +23,7 @@ from opencode_env.sandbox.local.tools import cached_tools, install_cached
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire.models import Mode, RolloutResult
+from opencode_env.wire import Mode, RolloutResult
 
 PHASES = ("sandbox_s", "install_s", "prepare_s", "setup_s", "proxy_s", "agent_s", "verify_s", "collect_s", "close_s")
 

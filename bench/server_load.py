@@ -43,7 +43,7 @@ import httpx
 from bench.serving import free_port, running_server
 from opencode_env.client.ws_session import OpenEnvSession
 from opencode_env.testing.demo import demo_request
-from opencode_env.wire.models import TOOL_NAME
+from opencode_env.wire import TOOL_NAME
 
 TARGET_HEALTH_P99_S = 0.100
 TARGET_MAX_LAG_S = 0.050

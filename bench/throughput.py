@@ -35,7 +35,7 @@ from opencode_env.sandbox.local.tools import cached_tools, install_cached
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 
 PHASES = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect", "close")
 Runner = Callable[[list[RolloutRequest], int], Coroutine[Any, Any, list[RolloutResult]]]

@@ -18,7 +18,7 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
-from opencode_env.wire.models import RolloutRequest, VerifySandbox
+from opencode_env.wire import RolloutRequest, VerifySandbox
 
 SOLUTION = "printf 'def add(a, b):\\n    return a + b\\n' > add.py"
 

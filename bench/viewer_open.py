@@ -16,9 +16,9 @@ from pathlib import Path
 
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from opencode_env.testing.chromium import chromium
 from opencode_env.viewer import render_page
-from opencode_env.wire.models import RolloutResult, RolloutTurn
-from tests.browser import chromium
+from opencode_env.wire import RolloutResult, RolloutTurn
 
 NO_OBSERVER = "delete window.IntersectionObserver;"
 OPEN_MS = "const n = performance.getEntriesByType('navigation')[0]; return n.loadEventEnd - n.startTime;"

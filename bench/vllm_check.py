@@ -34,11 +34,10 @@ import httpx
 from opencode_env.proxy.capture import Fold, fold_stream
 from opencode_env.proxy.token_in import TokenIn
 from opencode_env.rollout.proxy_session import Trace
+from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.training.steps import training_steps
-from opencode_env.wire.models import RolloutResult, RolloutTurn
-from opencode_env.wire.prompt_compaction import common_prefix_length
-from tests.proxy_process import running_proxy
+from opencode_env.wire import RolloutResult, RolloutTurn, common_prefix_length
 
 SYSTEM = (
     "You are opencode, an interactive CLI tool that helps users with software engineering tasks. "

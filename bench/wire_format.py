@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from opencode_env.wire.models import MessagesBase, RolloutResult, RolloutTurn
+from opencode_env.wire import MessagesBase, RolloutResult, RolloutTurn
 
 EOS = 151645
 

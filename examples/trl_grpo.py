@@ -23,6 +23,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
+from opencode_env.evals.trl_rollout import InProcess, make_rollout_func
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.chat_template import EOS, SPECIAL_IDS
@@ -30,8 +31,7 @@ from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import rollout_reward
-from opencode_env.training.trl_rollout import InProcess, make_rollout_func
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire import RolloutRequest
 
 VOCAB_SIZE = max(SPECIAL_IDS.values()) + 1
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opencode_env.wire.version import VERSION as __version__
-
 if TYPE_CHECKING:
     from opencode_env.client.client import OpenCodeEnv
     from opencode_env.rollout.pipeline import run_rollout
-    from opencode_env.wire.models import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
+    from opencode_env.wire import VERSION as __version__
+    from opencode_env.wire import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
 
 __all__ = [
     "CommandResult",
@@ -27,11 +26,16 @@ MODELS = ("CommandResult", "RolloutRequest", "RolloutResult", "RolloutTurn")
 
 def __getattr__(name: str) -> Any:
     # Each on first use: a client never loads the pipeline, the pipeline never loads the client, and the capture
-    # proxy (a process per rollout, importing opencode_env.proxy) loads neither the models nor pydantic.
-    if name in MODELS:
-        from opencode_env.wire import models
+    # proxy (a process per rollout, importing opencode_env.proxy) loads neither the models nor pydantic: the version
+    # lives in the wire package too, so it is one attribute away as well.
+    if name == "__version__":
+        from opencode_env.wire import VERSION
 
-        return getattr(models, name)
+        return VERSION
+    if name in MODELS:
+        from opencode_env import wire
+
+        return getattr(wire, name)
     if name == "OpenCodeEnv":
         from opencode_env.client.client import OpenCodeEnv
 

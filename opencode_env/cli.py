@@ -27,9 +27,7 @@ from opencode_env.sandbox.local.image_cli import add_image_parser
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.training.export import add_export_parser
 from opencode_env.viewer.cli import add_view_parser
-from opencode_env.wire.models import Sampling
-from opencode_env.wire.pins import OPENCODE_VERSION
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import OPENCODE_VERSION, VERSION, Sampling
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
 MCP clients, OpenEnv's /ws, /step and JSON-RPC at /mcp for OpenEnv clients, /health and /metadata.
@@ -113,7 +111,7 @@ def _cmd_reap(args: argparse.Namespace) -> int:
 
 def _cmd_install(_: argparse.Namespace) -> int:
     from opencode_env.sandbox.local.tools import install_cached, install_config_deps
-    from opencode_env.wire.pins import PLUGIN_PACKAGE
+    from opencode_env.wire import PLUGIN_PACKAGE
 
     cache = _cache_dir()
     print(f"OpenCode {OPENCODE_VERSION}: {install_cached(root=cache)}")

@@ -10,8 +10,7 @@ from pydantic import ValidationError
 
 from opencode_env.sandbox import BACKENDS
 from opencode_env.settings import Settings
-from opencode_env.wire.models import Phase, RolloutResult
-from opencode_env.wire.summary import result_summary
+from opencode_env.wire import Phase, RolloutResult, result_summary
 
 
 def settings_or_exit() -> Settings:

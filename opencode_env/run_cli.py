@@ -19,8 +19,7 @@ from opencode_env.sandbox import (
     backend_names,
     make_backend,
 )
-from opencode_env.wire.models import RolloutRequest
-from opencode_env.wire.request import request_problems
+from opencode_env.wire import RolloutRequest, request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
 from --instruction / --instruction-file, or from --task DIR; each flag given beside it replaces that field (--file

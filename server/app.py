@@ -20,8 +20,7 @@ import uvicorn
 
 from opencode_env.sandbox import RunsPreflight
 from opencode_env.settings import Settings
-from opencode_env.wire.access import TOKEN_VAR
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import TOKEN_VAR, VERSION
 from server import heap
 from server.staged import StagedApp
 

@@ -13,7 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from opencode_env.viewer.web import WEB_OPEN_PATHS
-from opencode_env.wire.access import TOKEN_VAR
+from opencode_env.wire import TOKEN_VAR
 
 ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"
 OPEN_PATHS = frozenset({"/health"}) | WEB_OPEN_PATHS

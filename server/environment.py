@@ -23,9 +23,7 @@ from openenv.core.env_server.mcp_types import ToolError as ObservedError
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import ValidationError
 
-from opencode_env.wire.deadline import total_budget_s
-from opencode_env.wire.models import TOOL_NAME, RolloutRequest
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import TOOL_NAME, VERSION, RolloutRequest, total_budget_s
 from server.tool import TOOL_DESCRIPTION
 from server.tool_result import session_tool_result
 

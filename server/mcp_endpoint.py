@@ -22,7 +22,7 @@ import json
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from opencode_env.wire.models import TOOL_NAME, RolloutRequest
+from opencode_env.wire import TOOL_NAME, RolloutRequest
 from server.disconnect import PendingReplies
 from server.tool import invalid_arguments
 

@@ -25,8 +25,7 @@ from opencode_env.sandbox import Preflighted
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.viewer.runs import Run, Runs
-from opencode_env.wire.deadline import total_budget_s
-from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire import Phase, RolloutRequest, RolloutResult, total_budget_s
 
 log = logging.getLogger("opencode_env.server")
 Progress = Callable[[Phase, str], Awaitable[None]]

@@ -15,7 +15,7 @@ from opencode_env.sandbox import backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.viewer.runs import ResultsDir, Runs
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import VERSION
 from server.auth import AccessPolicy
 from server.rollouts import CANCEL_GRACE_S, Rollouts
 from server.served_ports import ServedPorts

@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from opencode_env.wire.access import READY_PATH, STARTING
+from opencode_env.wire import READY_PATH, STARTING
 
 log = logging.getLogger("opencode_env.server")
 ANSWERED_AT_ONCE = ("/health", READY_PATH)

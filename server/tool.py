@@ -18,9 +18,7 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.json_schema import compress_schema
 from pydantic import PrivateAttr, ValidationError
 
-from opencode_env.wire.models import TOOL_NAME, Phase, RolloutRequest, RolloutResult
-from opencode_env.wire.request import request_problems
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import TOOL_NAME, VERSION, Phase, RolloutRequest, RolloutResult, request_problems
 from server.rollouts import Rollouts
 from server.tool_result import SERVER_NAME, mcp_tool_result
 

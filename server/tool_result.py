@@ -15,9 +15,7 @@ import orjson
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
 
-from opencode_env.wire.models import ResultText, RolloutResult
-from opencode_env.wire.summary import tool_text
-from opencode_env.wire.version import VERSION
+from opencode_env.wire import VERSION, ResultText, RolloutResult, tool_text
 
 SERVER_NAME = "opencode_env"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"

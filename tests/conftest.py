@@ -18,10 +18,10 @@ from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
+from opencode_env.testing.fake_e2b import FakeCloud
+from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.viewer.runs import RESULTS_DIR_VAR
-from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
-from tests.fake_e2b import FakeCloud
-from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
+from opencode_env.wire import OPENCODE_PACKAGE, OPENCODE_VERSION
 
 # The tests' scripted models live on loopback: as their operator, the test run allows it to the servers it starts
 # (which otherwise refuse a caller's loopback URL when they serve beyond this machine). tests/test_upstream_policy.py
@@ -32,37 +32,20 @@ if RESULTS_DIR_VAR not in os.environ:
     os.environ[RESULTS_DIR_VAR] = tempfile.mkdtemp(prefix="opencode-env-test-results-")
     atexit.register(shutil.rmtree, os.environ[RESULTS_DIR_VAR], True)
 
-QUICK_MODULES = frozenset(
-    {
-        "test_units.py",
-        "test_wire.py",
-        "test_classify.py",
-        "test_capture.py",
-        "test_dechunk.py",
-        "test_json_values.py",
-        "test_attribution.py",
-        "test_backend_registry.py",
-        "test_egress_vetting.py",
-        "test_hostfs_hostile.py",
-        "test_proxy_clamp.py",
-        "test_proxy_peers.py",
-        "test_sandbox_contract.py",
-        "test_settings.py",
-        "test_sampling_warnings.py",
-        "test_steps_coverage.py",
-        "test_import_graph.py",
-    }
-)
-"""The quick tier (`./dev test --quick`, `-m quick`): the unit tests, the contract suite over every backend, and one
-real rollout (QUICK_TESTS), for the inner loop. The full suite is still the gate."""
-QUICK_TESTS = frozenset({"test_rollout.py::test_demo_task_completes_with_full_reward"})
+TIERS = ("unit", "contract", "smoke", "integration", "browser", "solo")
+"""The tests by tier, a directory each (./dev test names them):
+- unit: no sandbox and no agent (pure functions, the proxy over loopback, settings, the import graph);
+- contract: each seam's contract over every backend (the sandbox contract over local and both cloud fakes, the cloud
+  lifecycle over an in-memory cloud);
+- smoke: one real rollout end to end;
+- integration: real rollouts, servers, clients and the cloud fakes, every path;
+- browser: a real Chromium over the viewer and /web;
+- solo: loads every core (sixteen rollouts at once); a full run runs it after the rest, alone.
+The quick tier (`./dev test --quick`) is unit + contract + smoke, for the inner loop; the full suite is still the
+gate. A new test file goes in the first tier whose description fits it."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.path.name
-        if module in QUICK_MODULES or f"{module}::{item.name}" in QUICK_TESTS:
-            item.add_marker(pytest.mark.quick)
     live = {"e2b": ("E2B_API_KEY", "a live E2B account"), "hf": ("HF_TOKEN", "a Hugging Face token with Jobs access")}
     for marker, (variable, what) in live.items():
         if os.environ.get(variable):

@@ -2,7 +2,7 @@
 tests/ mounted read-only for this test only, never part of the image).
 
 One demo rollout through the server's standard MCP endpoint, with its token, on the Hugging Face backend as a Space
-runs it. The SDK under the backend is the fake cloud of tests/fake_hf.py in plain mode: the container plays the
+runs it. The SDK under the backend is the fake HF cloud (opencode_env.testing) in plain mode: the container plays the
 sandbox's VM (the backend's real setpriv drops task commands to `user`; its proxy runs as root with the image's
 packages; OpenCode is the image's own). Everything is loopback: the scripted model, this server, the proxy.
 
@@ -24,11 +24,11 @@ from fastmcp import Client
 
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.testing.demo import demo_request
+from opencode_env.testing.fake_hf import FakeHfCloud
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutResult
-from tests.fake_hf import FakeHfCloud
+from opencode_env.wire import RolloutResult
 from tests.server_app import app_for
 
 EXPECTED_TURNS = 3

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.testing.stub_backend import StubBackend, StubSandbox
 from opencode_env.testing.threaded_server import ThreadedServer
 from tests.server_app import app_for
-from tests.stub_backend import StubBackend, StubSandbox
 
 
 class CountingBackend(StubBackend):

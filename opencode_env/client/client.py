@@ -26,9 +26,7 @@ from typing import Any
 
 from opencode_env.client.sync_view import SyncView
 from opencode_env.client.ws_session import OpenEnvSession, ServerError, Tool
-from opencode_env.wire.access import TOKEN_VAR
-from opencode_env.wire.deadline import total_budget_s
-from opencode_env.wire.models import TOOL_NAME, RolloutRequest, RolloutResult
+from opencode_env.wire import TOKEN_VAR, TOOL_NAME, RolloutRequest, RolloutResult, total_budget_s
 
 CLIENT_MARGIN_S = 120.0
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0

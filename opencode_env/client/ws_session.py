@@ -17,7 +17,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from opencode_env.wire.access import READY_PATH, STARTING
+from opencode_env.wire import READY_PATH, STARTING
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_RETRY_AFTER_S = 2.0

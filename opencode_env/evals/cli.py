@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
 from opencode_env.sandbox import EMBEDDED, backend_names, default_concurrency, make_backend
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire import RolloutRequest
 
 SERVER_CONCURRENCY = 4
 EVAL_DESCRIPTION = """Run every task k times (at most --concurrency rollouts at once) in this process or on an

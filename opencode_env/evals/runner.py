@@ -32,7 +32,7 @@ from opencode_env.evals.summary import AttemptOutcome, EvalSummary, summarize
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.viewer.page import render_page
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 
 Report = Callable[[str], None]
 RunOne = Callable[[RolloutRequest], Awaitable[RolloutResult]]

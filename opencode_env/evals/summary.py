@@ -13,7 +13,7 @@ from statistics import fmean
 
 from pydantic import BaseModel, Field, computed_field
 
-from opencode_env.wire.models import RolloutResult, RolloutStatus, WireFloat, is_infrastructure_failure
+from opencode_env.wire import RolloutResult, RolloutStatus, WireFloat, is_infrastructure_failure
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,5 +1,11 @@
 """The ASGI types the proxy speaks, reading a request body under a limit, and its two ways to answer a request in one
-piece (no framework needed)."""
+piece (no framework needed).
+
+Why not FastAPI or starlette: a proxy starts at every rollout, and FastAPI with pydantic tripled its imports' CPU
+(0.42 s instead of 0.14 s at each start, measured when the proxy dropped them); the proxy answers two routes of its
+own and relays one, so the few lines here replace a framework. tests/integration/test_client_import.py holds it to
+that (the proxy starts without fastapi, starlette or pydantic loaded).
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The writer appends and flushes one line per record, so a killed agent still leaves every finished turn; prompts
 and messages are compacted by reference to earlier turns (capture.TraceCompactor). The host reads these lines with
-opencode_env/wire/trace_records.py: a change here must change that file too.
+opencode_env/wire/turn.py (TurnRecord and its siblings): a change here must change those too.
 """
 
 from __future__ import annotations

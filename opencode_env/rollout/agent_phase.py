@@ -20,7 +20,7 @@ from opencode_env.sandbox.base import (
     ProxyHandle,
     Sandbox,
 )
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     CommandResult,
 )
 

@@ -16,7 +16,7 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.sandbox.registry import BACKENDS, EMBEDDED, backend_names
-from opencode_env.wire.models import RolloutRequest, RolloutResult, is_infrastructure_failure
+from opencode_env.wire import RolloutRequest, RolloutResult, is_infrastructure_failure
 
 Verdict = Literal["ok", "broken", "inconclusive"]
 EXIT_CODES: dict[Verdict, int] = {"ok": 0, "broken": 1, "inconclusive": 2}

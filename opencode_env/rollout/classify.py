@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from opencode_env.rollout.state import PhaseFailure
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     RolloutResult,
     RolloutTurn,
 )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from opencode_env.sandbox.base import WORKDIR, Sandbox
 from opencode_env.sandbox.output import tail_text
-from opencode_env.wire.models import NonUtf8Path
+from opencode_env.wire import NonUtf8Path
 
 MAX_FILES = 200
 MAX_FILE_BYTES = 256 * 1024

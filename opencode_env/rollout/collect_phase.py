@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from opencode_env.rollout import opencode
+from opencode_env.rollout.attribution import attribution_check
 from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.rollout.opencode_store import attribution_store
 from opencode_env.rollout.proxy_session import (
@@ -17,8 +18,7 @@ from opencode_env.sandbox.base import (
     ProxyHandle,
     Sandbox,
 )
-from opencode_env.training.attribution import attribution_check
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     TokenUsage,
 )
 

@@ -14,7 +14,7 @@ from opencode_env.sandbox.base import (
     Sandbox,
     task_path,
 )
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     CommandResult,
     Phase,
 )

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from opencode_env.settings import Settings, variable
-from opencode_env.wire.models import EndpointName, RolloutRequest, UpstreamInfo
+from opencode_env.wire import EndpointName, RolloutRequest, UpstreamInfo
 
 
 class EndpointError(ValueError):
@@ -15,29 +16,64 @@ class EndpointError(ValueError):
 
 
 @dataclass(frozen=True)
+class EndpointSettings:
+    """What the operator set for one endpoint: its URL, key and model, and the settings (fields of Settings) they
+    came from, for messages that name the variables."""
+
+    url: str
+    api_key: str
+    model: str
+    setting_names: tuple[str, str, str]
+
+
+def _vllm(settings: Settings) -> EndpointSettings:
+    return EndpointSettings(
+        settings.vllm_url,
+        settings.vllm_api_key.get_secret_value(),
+        settings.vllm_model,
+        ("vllm_url", "vllm_api_key", "vllm_model"),
+    )
+
+
+def _openai(settings: Settings) -> EndpointSettings:
+    return EndpointSettings(
+        settings.openai_base_url,
+        settings.openai_api_key.get_secret_value(),
+        settings.openai_model,
+        ("openai_base_url", "openai_api_key", "openai_model"),
+    )
+
+
+def _hf_router(settings: Settings) -> EndpointSettings:
+    return EndpointSettings(
+        settings.hf_router_base_url,
+        settings.hf_router_api_key.get_secret_value(),
+        settings.hf_router_model,
+        ("hf_router_base_url", "hf_router_api_key", "hf_router_model"),
+    )
+
+
+@dataclass(frozen=True)
 class EndpointDefaults:
-    prefix: str
-    """Its settings are `<prefix>_url` (or `_base_url`), `<prefix>_api_key` and `<prefix>_model`."""
-    url_setting: str
+    read: Callable[[Settings], EndpointSettings]
+    """The operator's settings for this endpoint, read as typed fields."""
     default_url: str = ""
     key_required: bool = True
     thinking_disabled_by_default: bool = False
 
     def configured(self, settings: Settings) -> tuple[str, str, str]:
         """The operator's URL, key and model for this endpoint."""
-        url = getattr(settings, self.url_setting) or self.default_url
-        key = getattr(settings, f"{self.prefix}_api_key").get_secret_value()
-        return url, key, getattr(settings, f"{self.prefix}_model")
+        own = self.read(settings)
+        return own.url or self.default_url, own.api_key, own.model
 
     def variables(self) -> str:
-        names = (self.url_setting, f"{self.prefix}_api_key", f"{self.prefix}_model")
-        return " / ".join(variable(name) for name in names)
+        return " / ".join(variable(name) for name in self.read(Settings.model_construct()).setting_names)
 
 
 CATALOG: dict[str, EndpointDefaults] = {
-    "vllm": EndpointDefaults("vllm", "vllm_url", key_required=False, thinking_disabled_by_default=True),
-    "openai": EndpointDefaults("openai", "openai_base_url", "https://api.openai.com/v1"),
-    "hf_router": EndpointDefaults("hf_router", "hf_router_base_url", "https://router.huggingface.co/v1"),
+    "vllm": EndpointDefaults(_vllm, key_required=False, thinking_disabled_by_default=True),
+    "openai": EndpointDefaults(_openai, "https://api.openai.com/v1"),
+    "hf_router": EndpointDefaults(_hf_router, "https://router.huggingface.co/v1"),
 }
 
 

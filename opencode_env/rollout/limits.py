@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opencode_env.sandbox.base import ResourceLimits
 from opencode_env.settings import Settings, variable
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire import RolloutRequest
 
 SERVER_MAXIMA = {
     "memory_mb": "max_memory_mb",

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opencode_env.sandbox.base import ProvidedTools
-from opencode_env.wire.models import ToolCallSummary
-from opencode_env.wire.pins import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
+from opencode_env.wire import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES, ToolCallSummary
 
 __all__ = ["AGENT_ENV", "OPENCODE_PACKAGE", "OPENCODE_VERSION", "PROXY_PYTHON_PACKAGES"]
 

@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from opencode_env.rollout.attribution import OpenCodeStore, StoredStep
 from opencode_env.sandbox.base import RolloutSandbox, Sandbox
-from opencode_env.training.attribution import OpenCodeStore, StoredStep
 
 DATABASE = "opencode.db"
 MAX_STORE_BYTES = 64 * 2**20

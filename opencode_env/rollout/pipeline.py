@@ -20,6 +20,7 @@ from opencode_env.rollout.collect_phase import collect, collect_agent_record, co
 from opencode_env.rollout.commands import install, prepare, run_commands, setup
 from opencode_env.rollout.endpoints import EndpointError, Upstream, resolve_upstream
 from opencode_env.rollout.limits import LimitError, sandbox_limits
+from opencode_env.rollout.sampling import sampling_warnings
 from opencode_env.rollout.state import PhaseFailure, ProgressCallback, RolloutState, cancelling
 from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_problem
 from opencode_env.rollout.verify_phase import close_quietly, verify
@@ -33,14 +34,14 @@ from opencode_env.sandbox.base import (
 )
 from opencode_env.sandbox.registry import proxy_beside_task_root
 from opencode_env.settings import Settings
-from opencode_env.training.sampling import sampling_warnings
-from opencode_env.wire.deadline import Deadline, total_budget_s
-from opencode_env.wire.models import (
+from opencode_env.wire import (
+    Deadline,
     Phase,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
     is_infrastructure_failure,
+    total_budget_s,
 )
 
 log = logging.getLogger("opencode_env.rollout.pipeline")

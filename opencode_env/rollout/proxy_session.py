@@ -15,8 +15,7 @@ from opencode_env.rollout.opencode import UPSTREAM_KEY_VAR
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, RolloutSandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 from opencode_env.settings import Settings
-from opencode_env.wire.models import RolloutRequest, RolloutTurn
-from opencode_env.wire.trace_records import DeliveryRecord, ToolsRecord, TurnRecord
+from opencode_env.wire import DeliveryRecord, RolloutRequest, RolloutTurn, ToolsRecord, TurnRecord
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opencode_env.sandbox.base import REWARD_JSON, REWARD_TXT, Sandbox
-from opencode_env.wire.models import CommandResult, RewardSource
+from opencode_env.wire import CommandResult, RewardSource
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.settings import Settings
-from opencode_env.wire.deadline import Deadline, DeadlineExceeded
-from opencode_env.wire.models import (
+from opencode_env.wire import (
+    Deadline,
+    DeadlineExceeded,
     Phase,
     RolloutRequest,
     RolloutResult,

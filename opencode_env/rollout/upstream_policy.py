@@ -27,7 +27,7 @@ from opencode_env.sandbox.addresses import (
     resolved_addresses,
     within,
 )
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire import RolloutRequest
 
 ALLOW_VAR = "OPENCODE_ENV_UPSTREAM_ALLOW"
 Resolver = Callable[[str, int], Sequence[IPAddress]]

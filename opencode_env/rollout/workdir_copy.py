@@ -13,7 +13,7 @@ import shlex
 import time
 
 from opencode_env.sandbox.base import WORKDIR, Sandbox
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire import CommandResult
 
 COPY_LABEL = "copy the work dir into a fresh sandbox"
 ARCHIVE = "/tmp/.opencode-env-workdir.tar.gz"

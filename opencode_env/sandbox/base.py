@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from opencode_env.wire.models import CommandResult, LimitHit
+from opencode_env.wire import CommandResult, LimitHit
 
 HOME = "/home/user"
 WORKDIR = f"{HOME}/workdir"

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.tasks.image_build import ImageBuilder, ImageBuildError
 from opencode_env.tasks.task_toml import TaskConfig, deviations
-from opencode_env.wire.models import (
+from opencode_env.wire import (
     MAX_FILE_CHARS,
     MAX_FILES,
     MAX_FILES_TOTAL_CHARS,

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from opencode_env.wire.models import RESERVED_ENV, Network, VerifyAs
+from opencode_env.wire import RESERVED_ENV, Network, VerifyAs
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])I?B?\s*$", re.IGNORECASE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opencode_env.wire.models import Mode, RolloutRequest
+from opencode_env.wire import Mode, RolloutRequest
 
 DEMO_INSTRUCTION = (
     "Create /home/user/workdir/add.py with a function add(a, b) that returns a + b, then check that it works."

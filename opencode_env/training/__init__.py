@@ -1,8 +1,8 @@
-"""From results to what trainers consume: training sequences, step samples, coverage, TRL and OpenEnv rows, export,
-attribution."""
+"""From results to what trainers consume: training sequences, step samples, coverage, TRL and OpenEnv rows, export.
+Pure data: it imports the wire and nothing that runs a rollout (the pipeline never imports it either; a driver that
+runs rollouts for a trainer, `evals/trl_rollout.py`, lives with the drivers)."""
 
 from opencode_env.training.coverage import Coverage, RolloutCoverage
-from opencode_env.training.sampling import sampling_warnings
 from opencode_env.training.sequences import (
     TrainingSequence,
     TrainingSequences,
@@ -21,7 +21,6 @@ __all__ = [
     "TrainingSequence",
     "TrainingSequences",
     "TrainingSummary",
-    "sampling_warnings",
     "sequences_coverage",
     "steps_coverage",
     "training_sequences",

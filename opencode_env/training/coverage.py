@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from opencode_env.wire.models import RolloutResult, RolloutTurn, is_infrastructure_failure
+from opencode_env.wire import RolloutResult, RolloutTurn, is_infrastructure_failure
 
 ExportFormat = Literal["trl_row", "sequences", "steps"]
 SessionKind = Literal["agent", "sub_agent"]

@@ -21,7 +21,7 @@ from opencode_env.training.coverage import Coverage, ExportFormat, total_coverag
 from opencode_env.training.formats import TrainingRow, training_rows
 from opencode_env.training.sequences import sequences_coverage, trl_row_coverage, unattributed_turns
 from opencode_env.training.steps import StepSample, steps_coverage, training_steps_batch
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 RowFormat = Literal["trl", "sequences", "steps"]
 ROW_FORMATS: tuple[RowFormat, ...] = ("trl", "sequences", "steps")

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from opencode_env.training.coverage import SessionKind, agent_tokens_carried, is_root_agent_turn, is_trainable_turn
 from opencode_env.training.sequences import TrainingSequence, TrainingSequences, training_sequences
-from opencode_env.wire.models import RolloutResult, RolloutStatus, is_infrastructure_failure
+from opencode_env.wire import RolloutResult, RolloutStatus, is_infrastructure_failure
 
 if TYPE_CHECKING:
     from openenv.core.harness import HarnessRolloutResult

@@ -29,7 +29,7 @@ from opencode_env.training.coverage import (
     trainable_sessions,
 )
 from opencode_env.training.steps import steps_coverage
-from opencode_env.wire.models import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
+from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
 
 SequenceStart = Literal["first", "drift", "after_unusable_turn"]
 """Why a sequence started: its session's first usable turn; a prompt that extends no open sequence (a fork
@@ -91,7 +91,7 @@ class TrainingSequences(BaseModel):
     )
     unattributed: list[int] = Field(
         default_factory=list,
-        description="Turns the proxy could not tie to OpenCode's session (training.attribution): in no sequence.",
+        description="Turns the proxy could not tie to OpenCode's session (rollout.attribution): in no sequence.",
     )
     no_sequences_reason: str | None = None
 

@@ -25,7 +25,7 @@ from opencode_env.training.coverage import (
     rollout_failure,
     session_key,
 )
-from opencode_env.wire.models import RolloutResult, RolloutStatus, RolloutTurn
+from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn
 
 
 class StepSample(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from opencode_env.viewer.page import render_page
-from opencode_env.wire.models import RolloutResult
+from opencode_env.wire import RolloutResult
 
 
 def _cmd_view(args: argparse.Namespace) -> int:

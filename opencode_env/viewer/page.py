@@ -18,7 +18,7 @@ from opencode_env.training.sequences import (
     training_sequences,
     training_summary,
 )
-from opencode_env.wire.models import RolloutResult, WireFloat
+from opencode_env.wire import RolloutResult, WireFloat
 
 # Inside <script type="application/json"> the HTML parser only stops at "</script" (or changes state at "<!--"),
 # so escaping every "<" (and ">", "&" for good measure) as a JSON \u escape makes hostile text inert; U+2028/9

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult, RolloutStatus
+from opencode_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus
 
 log = logging.getLogger("opencode_env.viewer")
 MAX_EVENTS = 200

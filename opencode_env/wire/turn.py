@@ -1,7 +1,12 @@
 """One model call as the capture proxy recorded it: its tokens, logprobs, prompt ids and request.
 
 How a turn's prompt ids and messages are written on the wire (the "module doc" its field descriptions name) is
-described in models.py's doc."""
+described in result.py's doc.
+
+The capture proxy's trace lines (`TurnRecord`, `ToolsRecord`, `DeliveryRecord`) are parsed here strictly: an unknown
+key or outcome is a problem reported, never a guess. The proxy writes these (opencode_env/proxy/records.py,
+TraceWriter); a change there must change them too. The result a client reads is parsed leniently instead.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from opencode_env.wire.wire_float import WireFloat
+from opencode_env.wire.shared import WireFloat
 
 TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
@@ -134,3 +139,61 @@ class RolloutTurn(BaseModel):
             if lifted.get(key) is None:
                 lifted[key] = request.get(key)
         return lifted
+
+
+class ToolsRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tools"]
+    sha256: str = Field(min_length=64, max_length=64)
+    tools: list[Any]
+
+
+class DeliveryRecord(BaseModel):
+    """A later word on a turn relayed whole: the agent's connection closed with some of its bytes unread."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["delivery"]
+    turn: int = Field(ge=0)
+    outcome: Literal["undelivered"]
+    detail: str
+
+
+class TurnRecord(BaseModel):
+    """One model call, with its prompt ids compacted against an earlier record of the same trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["turn"]
+    turn: int = Field(ge=0)
+    timestamp: float = 0.0
+    kind: TurnKind = "agent"
+    headers: dict[str, str] = Field(default_factory=dict)
+    stream: bool = True
+    clamped: dict[str, Any] = Field(default_factory=dict)
+    upstream_status: int | None = None
+    outcome: RecordedOutcome = "complete"
+    upstream_error: str | None = None
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    finish_reason: str | None = None
+    completion_tokens: list[str] = Field(default_factory=list)
+    completion_token_ids: list[int] = Field(default_factory=list)
+    per_token_logps: list[float] = Field(default_factory=list)
+    top_logprobs: list[list[TopLogprob]] = Field(default_factory=list)
+    response: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, int] = Field(default_factory=dict)
+    token_id_source: TokenIdSource = "none"
+    aligned: bool = False
+    request: dict[str, Any] = Field(default_factory=dict)
+    prompt_source: PromptSource = "chat_template"
+    token_in_fallback: str | None = None
+    prompt_base: PromptBase | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+
+    def turn_fields(self, prompt_ids: list[int]) -> dict[str, Any]:
+        """The RolloutTurn fields, with the prompt ids already expanded to `prompt_ids`."""
+        fields = self.model_dump(exclude={"type", "prompt_base", "prompt_token_ids"})
+        fields["prompt_token_ids"] = prompt_ids
+        return fields

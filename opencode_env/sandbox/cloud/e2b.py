@@ -33,8 +33,7 @@ from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
-from opencode_env.wire.models import CommandResult
-from opencode_env.wire.pins import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
+from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR, CommandResult
 
 DEFAULT_TEMPLATE = "opencode-env"
 TASK_USER = "user"

@@ -32,7 +32,7 @@ from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.hf_sdk import CALL_TIMEOUT_S, TAG, Calls, reap, sdk_error
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire import CommandResult
 
 log = logging.getLogger("opencode_env.hf")
 FALLBACK_IMAGE = "python:3.12"

@@ -12,7 +12,7 @@ import shlex
 
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry, Identity
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
-from opencode_env.wire.pins import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
+from opencode_env.wire import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 
 USER = "user"
 USER_NPM_PREFIX = f"{HOME}/.npm-global"

@@ -27,7 +27,7 @@ from opencode_env.sandbox.cloud.grader import handoff_script
 from opencode_env.sandbox.cloud.lifecycle import kill_quietly
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.wire.models import CommandResult, LimitHit
+from opencode_env.wire import CommandResult, LimitHit
 
 ROOT_OUTPUT_BYTES = 64 * 2**20
 HANDOFF_TIMEOUT_S = 120

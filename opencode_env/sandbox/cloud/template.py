@@ -11,7 +11,7 @@ from typing import Any
 
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, OPENCODE_CONFIG_DIR, VERIFIER_DIR, WORKDIR
 from opencode_env.sandbox.cloud.e2b import DEFAULT_TEMPLATE
-from opencode_env.wire.pins import (
+from opencode_env.wire import (
     AGENT_ENV,
     OPENCODE_PACKAGE,
     OPENCODE_VERSION,

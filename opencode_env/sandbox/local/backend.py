@@ -49,7 +49,7 @@ from opencode_env.sandbox.local.sandbox_boot import SandboxBoot
 from opencode_env.sandbox.local.sandbox_files import SandboxFiles
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess, SandboxProcesses
 from opencode_env.sandbox.local.tools import cache_root
-from opencode_env.wire.models import LimitHit
+from opencode_env.wire import LimitHit
 
 log = logging.getLogger("opencode_env.local")
 DISK_FULL_BYTES = 2**20

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from opencode_env.wire.models import LimitHit
+from opencode_env.wire import LimitHit
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "opencode-env"

@@ -35,7 +35,7 @@ from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, GRADER_HOME, La
 from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import EGRESS_PORT
 from opencode_env.sandbox.output import BoundedOutput
-from opencode_env.wire.models import CommandResult
+from opencode_env.wire import CommandResult
 
 PIPE_DRAIN_S = 2.0
 

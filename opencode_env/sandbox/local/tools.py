@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from opencode_env.sandbox.base import ProvidedTools, SandboxError
-from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
+from opencode_env.wire import OPENCODE_PACKAGE, OPENCODE_VERSION, PLUGIN_PACKAGE
 
 log = logging.getLogger("opencode_env.local_tools")
 

@@ -1,0 +1,107 @@
+"""What both cloud backends do the same way, over their fakes (real local processes, each SDK's own exception
+types): a full rollout, a creation cancelled midway, the cap on sandboxes. Each backend's own behaviour (its
+creation failures, its reaper, its image or template) stays in test_e2b_backend.py and test_hf_backend.py."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import SandboxBackend, SandboxSpec
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.cloud.hf import HFBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.fake_e2b import FakeCloud
+from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One cloud's fake and how its backend is made over it."""
+
+    name: str
+    sandbox_id_prefix: str
+
+    def cloud(self, base_dir: Path, **change: Any) -> FakeCloud | FakeHfCloud:
+        return (
+            FakeCloud(base_dir=base_dir, **change) if self.name == "e2b" else FakeHfCloud(base_dir=base_dir, **change)
+        )
+
+    def backend(self, cloud: FakeCloud | FakeHfCloud, **options: Any) -> SandboxBackend:
+        if isinstance(cloud, FakeCloud):
+            return E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key, **options)
+        return HFBackend(
+            sandbox_class=cloud.sandbox_class(),
+            token=cloud.token,
+            image="opencode-env",
+            tools_dir=FAKE_TOOLS_DIR,
+            **options,
+        )
+
+
+PROVIDERS = [Provider("e2b", "fake"), Provider("hf", "fakejob")]
+
+
+@pytest.fixture(params=PROVIDERS, ids=[provider.name for provider in PROVIDERS])
+def provider(request: pytest.FixtureRequest) -> Provider:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def shared_cloud(provider: Provider, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> FakeCloud | FakeHfCloud:
+    """The session's fake of this provider (one per run: its sandboxes share the session's base directory)."""
+    return fake_cloud if provider.name == "e2b" else hf_cloud
+
+
+async def test_a_full_rollout(provider: Provider, shared_cloud: FakeCloud | FakeHfCloud, no_leaks: None) -> None:
+    reports: list[tuple[str, str]] = []
+    with ScriptedModelServer(demo_script()) as model:
+        result = await run_rollout(
+            demo_request(model.base_url),
+            provider.backend(shared_cloud),
+            progress=lambda phase, text: reports.append((phase, text)),
+        )
+    assert result.status == "completed", result.error
+    assert (result.backend, result.reward, len(result.proxy_turns)) == (provider.name, 1.0, 3)
+    assert result.sandbox_id.startswith(provider.sandbox_id_prefix)
+    assert result.opencode_version == "1.18.33"
+    assert all(turn.aligned for turn in result.proxy_turns)
+    assert result.timings.install_s is not None
+    assert [text for phase, text in reports if phase == "install"] == [], "the template or image has it baked in"
+
+
+async def test_a_cancelled_creation_still_kills_the_sandbox(
+    provider: Provider, sandbox_base: Path, no_leaks: None
+) -> None:
+    cloud = provider.cloud(sandbox_base, create_delay_s=1.0)
+    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), provider.backend(cloud)))
+    await asyncio.sleep(0.3)
+    rollout.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rollout
+    for _ in range(100):
+        if cloud.created and not cloud.alive:
+            break
+        await asyncio.sleep(0.05)
+    assert cloud.created == 1
+    assert cloud.alive == {}
+
+
+async def test_sandboxes_over_the_cap_wait_their_turn(
+    provider: Provider, shared_cloud: FakeCloud | FakeHfCloud, no_leaks: None
+) -> None:
+    backend = provider.backend(shared_cloud, max_sandboxes=1)
+    first = await backend.create(SandboxSpec())
+    second = asyncio.ensure_future(backend.create(SandboxSpec()))
+    await asyncio.sleep(0.5)
+    assert not second.done()
+    assert len(shared_cloud.alive) == 1
+    await first.close()
+    await (await asyncio.wait_for(second, timeout=120)).close()

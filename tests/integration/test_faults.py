@@ -1,0 +1,182 @@
+"""The fault matrix: each fault gives its status, keeps every turn captured so far, and leaves nothing behind.
+
+Runs on the local backend and on the E2B backend over the fake."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import ProvidedTools, SandboxBackend
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.conftest import processes_mentioning
+from tests.helpers import rollout, sleep_cmd
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(params=["local", "e2b-fake"])
+def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake: E2BBackend) -> SandboxBackend:
+    return backend if request.param == "local" else e2b_fake
+
+
+def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
+    """Capture proxies of this test's rollouts: their command line or their cgroup names a sandbox under the base.
+    The proxy itself only: not `python -m opencode_env.proxy.ping`, the backend's short-lived call to its admin."""
+    rollouts = {path.name for path in sandbox_base.iterdir()}
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cgroups = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if "-m opencode_env.proxy " not in cmdline or "bwrap" in cmdline:
+            continue
+        if str(sandbox_base) in cmdline or any(f"/{name}\n" in cgroups for name in rollouts):
+            found.append(proc.name)
+    return found
+
+
+async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leaks: None) -> None:
+    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15, verify=["true", "true"])
+    result = await run_rollout(request, any_backend)
+    assert (result.status, result.failed_phase) == ("upstream_error", "agent")
+    assert result.proxy_turns
+    assert {turn.outcome for turn in result.proxy_turns} == {"unreachable"}
+    assert [r.exit_code for r in result.verify_results] == [0, 0]
+    assert (result.reward, result.reward_source) == (None, "none")
+
+
+async def test_upstream_500_forever(any_backend: SandboxBackend, no_leaks: None) -> None:
+    outcome = await rollout(any_backend, Script(steps=[fail(500)] * 30), agent_timeout_s=15)
+    result = outcome.result
+    assert result.status == "upstream_error"
+    assert len(result.proxy_turns) == len(outcome.exchanges) >= 1
+    assert {(turn.upstream_status, turn.outcome) for turn in result.proxy_turns} == {(500, "upstream_error")}
+
+
+async def test_upstream_429_with_retry_after_is_honoured(any_backend: SandboxBackend, no_leaks: None) -> None:
+    outcome = await rollout(any_backend, Script(steps=[fail(429, retry_after_s=1.5), say("done")]), verify=[])
+    result = outcome.result
+    assert result.status == "completed", result.error
+    first, second = result.proxy_turns
+    assert (first.upstream_status, second.outcome) == (429, "complete")
+    assert second.timestamp - first.timestamp >= 1.4
+
+
+async def test_upstream_hangs_before_the_first_byte(any_backend: SandboxBackend, no_leaks: None) -> None:
+    outcome = await rollout(any_backend, Script(steps=[stall(60), say("done")]), upstream_idle_timeout_s=2, verify=[])
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert [turn.outcome for turn in result.proxy_turns] == ["stalled", "complete"]
+
+
+async def test_upstream_hangs_mid_stream(any_backend: SandboxBackend, no_leaks: None) -> None:
+    outcome = await rollout(
+        any_backend, Script(steps=[stall(60, after_tokens=3), say("done")]), upstream_idle_timeout_s=2, verify=[]
+    )
+    result = outcome.result
+    stalled = result.proxy_turns[0]
+    assert (stalled.outcome, len(stalled.completion_token_ids)) == ("stalled", 3)
+    assert stalled.completion_token_ids == [t.token_id for t in outcome.exchanges[0].tokens[:3]]
+    assert result.status == "completed", result.error
+    assert result.proxy_turns[-1].outcome == "complete"
+
+
+async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_base: Path, no_leaks: None) -> None:
+    script = Script(steps=[bash("echo step one"), stall(60)])
+    with ScriptedModelServer(script) as model:
+        task = run_rollout(demo_request(model.base_url, agent_timeout_s=20), any_backend)
+        import asyncio
+
+        running = asyncio.ensure_future(task)
+        for _ in range(1200):
+            if len(model.exchanges) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        proxies = rollout_proxy_pids(sandbox_base)
+        assert proxies
+        for pid in proxies:
+            os.kill(int(pid), signal.SIGKILL)
+        result = await running
+    assert (result.status, result.failed_phase) == ("proxy_error", "agent")
+    assert result.proxy_turns[0].outcome == "complete"
+    assert len(result.verify_results) == 2
+
+
+async def test_opencode_crashes(any_backend: SandboxBackend, no_leaks: None) -> None:
+    """Its own tool kills OpenCode: on the cloud backends, where the tools run as OpenCode's user, it dies (the
+    agent's doing); on the local backend the tools are another uid and cannot signal it."""
+    outcome = await rollout(any_backend, Script(steps=[bash("kill -9 $PPID")]))
+    result = outcome.result
+    if any_backend.name == "local":
+        assert (result.status, result.agent_exit_code) == ("completed", 0)
+        assert "Operation not permitted" in json.dumps(outcome.exchanges[-1].request)
+        return
+    assert (result.status, result.failed_phase) == ("agent_error", "agent")
+    assert result.agent_exit_code not in (0, None)
+    assert len(result.proxy_turns) == 1
+    assert len(result.verify_results) == 2
+
+
+async def test_opencode_exits_0_without_doing_anything(sandbox_base: Path, no_leaks: None) -> None:
+    async def silent_opencode() -> ProvidedTools:
+        tools = await cached_tools()
+        return ProvidedTools(opencode="/bin/true", opencode_version="1.18.33", python=tools.python, proxy_ready=True)
+
+    result = (await rollout(LocalBackend(silent_opencode, base_dir=sandbox_base), demo_script())).result
+    assert (result.status, result.failed_phase) == ("agent_error", "agent")
+    assert "without calling the model" in (result.error or "")
+    assert result.agent_exit_code == 0
+
+
+async def test_a_setup_command_hangs(any_backend: SandboxBackend, no_leaks: None) -> None:
+    outcome = await rollout(any_backend, demo_script(), setup=[sleep_cmd(300)], setup_timeout_s=1)
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("setup_failed", "setup")
+    assert result.setup_results[0].timed_out
+    assert outcome.exchanges == []
+    assert processes_mentioning(sleep_cmd(300)) == []
+
+
+async def test_a_verify_command_hangs(any_backend: SandboxBackend, no_leaks: None) -> None:
+    result = (await rollout(any_backend, demo_script(), verify=[sleep_cmd(300), "true"], verify_timeout_s=1)).result
+    assert result.status == "completed", result.error
+    assert [(r.timed_out, r.exit_code) for r in result.verify_results] == [(True, None), (False, 0)]
+    assert result.reward == 0.5
+    assert processes_mentioning(sleep_cmd(300)) == []
+
+
+async def test_a_verify_command_prints_megabytes(any_backend: SandboxBackend, no_leaks: None) -> None:
+    verify = ["head -c 20000000 /dev/zero | tr '\\\\0' x; echo tail-end"]
+    result = (await rollout(any_backend, demo_script(), verify=verify)).result
+    printed = result.verify_results[0]
+    assert printed.output_truncated
+    assert printed.stdout.endswith("tail-end\n")
+    assert len(printed.stdout) < 300_000
+    assert len(result.model_dump_json()) < 2_000_000
+
+
+async def test_the_agent_writes_huge_and_binary_files(any_backend: SandboxBackend, no_leaks: None) -> None:
+    step = bash(
+        "head -c 3000000 /dev/urandom > big.bin && head -c 2000000 /dev/zero | tr '\\\\0' a > big.txt"
+        " && echo small > small.txt"
+    )
+    result = (await rollout(any_backend, Script(steps=[step, say("done")]), verify=[])).result
+    assert result.status == "completed", result.error
+    assert sorted(result.files_extra) == ["big.bin", "big.txt"]
+    assert result.files["small.txt"] == "small\n"
+    assert len(json.dumps(result.files)) < 100_000

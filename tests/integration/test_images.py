@@ -1,0 +1,308 @@
+"""Images on the local backend: an image's root file system as the sandbox's root (an id-mapped overlay), the same
+identities and isolation as without one, OpenCode and our helpers from the host even where the image has no libc,
+images from podman's storage and from OCI archives, and the base image a request naming none runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.host_ids import UID_BASE
+from opencode_env.sandbox.local.host_runtime import HOST_MOUNT
+from opencode_env.sandbox.local.images import ImageStore
+from opencode_env.sandbox.local.tools import cache_root, cached_tools
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from tests.helpers import RUN_MARK, rollout
+
+BUSYBOX_IMAGE = f"localhost/opencode-env-test/busybox:{os.getpid()}"
+"""One tag per test process: xdist's workers each make and remove their own."""
+BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "test", "grep", "mkdir", "chown", "id", "env", "touch", "stat", "rm")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    return build_base_image()
+
+
+@pytest.fixture(scope="session")
+def busybox_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An image of one statically linked busybox: no libc, no Python, no Node."""
+    busybox = Path("/bin/busybox")
+    described = subprocess.run(["file", "-L", str(busybox)], capture_output=True, text=True, check=False).stdout
+    if not busybox.exists() or "statically linked" not in described:
+        pytest.skip("needs busybox-static (./dev setup installs it)")
+    archive = tmp_path_factory.mktemp("busybox") / "rootfs.tar"
+    with tarfile.open(archive, "w") as tar:
+        for directory in ("bin", "tmp", "etc", "root"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add(busybox, "bin/busybox")
+        for applet in BUSYBOX_APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    subprocess.run(
+        ["podman", "import", "--quiet", "--change", "ENV PATH=/bin", str(archive), BUSYBOX_IMAGE],
+        check=True,
+        capture_output=True,
+    )
+    yield BUSYBOX_IMAGE
+    subprocess.run(["podman", "rmi", "--force", BUSYBOX_IMAGE], check=False, capture_output=True)
+    ImageStore(cache_root() / "images").prune()
+
+
+@pytest.fixture
+async def image_box(backend: LocalBackend, base_image: str) -> AsyncIterator[LocalSandbox]:
+    sandbox = await backend.create(SandboxSpec(image=base_image))
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+async def _sh(sandbox: LocalSandbox, cmd: str, identity: str = "user") -> str:
+    result = await sandbox.run(cmd, timeout_s=60, cwd="/", identity=identity)  # type: ignore[arg-type]
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.strip()
+
+
+async def test_each_identity_in_an_image(image_box: LocalSandbox) -> None:
+    assert await _sh(image_box, "id -u; id -g") == "1000\n1000"
+    assert (await _sh(image_box, "cat /etc/os-release")).startswith('PRETTY_NAME="Debian GNU/Linux 12')
+    assert await _sh(image_box, "stat -c '%u %U' /usr/bin/python3", "root") == "0 root"
+    await _sh(image_box, "touch /usr/local/bin/made-by-root && stat -c %U /usr/local/bin/made-by-root", "root")
+    refused = await image_box.run("touch /usr/local/bin/made-by-user", timeout_s=60, cwd="/")
+    assert refused.exit_code != 0
+    assert "Permission denied" in refused.stderr
+    assert await _sh(image_box, "id -u; echo $HOME; touch /tmp/x", "grader") == "1001\n/home/grader/home"
+
+
+async def test_in_image_root_is_an_unprivileged_host_uid(image_box: LocalSandbox) -> None:
+    """The image's root-owned files are the rollout's own host uid, outside every host account; what root changes
+    lands in the rollout's overlay, never in the cached image."""
+    await _sh(image_box, "echo planted > /etc/planted && chown root /etc/planted", "root")
+    on_host = image_box.layout.image_root / "etc" / "planted"
+    assert on_host.stat().st_uid >= UID_BASE
+    assert (image_box.layout.image_root / "usr" / "bin").stat().st_uid == on_host.stat().st_uid
+    assert image_box.image is not None
+    assert not (image_box.image.rootfs / "etc" / "planted").exists()
+
+
+async def test_a_setuid_root_program_gives_no_root(image_box: LocalSandbox) -> None:
+    """The image's root may leave a setuid-root program (as images ship su, or a setup that means harm); run by
+    `user` or the grader it gains nothing: the overlay is nosuid and no identity may gain privileges."""
+    await _sh(image_box, "cp /usr/bin/id /usr/local/bin/rootid && chmod 4755 /usr/local/bin/rootid", "root")
+    assert await _sh(image_box, "stat -c '%a %U' /usr/local/bin/rootid", "root") == "4755 root"
+    assert await _sh(image_box, "/usr/local/bin/rootid -u") == "1000"
+    assert await _sh(image_box, "/usr/local/bin/rootid -u", "grader") == "1001"
+
+
+async def test_changes_never_reach_another_rollout_on_the_image(backend: LocalBackend, base_image: str) -> None:
+    first = await backend.create(SandboxSpec(image=base_image))
+    try:
+        await _sh(first, "echo mine > /usr/local/share/first-rollout", "root")
+    finally:
+        await first.close()
+    second = await backend.create(SandboxSpec(image=base_image))
+    try:
+        assert await _sh(second, "test -e /usr/local/share/first-rollout && echo seen || echo absent") == "absent"
+    finally:
+        await second.close()
+
+
+@pytest.fixture
+def canaries() -> Iterator[list[Path]]:
+    """A file in the server's checkout and one in a host directory of no particular kind, both world-readable."""
+    checkout = Path(__file__).resolve().parents[2] / f".canary-{RUN_MARK}"
+    elsewhere = Path(f"/opt/opencode-env-canary-{RUN_MARK}") / "secret"
+    elsewhere.parent.mkdir(exist_ok=True)
+    for canary in (checkout, elsewhere):
+        canary.write_text("canary\n")
+        canary.chmod(0o644)
+    yield [checkout, elsewhere]
+    checkout.unlink()
+    shutil.rmtree(elsewhere.parent)
+
+
+async def test_the_host_view_is_an_allow_list(image_box: LocalSandbox, canaries: list[Path]) -> None:
+    """What of the host an image's sandbox sees is what our programs need (the loader, libraries, the programs, the
+    interpreter's standard library, trust files), read-only; the operator's files are not there at all."""
+    for canary in canaries:
+        for identity in ("user", "root"):
+            for path in (str(canary), f"{HOST_MOUNT}{canary}"):
+                seen = await image_box.run(f"cat {path}", timeout_s=60, cwd="/", identity=identity)
+                assert seen.exit_code != 0, (identity, path)
+                assert "No such file" in seen.stderr
+    for target in ("/usr/bin/x", "/new-file"):
+        written = await image_box.run(f"touch {HOST_MOUNT}{target}", timeout_s=60, cwd="/", identity="root")
+        assert written.exit_code != 0
+        assert "Read-only file system" in written.stderr
+    assert await _sh(image_box, f"test -e {HOST_MOUNT}{cache_root()}/images || echo hidden", "root") == "hidden"
+    assert await _sh(image_box, f"test -e {HOST_MOUNT}/etc/hostname || echo hidden", "root") == "hidden"
+
+
+async def test_a_sandbox_on_the_host_s_own_system_sees_only_its_system_directories(
+    backend: LocalBackend, canaries: list[Path]
+) -> None:
+    """Image "host": the host's programs, libraries and /etc, read-only; the checkout, /opt, /var and the operator's
+    homes are not there at all, and a build/test workload still runs."""
+    sandbox = await backend.create(SandboxSpec(image="host"))
+    try:
+        for canary in canaries:
+            for identity in ("user", "root"):
+                seen = await sandbox.run(f"cat {canary}", timeout_s=60, cwd="/", identity=identity)
+                assert seen.exit_code != 0, (identity, canary)
+                assert "No such file" in seen.stderr
+        for hidden in ("/opt", "/srv", "/var/lib", "/var/log"):
+            assert await _sh(sandbox, f"test -e {hidden} || echo hidden", "root") == "hidden", hidden
+        checkout = Path(__file__).resolve().parents[2]
+        environment = Path(sys.executable).parent.parent
+        shown = await _sh(sandbox, f"find /{checkout.parts[1]} -type f -not -path '{environment}/*'", "root")
+        assert shown == str(checkout / "opencode_env/sandbox/local/userns.py")
+        written = await sandbox.run("touch /usr/bin/x /etc/x", timeout_s=60, cwd="/", identity="root")
+        assert "Read-only file system" in written.stderr
+        work = "cd /home/user/workdir && git init -q && printf 'def test_a():\\n    assert 1\\n' > test_a.py"
+        assert await _sh(sandbox, f"{work} && python3 -c 'import json, ssl, sqlite3; print(1)'") == "1"
+    finally:
+        await sandbox.close()
+
+
+async def test_readme_example_runs_on_the_default_image(
+    opencode_binary: Path, sandbox_base: Path, base_image: str
+) -> None:
+    """A request naming no image runs on the base image: `pip install pytest` (as the sandbox's root) and
+    `python -m pytest` (as the grader) work as the README writes them."""
+    backend = LocalBackend(cached_tools, base_dir=sandbox_base)
+    test_file = "from add import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    outcome = await rollout(
+        backend,
+        demo_script(),
+        setup=["pip install pytest"],
+        verify_files={"test_add.py": test_file},
+        verify=["cd /home/user/workdir && python -m pytest -q"],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert result.enforcement["image"].startswith(base_image)
+    assert result.reward == 1.0, [(v.stdout[-300:], v.stderr[-300:]) for v in result.verify_results]
+
+
+async def test_setup_as_root_installs_what_verify_uses(backend: LocalBackend, base_image: str) -> None:
+    site = "/usr/local/lib/python3.11/dist-packages"
+    outcome = await rollout(
+        backend,
+        demo_script(),
+        image=base_image,
+        setup=[f"mkdir -p {site} && echo 'ANSWER = 42' > {site}/planted_by_setup.py", "id -u > setup-uid"],
+        verify=[
+            "python -c 'import planted_by_setup as p; assert p.ANSWER == 42'",
+            'test "$(cat /home/user/workdir/setup-uid)" = 0 && test -O /home/user/workdir/add.py || true',
+            "python -c 'from add import add; print(float(add(0.5, 0.5)))' > /logs/verifier/reward.txt",
+        ],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert [v.exit_code for v in result.verify_results] == [0, 0, 0], result.verify_results
+    assert result.reward == 1.0
+    assert result.reward_source == "reward_txt"
+
+
+async def test_agent_runs_in_an_image_without_libc(backend: LocalBackend, busybox_image: str) -> None:
+    """OpenCode, its tools' shell and our helpers start from the host with the host's loader; the task's commands
+    run the image's own busybox."""
+    outcome = await rollout(
+        backend,
+        demo_script(),
+        image=busybox_image,
+        verify=["test -f add.py && grep -q 'def add' add.py && echo 1 > /logs/verifier/reward.txt"],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    assert result.enforcement["image"].startswith(busybox_image)
+    assert {(call.tool, call.status) for call in result.tool_calls} == {("write", "completed"), ("bash", "completed")}
+
+
+async def test_image_from_an_oci_archive(backend: LocalBackend, busybox_image: str, tmp_path: Path) -> None:
+    archive = tmp_path / "busybox.oci.tar"
+    saved = await asyncio.create_subprocess_exec(
+        "podman", "save", "--quiet", "--format", "oci-archive", "-o", str(archive), busybox_image
+    )
+    assert await saved.wait() == 0
+    sandbox = await backend.create(SandboxSpec(image=f"oci-archive:{archive}"))
+    try:
+        assert await _sh(sandbox, "busybox echo from-the-archive") == "from-the-archive"
+        assert sandbox.image is not None
+        assert sandbox.image.image_id
+    finally:
+        await sandbox.close()
+
+
+async def test_an_image_not_on_this_machine_is_never_pulled(backend: LocalBackend) -> None:
+    with ScriptedModelServer(demo_script()) as model:
+        request = demo_request(model.base_url, image="docker.io/library/never-pulled:1")
+        result = await run_rollout(request, backend)
+    assert result.status == "sandbox_error"
+    assert "never pulled" in (result.error or "")
+    assert "never-pulled" in (result.error or "")
+
+
+async def test_prune_removes_what_storage_dropped_but_never_what_is_mounted(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    store = ImageStore(cache_root() / "images")
+    archive = tmp_path / "tiny.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add("/bin/busybox", "bin/busybox")
+        link = tarfile.TarInfo("bin/sh")
+        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+        tar.addfile(link)
+    tags = [f"localhost/opencode-env-test/prune-{name}:{os.getpid()}" for name in ("gone", "mounted")]
+    for index, tag in enumerate(tags):
+        changed = ["--change", f"ENV MARK={index}-{RUN_MARK}"]
+        made = await asyncio.create_subprocess_exec("podman", "import", "--quiet", *changed, str(archive), tag)
+        assert await made.wait() == 0
+    gone, mounted = (store.prepare(tag) for tag in tags)
+    sandbox = await backend.create(SandboxSpec(image=tags[1]))
+    try:
+        for tag in tags:
+            removed = await asyncio.create_subprocess_exec(
+                "podman", "rmi", "--force", tag, stdout=asyncio.subprocess.DEVNULL
+            )
+            assert await removed.wait() == 0
+        pruned = store.prune()
+        assert gone.image_id.removeprefix("sha256:") in pruned
+        assert not gone.rootfs.exists()
+        assert mounted.rootfs.exists(), "a tree a rollout has mounted stays"
+        assert await _sh(sandbox, "busybox echo still-here") == "still-here"
+    finally:
+        await sandbox.close()
+    assert mounted.image_id.removeprefix("sha256:") in store.prune()
+
+
+def test_busybox_image_has_no_libc(busybox_image: str) -> None:
+    """The premise of the libc-free test: nothing in the image but busybox and its links."""
+    mounted = subprocess.run(["podman", "image", "mount", busybox_image], capture_output=True, text=True, check=True)
+    try:
+        root = Path(mounted.stdout.strip())
+        files = sorted(str(path.relative_to(root)) for path in root.rglob("*") if not path.is_dir())
+        links = [str(path.relative_to(root)) for path in root.rglob("*") if path.is_symlink()]
+        assert sorted(set(files) - set(links)) == ["bin/busybox"]
+    finally:
+        subprocess.run(["podman", "image", "unmount", busybox_image], check=False, capture_output=True)
+    assert shutil.which("podman") is not None

@@ -1,0 +1,57 @@
+"""After `./dev setup` a rollout contacts nothing but its model.
+
+The sandbox's network namespace has loopback only: every connection out goes through the egress proxy, which logs
+each attempt (allowed or refused). The model is reached through the capture proxy, outside the sandbox. So a full
+rollout whose egress log is empty contacted nothing but the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR, Sandbox, SandboxSpec
+from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.testing.demo import DEMO_VERIFY
+from opencode_env.testing.script import demo_script
+from opencode_env.wire import OPENCODE_VERSION, PLUGIN_PACKAGE
+from tests.helpers import rollout
+
+
+class RememberingBackend(LocalBackend):
+    """The local backend, keeping each sandbox it made so the test can read its egress log after the rollout."""
+
+    def __init__(self, base_dir: Path) -> None:
+        super().__init__(cached_tools, base_dir=base_dir)
+        self.made: list[LocalSandbox] = []
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        sandbox = await super().create(spec)
+        assert isinstance(sandbox, LocalSandbox)
+        self.made.append(sandbox)
+        return sandbox
+
+
+async def test_a_full_rollout_contacts_nothing_but_its_model(sandbox_base: Path, no_leaks: None) -> None:
+    backend = RememberingBackend(sandbox_base)
+    outcome = await rollout(backend, demo_script(), verify=[*DEMO_VERIFY, 'test -z "$(ls -A ~/.npm 2>/dev/null)"'])
+    assert outcome.result.status == "completed", outcome.result.error
+    assert len(outcome.exchanges) == 3
+    assert [r.exit_code for r in outcome.result.verify_results] == [0, 0, 0], "OpenCode left an npm cache behind"
+    [sandbox] = backend.made
+    assert sandbox.egress_attempts() == []
+
+
+async def test_the_config_directory_holds_the_plugin_opencode_would_fetch(backend: LocalBackend) -> None:
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        listed = await sandbox.run(
+            f"cat {OPENCODE_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}/package.json; touch {OPENCODE_CONFIG_DIR}/mine",
+            timeout_s=10,
+        )
+        tampered = await sandbox.run(f"rm -rf {OPENCODE_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}", timeout_s=10)
+    finally:
+        await sandbox.close()
+    assert f'"version": "{OPENCODE_VERSION}"' in listed.stdout
+    assert listed.exit_code == 0, "the config directory itself stays the agent's to write"
+    assert tampered.exit_code != 0, "the shared install is read-only"

@@ -1,0 +1,106 @@
+"""What a result says about how a rollout ended: the agent's deadline leaves verify its time, and odd task ids
+reach OpenCode as labels, never as flags."""
+
+from __future__ import annotations
+
+from opencode_env.proxy.request import turn_kind
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import Script, Step, demo_script, fail, stall
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.wire import RolloutRequest, RolloutResult
+from tests.helpers import rollout
+
+
+async def test_a_tight_total_deadline_still_leaves_verify_its_time(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(
+        backend,
+        Script(steps=[stall(300)]),
+        total_timeout_s=40,
+        agent_timeout_s=600,
+        verify=["true"],
+        verify_timeout_s=5,
+    )
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("agent_timeout", "agent"), result.error
+    assert [r.exit_code for r in result.verify_results] == [0]
+    assert result.reward == 1.0
+
+
+async def test_a_task_id_that_looks_like_a_flag_is_only_a_title(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(backend, demo_script(), task_id="-rf")
+    assert outcome.result.status == "completed", outcome.result.error
+    assert outcome.result.task_id == "-rf"
+
+
+async def test_a_turn_our_deadline_cut_is_labelled_and_the_status_stays_agent_timeout(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    # The deadline leaves OpenCode time to boot and call even when another test's rollouts share the cores (the
+    # sixteen-rollout test runs alone); the answer streams for 80 s, so the deadline always lands inside it.
+    slow = Step(content="word " * 800, token_delay_s=0.1)
+    outcome = await rollout(backend, Script(steps=[slow]), agent_timeout_s=35, verify=["true"])
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("agent_timeout", "agent"), result.error
+    assert result.proxy_turns, f"no turn recorded before the 35 s deadline; proxy log: {result.proxy_log_tail}"
+    assert result.proxy_turns[-1].outcome == "cut_by_deadline"
+    assert result.reward == 1.0
+
+
+async def test_a_context_overflow_says_so_and_keeps_the_reward(backend: LocalBackend, no_leaks: None) -> None:
+    message = (
+        "This model's maximum context length is 32768 tokens. "
+        "However, your prompt contains at least 40000 input tokens."
+    )
+    outcome = await rollout(backend, Script(steps=[fail(400, message=message)]), verify=["true"])
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("agent_error", "agent"), result.error
+    assert "exceeded the model's context" in (result.error or "")
+    assert result.reward == 1.0
+
+
+def test_opencodes_compaction_call_is_auxiliary_even_with_tools() -> None:
+    body = {
+        "tools": [{"type": "function", "function": {"name": "bash"}}],
+        "messages": [{"role": "system", "content": "You are a context summarization agent. Summarize ..."}],
+    }
+    assert turn_kind(body, {}) == "auxiliary"
+    body["messages"] = [{"role": "system", "content": "You are opencode, an interactive CLI tool"}]
+    assert turn_kind(body, {}) == "agent"
+
+
+async def test_a_dead_upstream_stops_the_agent_after_a_few_calls(backend: LocalBackend, no_leaks: None) -> None:
+    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=300, upstream_max_unreachable=2, verify=["true"])
+    result = await run_rollout(request, backend)
+    assert (result.status, result.failed_phase) == ("upstream_error", "agent"), result.error
+    assert [turn.outcome for turn in result.proxy_turns] == ["unreachable", "unreachable"]
+    assert "could not connect" in (result.proxy_turns[-1].upstream_error or "")
+    assert result.agent_exit_code == 1
+    assert result.reward is None
+
+
+async def test_a_long_run_of_5xx_stops_the_agent_at_its_own_threshold(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(
+        backend, Script(steps=[fail(503)] * 10), agent_timeout_s=300, upstream_max_server_errors=3, verify=[]
+    )
+    result = outcome.result
+    assert result.status == "upstream_error", result.error
+    assert [turn.upstream_status for turn in result.proxy_turns] == [503, 503, 503]
+    assert "consecutive 5xx" in (result.proxy_turns[-1].upstream_error or "")
+
+
+async def test_a_result_carries_the_task_it_ran_without_its_key() -> None:
+    request = RolloutRequest(
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        api_key="sk-never-in-a-result",
+        instruction="do it",
+        verify=["true"],
+    )
+    result = await run_rollout(request, StubBackend())
+    assert result.task is not None
+    assert (result.task.instruction, result.task.verify, result.task.api_key) == ("do it", ["true"], "")
+    assert "sk-never-in-a-result" not in result.model_dump_json()
+    again = RolloutResult.model_validate_json(result.model_dump_json())
+    assert again.task == result.task

@@ -1,0 +1,230 @@
+"""/web lists every rollout the server runs, over every transport, and its finished ones outlive a restart: the
+results directory (atomic files, this user's only, the newest N, never a key) and the server around it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from opencode_env.settings import Settings
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.viewer.runs import (
+    RESULTS_DIR_VAR,
+    ResultsDir,
+    Run,
+    Runs,
+    RunView,
+    default_results_dir,
+)
+from opencode_env.wire import RolloutRequest, RolloutResult
+from server.rollouts import Rollouts
+from tests.integration.test_concurrency_cap import (
+    through_openenv_json_rpc,
+    through_standard_mcp,
+    through_step,
+    through_websocket,
+)
+from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+SECRET = "sk-results-never-stored"
+
+
+def request(task_id: str = "t", **fields: Any) -> RolloutRequest:
+    return RolloutRequest.model_validate({"instruction": "go", "task_id": task_id, **fields})
+
+
+def finished_run(task_id: str, **result: Any) -> tuple[RunView, RolloutResult]:
+    run = Run.of(request(task_id, api_key=SECRET))
+    run.finish(RolloutResult(task_id=task_id, reward=1.0, task=request(task_id, api_key=SECRET), **result))
+    assert run.result is not None
+    return run.view, run.result
+
+
+@pytest.fixture
+def results_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "results"
+    monkeypatch.setenv(RESULTS_DIR_VAR, str(path))
+    return path
+
+
+@pytest.fixture
+def served(results_env: Path) -> Iterator[StubServer]:
+    with stub_server(command_s=0.02) as running:
+        yield running
+
+
+def oracle(task_id: str) -> dict[str, Any]:
+    return {**stub_arguments(task_id), "api_key": SECRET, "solution": ["true"], "verify": ["true"]}
+
+
+async def listed(url: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=url) as http:
+        rows: list[dict[str, Any]] = (await http.get("/web/api/runs")).json()
+    return rows
+
+
+async def test_every_transport_is_listed_and_a_restarted_server_still_lists_them(
+    served: StubServer, results_env: Path
+) -> None:
+    url = served.url
+    answers = await asyncio.gather(
+        through_standard_mcp(url, "/mcp", "mcp"),
+        through_standard_mcp(url, "/mcp/stream", "stream"),
+        through_openenv_json_rpc(url, "json_rpc"),
+        through_websocket(url, "websocket"),
+        through_step(url, "step"),
+    )
+    returned = {answer["task_id"]: RolloutResult.model_validate(answer) for answer in answers}
+    async with httpx.AsyncClient(base_url=url) as http:
+        assert (await http.post("/web/api/runs", json=oracle("form"))).status_code == 202
+    transports = {*returned, "form"}
+    for _ in range(200):
+        rows = await listed(url)
+        if {row["task_id"] for row in rows if row["state"] == "finished"} >= transports:
+            break
+        await asyncio.sleep(0.05)
+    before = {row["task_id"]: row for row in rows}
+    assert set(before) == transports
+    for task_id, result in returned.items():
+        row = before[task_id]
+        assert (row["state"], row["status"], row["failed_phase"]) == ("finished", result.status, result.failed_phase)
+        where = f" in {result.failed_phase}" if result.failed_phase else ""
+        assert row["message"].startswith(f"{result.status}{where}"), row
+    assert (before["form"]["status"], before["form"]["failed_phase"]) == ("completed", None)
+    assert before["form"]["reward"] == 1.0
+
+    with stub_server(command_s=0.02) as restarted:
+        after = {row["task_id"]: row for row in await listed(restarted.url)}
+        assert after == before
+        async with httpx.AsyncClient(base_url=restarted.url) as http:
+            saved = await http.get(f"/web/api/runs/{before['form']['id']}/result")
+    result = RolloutResult.model_validate_json(saved.content)
+    assert (result.task_id, result.reward, result.oracle) == ("form", 1.0, True)
+    assert result.task is not None
+    assert result.task.api_key == ""
+    files = sorted(results_env.iterdir())
+    assert len(files) == 2 * len(transports)
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        assert SECRET.encode() not in path.read_bytes(), path
+    assert stat.S_IMODE(results_env.stat().st_mode) == 0o700
+
+
+def test_the_newest_results_are_kept_and_read_back(tmp_path: Path) -> None:
+    results = ResultsDir(tmp_path, keep=3)
+    saved = [finished_run(f"t{i}") for i in range(5)]
+    for view, result in saved:
+        results.save(view, result)
+    assert [view.task_id for view in results.load()] == ["t2", "t3", "t4"]
+    assert len(list(tmp_path.iterdir())) == 6
+    assert results.read(saved[0][0].id) is None
+    newest = RolloutResult.model_validate_json(results.read(saved[4][0].id) or b"")
+    assert newest.task_id == "t4"
+    assert results.read("../../etc/passwd") is None
+
+
+def test_a_key_in_a_result_is_never_written(tmp_path: Path) -> None:
+    view, result = finished_run("keyed")
+    leaky = result.model_copy(update={"task": request("keyed", api_key=SECRET)})
+    ResultsDir(tmp_path).save(view, leaky)
+    assert all(SECRET.encode() not in path.read_bytes() for path in tmp_path.iterdir())
+
+
+def test_broken_files_are_skipped_and_stale_temporaries_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    results = ResultsDir(tmp_path)
+    view, result = finished_run("good")
+    results.save(view, result)
+    orphan, _ = finished_run("no_result")
+    (tmp_path / f"{orphan.id}.run.json").write_text(orphan.model_dump_json())
+    broken, _ = finished_run("broken")
+    (tmp_path / f"{broken.id}.run.json").write_text("{not json")
+    (tmp_path / f"{broken.id}.json").write_text("{}")
+    stale, fresh = tmp_path / ".old.tmp", tmp_path / ".writing.tmp"
+    stale.write_text("x")
+    fresh.write_text("x")
+    os.utime(stale, (0, 0))
+    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+        assert [view.task_id for view in results.load()] == ["good"]
+    assert f"skipping the saved run {broken.id}" in caplog.text
+    assert (stale.exists(), fresh.exists()) == (False, True)
+
+
+RESULTS_KEEP_VAR = "OPENCODE_ENV_RESULTS_KEEP"
+
+
+def configured_from(environ: dict[str, str]) -> ResultsDir | None:
+    settings = Settings.load(environ)
+    return ResultsDir.configured(settings.results_dir, settings.results_keep)
+
+
+def test_the_directory_and_its_bound_come_from_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert default_results_dir() == tmp_path / "state" / "opencode-env" / "results"
+    configured = configured_from({RESULTS_DIR_VAR: str(tmp_path / "mine"), RESULTS_KEEP_VAR: "7"})
+    assert configured is not None
+    assert (configured.path, configured.keep) == (tmp_path / "mine", 7)
+    assert configured_from({RESULTS_KEEP_VAR: "0"}) is None
+    with pytest.raises(ValidationError, match=RESULTS_KEEP_VAR):
+        configured_from({RESULTS_KEEP_VAR: "many"})
+    (tmp_path / "a-file").write_text("")
+    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+        assert configured_from({RESULTS_DIR_VAR: str(tmp_path / "a-file" / "results")}) is None
+    assert RESULTS_DIR_VAR in caplog.text
+
+
+def test_a_user_without_a_home_keeps_results_in_memory(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_such_user(uid: int) -> None:
+        raise KeyError(uid)
+
+    for name in ("XDG_STATE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_such_user)
+    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+        assert configured_from({}) is None
+    assert "no home directory" in caplog.text
+
+
+async def test_a_rollout_its_caller_cancels_is_listed_as_cancelled_where_it_was(tmp_path: Path) -> None:
+    runs = Runs(results=ResultsDir(tmp_path))
+    rollouts = Rollouts(StubBackend(command_s=30.0), limit=2, runs=runs)
+    call = asyncio.create_task(rollouts.run(request("cut", setup=["sleep"], solution=["true"])))
+    assert await wait_until(lambda: bool(runs.views()) and runs.views()[0].phase == "setup", 10)
+    assert runs.views()[0].state == "running"
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    [view] = runs.views()
+    assert (view.state, view.status, view.failed_phase, view.phase) == ("finished", "cancelled", "setup", "setup")
+    assert view.message.startswith("cancelled in setup after ")
+    saved = RolloutResult.model_validate_json(await runs.result_json(view.id) or b"")
+    assert saved.error is not None
+    assert saved.error.startswith("its caller cancelled the rollout")
+    assert [row.id for row in Runs(results=ResultsDir(tmp_path)).views()] == [view.id]
+
+
+async def test_a_directory_that_cannot_take_a_result_leaves_it_in_memory(tmp_path: Path) -> None:
+    results = ResultsDir(tmp_path / "results")
+    runs = Runs(keep=2, results=results)
+    (tmp_path / "results").rmdir()
+    (tmp_path / "results").write_text("not a directory any more")
+    run = runs.begin(request("kept"))
+    await runs.finish(run, RolloutResult(task_id="kept", reward=0.5))
+    saved = RolloutResult.model_validate_json(await runs.result_json(run.view.id) or b"")
+    assert (saved.task_id, saved.reward) == ("kept", 0.5)

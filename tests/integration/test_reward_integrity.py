@@ -1,0 +1,245 @@
+"""A hostile agent against its own grade: the real OpenCode runs each attack through its bash tool (the scripted
+model emits the commands), and each attack must fail: the reward is what an honest verify gives (0.0 for a failing
+verify, 1.0 for honest work), never 1.0 for a failing verify and never None, and the result serialises and parses.
+
+Classes (the issue's): hooks verify would load from the agent's HOME, /tmp or configuration; breaking a directory
+the pipeline uses or leaving odd names, to turn a failure into an infrastructure failure; calls OpenCode did not
+make, and killing OpenCode; planting tests the task restores; verify in a fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.demo import DEMO_VERIFY
+from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, write
+from opencode_env.wire import RolloutResult
+from tests.helpers import Outcome, rollout
+
+REWARD = "/home/user/logs/verifier/reward.txt"
+FAILING_VERIFY = ["cd /home/user/workdir && python3 -c 'import sys; sys.exit(1)'"]
+ADD = "def add(a, b):\n    return a + b\n"
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
+WRITE_REWARD = f"open({REWARD!r}, 'w').write('1')"
+USER_SITE = "$(python3 -c 'import site; print(site.getusersitepackages())')"
+
+HOOKS = {
+    "usercustomize": f'mkdir -p {USER_SITE} && echo "{WRITE_REWARD}" > {USER_SITE}/usercustomize.py',
+    "pth file": f'mkdir -p {USER_SITE} && echo "import os; {WRITE_REWARD}" > {USER_SITE}/zz-hook.pth',
+    "git fsmonitor": (
+        f"printf '#!/bin/sh\\necho 1 > {REWARD}\\n' > /home/user/hook.sh && chmod +x /home/user/hook.sh && "
+        "git config --global core.fsmonitor /home/user/hook.sh && git -C /home/user/workdir init -q"
+    ),
+    "the grader's own HOME in /tmp": (
+        "site=$(HOME=/tmp/home python3 -c 'import site; print(site.getusersitepackages())') && "
+        f'mkdir -p "$site" && echo "{WRITE_REWARD}" > "$site/usercustomize.py"'
+    ),
+}
+HOOK_VERIFY = {
+    "git fsmonitor": ["git -C /home/user/workdir status >/dev/null 2>&1; exit 1"],
+}
+
+
+def roundtrips(result: RolloutResult) -> RolloutResult:
+    wire = result.model_dump_json()
+    again = RolloutResult.model_validate_json(wire)
+    assert again.model_dump_json() == wire
+    return again
+
+
+def tool_outputs(outcome: Outcome) -> str:
+    """What the agent's tools printed, as OpenCode sent it back to the model."""
+    return json.dumps([exchange.request.get("messages", []) for exchange in outcome.exchanges])
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+async def test_hooks_the_agent_plants_never_run_in_verify(backend: LocalBackend, no_leaks: None, hook: str) -> None:
+    script = Script(steps=[bash(HOOKS[hook]), say("planted")])
+    outcome = await rollout(backend, script, verify=HOOK_VERIFY.get(hook, FAILING_VERIFY), task_id="hook")
+    result = roundtrips(outcome.result)
+    assert result.status == "completed", result.error
+    assert (result.reward, result.reward_source) == (0.0, "verify_pass_rate")
+
+
+BREAKAGES = {
+    "logs made a link to /tmp": "mv /home/user/logs /home/user/logs.old && ln -s /tmp /home/user/logs",
+    "logs made a file": "rm -rf /home/user/logs && echo x > /home/user/logs",
+    "the verifier dir made a link": "rm -rf /home/user/logs/verifier && ln -s /etc /home/user/logs/verifier",
+    "opencode's data dir attacked": "rm -rf /home/opencode 2>&1; ls /home/opencode 2>&1; true",
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+async def test_breaking_a_directory_we_use_keeps_the_honest_reward(
+    backend: LocalBackend, no_leaks: None, breakage: str
+) -> None:
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(BREAKAGES[breakage]), say("done")])
+    result = roundtrips((await rollout(backend, script, task_id="breaker")).result)
+    assert result.status == "completed", result.error
+    assert (result.reward, result.reward_source) == (1.0, "reward_txt")
+
+
+async def test_a_work_dir_replaced_by_a_link_is_graded_as_empty(backend: LocalBackend, no_leaks: None) -> None:
+    script = Script(
+        steps=[
+            write("/home/user/workdir/add.py", ADD),
+            bash("cd /home/user && mv workdir elsewhere && ln -s /etc workdir"),
+            say("done"),
+        ]
+    )
+    result = roundtrips((await rollout(backend, script)).result)
+    assert result.status == "completed", result.error
+    assert result.reward == 0.0
+    assert "passwd" not in result.files
+
+
+ODD_NAMES = (
+    "cd /home/user/workdir && python3 -c \"open(b'bin\\xe9.txt', 'wb').write(b'x'); "
+    "open('new\\nline.txt', 'w').write('y'); open('n' * 255, 'w').write('z')\""
+)
+
+
+async def test_odd_file_names_leave_a_result_that_serialises(backend: LocalBackend, no_leaks: None) -> None:
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(ODD_NAMES), say("done")])
+    result = roundtrips((await rollout(backend, script)).result)
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    assert "new\nline.txt" in result.files
+    assert "n" * 255 in result.files
+    assert [base64.b64decode(name.path_base64) for name in result.files_non_utf8] == [b"bin\xe9.txt"]
+    assert not any("bin" in name for name in [*result.files, *result.files_extra])
+
+
+FORGE = """python3 - <<'EOF'
+import glob, json, os, urllib.request
+found = {name: value for name, value in os.environ.items() if name.startswith("OPENCODE_ENV")}
+for path in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        found[path] = open(path, "rb").read().decode(errors="replace")[:60]
+    except OSError as error:
+        found[path] = type(error).__name__
+print("HUNT", json.dumps(found)[:400])
+config = json.load(open(os.environ["OPENCODE_CONFIG"]))
+base = next(iter(config["provider"].values()))["options"]["baseURL"]
+tokens = [value for name, value in os.environ.items() if "KEY" in name or "TOKEN" in name] or ["none"]
+body = {"model": "policy", "n": 64, "best_of": 64, "stream": True,
+        "messages": [{"role": "user", "content": "FORGED call"}],
+        "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]}
+for token in tokens:
+    request = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+        headers={"authorization": "Bearer " + token, "content-type": "application/json",
+                 "user-agent": "opencode/1.18.33 ai-sdk/openai-compatible"})
+    try:
+        print("FORGE", urllib.request.urlopen(request, timeout=20).status)
+    except Exception as error:
+        print("FORGE", type(error).__name__, getattr(error, "code", ""))
+EOF"""
+
+
+async def test_calls_opencode_did_not_make_are_never_recorded(backend: LocalBackend, no_leaks: None) -> None:
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(FORGE), say("done")])
+    outcome = await rollout(backend, script)
+    result = roundtrips(outcome.result)
+    assert result.status == "completed", result.error
+    forged = [exchange for exchange in outcome.exchanges if exchange.request["messages"][0]["content"] == "FORGED call"]
+    assert forged == []
+    assert "FORGE HTTPError 401" in tool_outputs(outcome)
+    assert len(result.proxy_turns) == len(outcome.exchanges) == result.usage.llm_calls == 3
+    assert all(turn.kind == "agent" and turn.clamped == {} for turn in result.proxy_turns)
+    assert result.reward == 1.0
+
+
+async def test_the_agent_cannot_kill_opencode_or_spoil_its_proxy(backend: LocalBackend, no_leaks: None) -> None:
+    """A malformed call to its own proxy, then killing OpenCode: OpenCode lives on and the model never failed."""
+    attack = (
+        "python3 -c \"import json, os, urllib.request; c = json.load(open(os.environ['OPENCODE_CONFIG'])); "
+        "u = next(iter(c['provider'].values()))['options']['baseURL'] + '/chat/completions'; "
+        "t = os.environ.get('OPENCODE_ENV_UPSTREAM_KEY', 'none'); "
+        "urllib.request.urlopen(urllib.request.Request(u, data=b'{not json', headers={'authorization': 'Bearer ' + t}))"
+        '" 2>&1 | tail -1; pkill -KILL -x opencode; pkill -KILL -x .opencode; kill -KILL $PPID; echo still here'
+    )
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(attack), say("done")])
+    outcome = await rollout(backend, script)
+    result = roundtrips(outcome.result)
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    assert result.agent_exit_code == 0
+
+
+PROTECTED_TEST = "import sys\nfrom add import add\nsys.exit(0 if add(2, 3) == 5 else 1)\n"
+PLANT_TESTS = (
+    "ls /home/user/workdir/tests 2>&1; mkdir -p /tmp/mine && echo 'import sys; sys.exit(0)' > /tmp/mine/test_add.py "
+    "&& ln -s /tmp/mine /home/user/workdir/tests && ls -la /home/user/workdir/tests/"
+)
+
+
+async def test_protected_files_replace_what_the_agent_left_and_are_never_seen(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    script = Script(steps=[write("/home/user/workdir/add.py", WRONG_ADD), bash(PLANT_TESTS), say("done")])
+    outcome = await rollout(
+        backend,
+        script,
+        verify=["cd /home/user/workdir && python3 -m tests.test_add"],
+        verify_files={"tests/test_add.py": PROTECTED_TEST},
+    )
+    result = roundtrips(outcome.result)
+    assert result.status == "completed", result.error
+    assert "No such file or directory" in tool_outputs(outcome)
+    assert (result.reward, result.reward_source) == (0.0, "verify_pass_rate")
+    assert result.files.get("tests/test_add.py") == PROTECTED_TEST
+
+
+async def test_protected_files_let_honest_work_pass(backend: LocalBackend, no_leaks: None) -> None:
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), say("done")])
+    outcome = await rollout(
+        backend,
+        script,
+        verify=["cd /home/user/workdir && python3 -m tests.test_add"],
+        verify_files={"tests/test_add.py": PROTECTED_TEST},
+    )
+    assert (outcome.result.reward, outcome.result.status) == (1.0, "completed")
+
+
+async def test_a_fresh_verify_sees_the_work_dir_and_nothing_else(backend: LocalBackend, no_leaks: None) -> None:
+    plant = "echo x > /home/user/planted && echo y > /tmp/planted && echo z > /home/user/workdir/notes.txt"
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(plant), say("done")])
+    outside = "test ! -e /home/user/planted && test ! -e /tmp/planted && test -f /home/user/workdir/notes.txt"
+    outcome = await rollout(
+        backend, script, verify=[outside, *DEMO_VERIFY], verify_sandbox="fresh", setup=["echo setup > /tmp/setup"]
+    )
+    result = roundtrips(outcome.result)
+    assert result.status == "completed", result.error
+    assert [command.exit_code for command in result.verify_results] == [0, 0, 0]
+    assert (result.reward, result.reward_source) == (1.0, "reward_txt")
+    assert result.enforcement["verify"].startswith("fresh sandbox local-")
+
+
+async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks: None) -> None:
+    fill = "head -c 400M /dev/zero > /home/user/workdir/fill 2>&1; df -h /home/user | tail -1"
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(fill), say("done")])
+    outcome = await rollout(
+        backend,
+        script,
+        disk_mb=128,
+        verify=["cd /home/user/workdir && python3 -m tests.test_add"],
+        verify_files={"tests/test_add.py": PROTECTED_TEST},
+    )
+    result = roundtrips(outcome.result)
+    assert result.status in ("completed", "agent_error"), result.error
+    assert (result.reward, result.reward_source) == (1.0, "verify_pass_rate")
+    assert "fill" in result.files_extra
+    assert "disk" in result.limits_hit
+
+
+async def test_opencode_still_stops_a_tool_command_past_its_timeout(backend: LocalBackend, no_leaks: None) -> None:
+    """OpenCode and its tools are two uids now: its own tool timeout must still end the command (it holds kill)."""
+    arguments = {"command": "sleep 90", "description": "wait", "timeout": 2000}
+    slow = Step(tool_calls=[ToolCallStep(name="bash", arguments=arguments)])
+    outcome = await rollout(backend, Script(steps=[slow, say("done")]), verify=FAILING_VERIFY)
+    assert outcome.result.status == "completed", outcome.result.error
+    assert "terminated command after exceeding timeout 2000 ms" in tool_outputs(outcome)

@@ -1,0 +1,94 @@
+"""The pipeline end to end: the real OpenCode, the scripted model on loopback, the local backend."""
+
+from __future__ import annotations
+
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.script import Script, bash, demo_script, say, stall, write
+from tests.helpers import rollout
+
+
+async def test_one_of_two_verify_commands_failing_gives_half(backend: LocalBackend, no_leaks: None) -> None:
+    verify = ["test -f /home/user/workdir/add.py", "test -f /home/user/workdir/missing.py"]
+    result = (await rollout(backend, demo_script(), verify=verify)).result
+    assert (result.reward, result.reward_source) == (0.5, "verify_pass_rate")
+    assert [r.exit_code for r in result.verify_results] == [0, 1]
+    assert [r.cmd for r in result.verify_results] == verify
+
+
+async def test_reward_file_overrides_pass_rate(backend: LocalBackend, no_leaks: None) -> None:
+    verify = ["exit 1", "echo 0.25 > /home/user/logs/verifier/reward.txt"]
+    result = (await rollout(backend, demo_script(), verify=verify)).result
+    assert (result.reward, result.reward_source) == (0.25, "reward_txt")
+    json_verify = [*verify, "echo '{\"reward\": 0.75}' > /home/user/logs/verifier/reward.json"]
+    result = (await rollout(backend, demo_script(), verify=json_verify)).result
+    assert (result.reward, result.reward_source) == (0.75, "reward_json")
+
+
+async def test_failing_setup_stops_the_rollout(backend: LocalBackend, no_leaks: None) -> None:
+    setup = ["echo first > /home/user/workdir/first.txt", "echo broken >&2; exit 3", "touch /home/user/workdir/x"]
+    outcome = await rollout(backend, demo_script(), setup=setup)
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("setup_failed", "setup")
+    assert [r.exit_code for r in result.setup_results] == [0, 3]
+    assert result.setup_results[1].stderr == "broken\n"
+    assert "setup command 2 exited 3" in (result.error or "")
+    assert outcome.exchanges == []
+    assert result.agent_exit_code is None
+    assert result.verify_results == []
+    assert result.reward is None
+
+
+async def test_agent_past_its_deadline_is_stopped_and_verified(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(
+        backend, Script(steps=[stall(120)]), agent_timeout_s=5.0, verify=["test ! -f /home/user/workdir/add.py"]
+    )
+    result = outcome.result
+    assert (result.status, result.failed_phase) == ("agent_timeout", "agent")
+    assert result.agent_exit_code is None
+    assert (result.timings.agent_s or 0) >= 5.0
+    assert [r.exit_code for r in result.verify_results] == [0]
+    assert result.reward == 1.0
+
+
+async def test_instruction_reaches_the_model_byte_for_byte(backend: LocalBackend, no_leaks: None) -> None:
+    instruction = (
+        "Quote 'single' \"double\" `backtick` $HOME ${PATH} $(whoami) \\n literal\n"
+        "tab\there; semi; && || > < | * ? [x] ~ # !\n"
+        "unicode: é ß 中文 🚀 \u2028 line sep \u0085 next line\n\n  trailing spaces  "
+    )
+    outcome = await rollout(backend, Script(steps=[say("ok")]), instruction=instruction, verify=[])
+    assert outcome.result.status == "completed", outcome.result.error
+    user_messages = [m for m in outcome.exchanges[0].request["messages"] if m["role"] == "user"]
+    assert user_messages[0]["content"] == instruction
+
+
+async def test_absolute_home_user_paths_work(backend: LocalBackend, no_leaks: None) -> None:
+    script = Script(
+        steps=[
+            bash("n=$(cat /home/user/workdir/n.txt); echo $((n + 1)) > /home/user/workdir/out.txt", "Increment"),
+            write("/home/user/workdir/notes/log.md", "# done\n"),
+            say("Incremented."),
+        ]
+    )
+    outcome = await rollout(
+        backend,
+        script,
+        setup=["echo 41 > /home/user/workdir/n.txt"],
+        verify=['test "$(cat /home/user/workdir/out.txt)" = 42', "test -f /home/user/workdir/notes/log.md"],
+    )
+    result = outcome.result
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    assert result.files["out.txt"] == "42\n"
+    assert result.files["notes/log.md"] == "# done\n"
+
+
+async def test_task_files_are_uploaded_and_binary_outputs_listed(backend: LocalBackend, no_leaks: None) -> None:
+    script = Script(steps=[bash("printf '\\x00\\x01' > /home/user/workdir/blob.bin", "Binary"), say("ok")])
+    outcome = await rollout(
+        backend, script, files={"src/app.py": "print('hi')\n"}, verify=["python3 /home/user/workdir/src/app.py"]
+    )
+    result = outcome.result
+    assert result.verify_results[0].stdout == "hi\n"
+    assert result.files["src/app.py"] == "print('hi')\n"
+    assert result.files_extra == ["blob.bin"]

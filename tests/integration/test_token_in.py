@@ -1,0 +1,217 @@
+"""Token-in mode: the pure rules, the proxy as a real process against the scripted model's token routes, and whole
+rollouts with the real OpenCode on a thinking template (reasoning dropped from the history)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from opencode_env.proxy.token_in import SessionState, new_messages_start, suffix_after_reply
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.chat_template import IM_END, SPECIAL_IDS
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.proxy_process import running_proxy
+from opencode_env.testing.script import Script, Step, ToolCallStep, bash
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.training.sequences import training_sequences
+
+VLLM = ("--endpoint-kind", "vllm", "--model-override", "scripted-policy")
+STOP = SPECIAL_IDS[IM_END]
+SYSTEM = {"role": "system", "content": "You are a coder."}
+USER = {"role": "user", "content": "list the files"}
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+def state(messages: list[Any]) -> SessionState:
+    return SessionState(messages=messages, rendering="r", ids=[1, 2, 3, STOP], stop_id=STOP)
+
+
+def test_the_new_messages_start_after_the_last_turn_and_its_reply() -> None:
+    reply = {"role": "assistant", "content": "ok"}
+    tool = {"role": "tool", "content": "a.txt", "tool_call_id": "c"}
+    assert new_messages_start(state([SYSTEM, USER]), [SYSTEM, USER, reply, tool]) == 3
+
+
+@pytest.mark.parametrize(
+    ("messages", "reason"),
+    [
+        ([SYSTEM, {"role": "user", "content": "summarised"}, {"role": "assistant"}, USER], "rewritten"),
+        ([SYSTEM, USER, {"role": "assistant", "content": "ok"}], "rewritten"),
+        ([SYSTEM, USER, USER, USER], "not the assistant's reply"),
+    ],
+)
+def test_a_history_that_does_not_continue_the_last_turn_is_named(messages: list[Any], reason: str) -> None:
+    answer = new_messages_start(state([SYSTEM, USER]), messages)
+    assert isinstance(answer, str)
+    assert reason in answer
+
+
+def test_the_suffix_is_what_follows_the_replys_stop_token() -> None:
+    base = [10, 11, STOP, 12]
+    assert suffix_after_reply(base, [10, 11, STOP, 12, 20, 21], STOP) == [12, 20, 21]
+
+
+def test_a_template_that_renders_the_history_otherwise_once_messages_follow_is_refused() -> None:
+    answer = suffix_after_reply([10, 11, STOP], [10, 99, STOP, 20], STOP)
+    assert isinstance(answer, str)
+    assert "renders the history differently" in answer
+
+
+def thinking(text: str, *calls: ToolCallStep) -> Step:
+    return Step(reasoning=f"I should {text} first, then look at what it printed.", content="", tool_calls=list(calls))
+
+
+def chat(messages: list[Any]) -> dict[str, Any]:
+    return {
+        "model": "policy",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": messages,
+        "tools": TOOLS,
+    }
+
+
+async def call(url: str, payload: dict[str, Any], session: str) -> dict[str, Any]:
+    """One streamed call as OpenCode makes it; returns the assistant message OpenCode would put in its history."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{url}/chat/completions", json=payload, headers={"authorization": "Bearer x", "x-session-id": session}
+        )
+    assert response.status_code == 200, response.text
+    content, calls = "", {}
+    for line in response.text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for choice in json.loads(line[6:])["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for part in delta.get("tool_calls") or []:
+                entry = calls.setdefault(
+                    part["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                entry["id"] = part.get("id") or entry["id"]
+                entry["function"]["name"] += part.get("function", {}).get("name") or ""
+                entry["function"]["arguments"] += part.get("function", {}).get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message
+
+
+async def three_turns(url: str, session: str = "ses_1") -> None:
+    messages: list[Any] = [SYSTEM, USER]
+    for step in range(3):
+        reply = await call(url, chat(messages), session)
+        messages = [*messages, reply, {"role": "tool", "tool_call_id": f"c{step}", "content": f"out {step}"}]
+
+
+SCRIPT = Script(
+    steps=[
+        thinking("list the files", ToolCallStep(name="bash", arguments={"command": "ls"})),
+        thinking("read a.txt", ToolCallStep(name="bash", arguments={"command": "cat a.txt"})),
+        Step(reasoning="Nothing more to do.", content="Done."),
+    ]
+)
+
+
+async def test_each_turn_extends_the_last_by_construction_on_a_thinking_template(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(SCRIPT, token_routes=True) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in") as proxy,
+    ):
+        await three_turns(proxy.url)
+        trace = proxy.wait_for_turns(3)
+    turns = trace.turns
+    assert [turn.prompt_source for turn in turns] == ["chat_template", "token_in", "token_in"]
+    assert turns[0].token_in_fallback == "the session's first turn"
+    for earlier, later in itertools.pairwise(turns):
+        sampled = earlier.prompt_token_ids + earlier.completion_token_ids
+        assert later.prompt_token_ids[: len(sampled)] == sampled
+    exchanges = model.exchanges
+    assert [exchange.prompt_token_ids for exchange in exchanges] == [turn.prompt_token_ids for turn in turns]
+    reasoning_ids = [token.token_id for token in exchanges[0].tokens if token.segment.kind == "reasoning"]
+    assert reasoning_ids
+    assert turns[1].prompt_token_ids[len(turns[0].prompt_token_ids) :][: len(reasoning_ids)] == reasoning_ids
+    assert "tokens" not in turns[1].request
+    assert all("add_generation_prompt" in request for request in model.model.tokenize_requests)
+
+
+async def test_without_token_in_the_thinking_template_forks_every_turn(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(SCRIPT, token_routes=True) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM) as proxy,
+    ):
+        await three_turns(proxy.url)
+        turns = proxy.wait_for_turns(3).turns
+    assert [turn.prompt_source for turn in turns] == ["chat_template"] * 3
+    sampled = turns[0].prompt_token_ids + turns[0].completion_token_ids
+    assert turns[1].prompt_token_ids[: len(sampled)] != sampled
+    assert model.model.tokenize_requests == []
+
+
+async def test_a_server_without_the_token_route_falls_back_and_says_so(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(SCRIPT) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in") as proxy,
+    ):
+        await three_turns(proxy.url)
+        turns = proxy.wait_for_turns(3).turns
+    assert [turn.outcome for turn in turns] == ["complete"] * 3
+    assert [turn.prompt_source for turn in turns] == ["chat_template"] * 3
+    assert "/tokenize (404)" in (turns[1].token_in_fallback or "")
+    assert turns[2].token_in_fallback == turns[1].token_in_fallback
+
+
+async def test_a_rewritten_history_falls_back_for_that_turn_only(tmp_path: Path) -> None:
+    with (
+        ScriptedModelServer(SCRIPT, token_routes=True) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in") as proxy,
+    ):
+        first = await call(proxy.url, chat([SYSTEM, USER]), "ses_1")
+        compacted = [SYSTEM, {"role": "user", "content": "Summary: listed the files."}]
+        second = await call(proxy.url, chat(compacted), "ses_1")
+        await call(
+            proxy.url, chat([*compacted, second, {"role": "tool", "tool_call_id": "c", "content": "x"}]), "ses_1"
+        )
+        turns = proxy.wait_for_turns(3).turns
+    assert first["tool_calls"]
+    assert [turn.prompt_source for turn in turns] == ["chat_template", "chat_template", "token_in"]
+    assert "rewritten" in (turns[1].token_in_fallback or "")
+
+
+async def test_a_whole_rollout_in_token_in_mode_is_one_sequence_with_every_agent_token(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    script = Script(
+        steps=[
+            thinking(
+                "write the file",
+                ToolCallStep(name="write", arguments={"filePath": "/home/user/workdir/a.txt", "content": "hi\n"}),
+            ),
+            Step(reasoning="Check it.", tool_calls=bash("cat /home/user/workdir/a.txt").tool_calls),
+            Step(reasoning="It is there.", content="I wrote a.txt."),
+        ]
+    )
+    coverage = {}
+    for token_in in ("off", "auto"):
+        with ScriptedModelServer(script, token_routes=True) as model:
+            request = demo_request(model.base_url, token_in=token_in, verify=["test -f /home/user/workdir/a.txt"])
+            result = await run_rollout(request, backend)
+        assert result.status == "completed", result.error
+        agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
+        assert len(agent) == 3
+        found = training_sequences(result)
+        generated = sum(len(turn.completion_token_ids) for turn in agent)
+        final = found.final()
+        assert final is not None
+        coverage[token_in] = (len(found.sequences), sum(final.env_mask), generated)
+    assert coverage["auto"][0] == 1
+    assert coverage["auto"][1] == coverage["auto"][2]
+    assert coverage["off"][0] == 3
+    assert coverage["off"][1] < coverage["off"][2]

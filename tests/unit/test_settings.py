@@ -1,0 +1,102 @@
+"""One place for settings: every operator variable the code reads is declared in opencode_env/settings.py, the
+docs' settings table is made from it (tests/test_docs.py), a bad value is refused by name, and `opencode-env
+settings` never shows a secret."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.settings import Settings, variable_names
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.wire import RolloutRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS_FOR_OUR_PROCESSES = frozenset(
+    {
+        "OPENCODE_ENV_UPSTREAM_KEY",
+        "OPENCODE_ENV_PROXY_TOKEN",
+        "OPENCODE_ENV_TOOLS_BIN",
+        "OPENCODE_ENV_TEMPLATE_FORMAT",
+        "OPENCODE_ENV_HTTPS_PROXY",
+        "OPENCODE_ENV_HTTP_PROXY",
+        "OPENCODE_ENV_NO_PROXY",
+        "OPENCODE_ENV_TEST_ARTIFACTS",
+    }
+)
+"""Variables we set for processes we start (the proxy's key and token, markers in our own images), and the test
+harness's own (where opencode_env.testing.chromium saves screenshots), not settings."""
+
+
+def test_every_operator_variable_the_code_names_is_declared() -> None:
+    named: set[str] = set()
+    for path in [*ROOT.glob("opencode_env/**/*.py"), *ROOT.glob("server/*.py")]:
+        named |= set(re.findall(r"\"(OPENCODE_ENV_[A-Z0-9_]+)\"", path.read_text()))
+    undeclared = sorted(named - OURS_FOR_OUR_PROCESSES - set(variable_names()))
+    assert undeclared == []
+
+
+HOST_VIEW_READS = "trust_settings(os.environ)"
+"""All that sandbox/ reads of this process's environment: the host's CA-bundle variables, which a local sandbox is
+given as the host has them (not settings)."""
+
+
+def test_no_backend_reads_an_operator_setting_from_the_environment() -> None:
+    """Backends get their settings through their constructors, from the registry; only the registry loads them, for a
+    caller that passes none."""
+    reads, loads = [], []
+    for path in ROOT.glob("opencode_env/sandbox/**/*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            if re.search(r"\bos\.(environ|getenv)\b|\bgetenv\(|import environ\b", line.replace(HOST_VIEW_READS, "")):
+                reads.append(where)
+            if "Settings.load(" in line and path.name != "registry.py":
+                loads.append(where)
+    assert (reads, loads) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("PORT", "eighty"), ("OPENCODE_ENV_MEMORY_OVERCOMMIT", "0"), ("OPENCODE_ENV_BACKEND", "locl")],
+)
+def test_a_bad_value_is_refused_with_its_name(name: str, value: str) -> None:
+    with pytest.raises(ValidationError, match=name):
+        Settings.load({name: value})
+
+
+def test_values_come_from_the_environment_given() -> None:
+    loaded = Settings.load({"PORT": "9001", "OPENCODE_ENV_HF_SANDBOXES": "1", "UNRELATED": "x"})
+    assert (loaded.port, loaded.hf_sandboxes, loaded.backend) == (9001, True, "auto")
+
+
+def test_the_cli_shows_sources_and_never_a_secret() -> None:
+    env = {**os.environ, "E2B_API_KEY": "e2b_secret_9d2f", "OPENCODE_ENV_TOKEN": "tok-secret-1c", "PORT": "8123"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "opencode_env.cli", "settings"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "e2b_secret_9d2f" not in shown
+    assert "tok-secret-1c" not in shown
+    lines = {line.split()[0]: line for line in shown.splitlines()}
+    assert lines["E2B_API_KEY"].endswith("(set, hidden)  (environment)")
+    assert lines["PORT"].split()[1:] == ["8123", "(environment)"]
+    assert lines["OPENCODE_ENV_RESULTS_KEEP"].split()[1:] == ["200", "(default)"]
+
+
+async def test_a_rollout_under_a_refused_setting_ends_as_invalid_request_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENCODE_ENV_MAX_CPUS", "many")
+    backend = StubBackend()
+    request = RolloutRequest(instruction="x", base_url="http://127.0.0.1:9/v1", model="m")
+    result = await run_rollout(request, backend)
+    assert (result.status, result.failed_phase) == ("invalid_request", "validate")
+    assert "OPENCODE_ENV_MAX_CPUS" in (result.error or "")
+    assert backend.alive == set()
+    assert result.sandbox_id == ""
