@@ -66,7 +66,9 @@ def sampled(tokens: int, *, per_turn: int = 1000, top_k: int = 5, seed: int = 7)
         for token_id, logprob in zip(ids, logprobs, strict=True):
             others = array("f", sorted((logprob - rng.expovariate(0.8) for _ in range(top_k - 1)), reverse=True))
             alternatives = [(texts[token_id], logprob, token_id)]
-            alternatives += [(texts[i], lp, i) for i, lp in zip(rng.sample(range(5000), top_k - 1), others.tolist())]
+            alternatives += [
+                (texts[i], lp, i) for i, lp in zip(rng.sample(range(5000), top_k - 1), others.tolist(), strict=True)
+            ]
             top.append(alternatives)
         turns.append(
             RolloutTurn(
