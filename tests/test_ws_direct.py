@@ -76,7 +76,8 @@ async def test_an_unknown_tool_over_the_websocket_is_named(server: StubServer) -
 
 async def test_a_call_past_the_servers_time_limit_says_so_and_closes_its_sandbox() -> None:
     backend = StubBackend(command_s=30)
-    environment = OpenCodeEnvironment(runtime_for(backend, max_rollouts=2).mcp, backend.name)
+    runtime = runtime_for(backend, max_rollouts=2)
+    environment = OpenCodeEnvironment(runtime.mcp, backend.name, runtime.results)
     action = CallToolAction(tool_name="run_rollout", arguments=stub_arguments())
     observation = await environment.step_async(action, timeout_s=0.5)
     assert isinstance(observation, CallToolObservation)

@@ -1,0 +1,81 @@
+"""The MCP tool's answer: a summary of the rollout that fits every MCP client, the whole result by reference
+(and inline when it is small).
+
+MCP clients hold one answer in one message, and the official SDK and fastmcp's client refuse an event above
+1 MiB by default; a coding-agent rollout's result is megabytes (tens of calls, 50-200k sampled tokens). So the
+tool's structured content is a `RolloutAnswer`: what a caller decides on (status, reward, usage, timings,
+warnings, coverage) and `result_ref`, where the whole `RolloutResult` is: an HTTP route of the same server (gzip,
+the same access rule as the tool) and the same bytes as MCP resources, for `retention_s` seconds. A result of at
+most `INLINE_MAX_BYTES` of JSON also comes whole in `result`.
+
+The bound: 256 KiB inline leaves the answer (summary, a few KiB, plus the inline result) at a quarter of the
+smallest default limit we know of (1 MiB per event), room for a JSON-RPC envelope and for a client that repeats
+structured content as text. An MCP resource part is at most `PART_BYTES` of the gzip stream (base64 in the
+resource: 683 KiB).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from opencode_env.wire.models import RolloutResult
+from opencode_env.wire.result_parts import PhaseTimings, TokenUsage
+from opencode_env.wire.status import Phase, RewardSource, RolloutStatus
+from opencode_env.wire.wire_float import WireFloat
+
+INLINE_MAX_BYTES = 256 * 1024
+PART_BYTES = 512 * 1024
+RESULT_PATH = "/results"
+RESOURCE_SCHEME = "opencode-env"
+
+
+def resource_uri(ref: str, part: int) -> str:
+    return f"{RESOURCE_SCHEME}://results/{ref}/{part}"
+
+
+class ResultRef(BaseModel):
+    """Where the whole RolloutResult is, and for how long."""
+
+    id: str = Field(description="The result's capability: unguessable, known only to the caller that ran it.")
+    url: str = Field(
+        description="GET it (with the server's bearer token, as for the tool): the RolloutResult JSON, "
+        "absolute when the server knows how the call reached it, else relative to the server's URL; "
+        "gzip-encoded (Content-Encoding: gzip; plain JSON to a client that does not accept gzip)."
+    )
+    path: str = Field(
+        description="The same route relative to the server (when the URL's host is not how you reach it)."
+    )
+    resources: list[str] = Field(
+        description="The same bytes as MCP resources (resources/read): blobs, in order, of the gzip stream; "
+        "concatenated and gunzipped they are the RolloutResult JSON."
+    )
+    json_bytes: int = Field(description="Size of the RolloutResult JSON.")
+    gzip_bytes: int = Field(description="Size of the gzip stream (what the URL sends).")
+    sha256: str = Field(description="SHA-256 of the RolloutResult JSON (uncompressed), hex.")
+    retention_s: float = Field(description="How long the server keeps it after the rollout (the operator's setting).")
+    expires_at: float = Field(description="When it is deleted, seconds since the epoch (UTC).")
+
+
+class RolloutAnswer(BaseModel):
+    """run_rollout's structured content over MCP: the rollout's summary, and where its whole result is."""
+
+    task_id: str = ""
+    status: RolloutStatus = Field(description="How the rollout ended; infrastructure failures carry no reward.")
+    reward: WireFloat | None = None
+    reward_source: RewardSource = "none"
+    error: str | None = None
+    failed_phase: Phase | None = None
+    backend: str = ""
+    sandbox_id: str = ""
+    wall_s: WireFloat = 0.0
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    timings: PhaseTimings = Field(default_factory=PhaseTimings)
+    turns: int = Field(0, description="Model calls the proxy captured.")
+    sampled_tokens: int = Field(0, description="Completion tokens over every captured call.")
+    warnings: list[str] = Field(default_factory=list)
+    coverage: str = Field("", description="How many agent tokens a training export carries (training.coverage).")
+    schema_version: int = Field(description="The RolloutResult's wire shape.")
+    result_ref: ResultRef | None = Field(None, description="Where the whole RolloutResult is; None if not kept.")
+    result: RolloutResult | None = Field(
+        None, description=f"The whole RolloutResult when its JSON is at most {INLINE_MAX_BYTES} bytes; else None."
+    )
