@@ -2,7 +2,8 @@
 `/reset`, `/step`, and OpenEnv's JSON-RPC at `/mcp`), made by OpenEnv's `create_app` from a partial of this class
 bound to the server's runtime.
 
-A `run_rollout` action is answered with the whole result (OpenEnv's clients take 100 MB messages) by the one tool, called through FastMCP's public `call_tool` rather than through
+A `run_rollout` action is answered with the whole result (OpenEnv's clients take 100 MB messages) by the one
+tool, called through FastMCP's public `call_tool` rather than through
 OpenEnv's in-process MCP client, which would serialise the result two to three more times and check it against the
 output schema on the event loop every session shares (~110 ms of CPU for a 200 KB result); and under a time limit
 that follows the request's own budget instead of OpenEnv's 30 s default for a tool call.

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire.answer import inline_result
+from opencode_env.wire.models import RolloutRequest
 from tests.server_app import app_for
 from tests.stub_backend import StubBackend
 
@@ -91,7 +92,7 @@ def test_the_server_answers_every_argument_set_with_a_result_or_a_clear_error(
         text = " ".join(part.get("text", "") for part in result["content"])
         assert len(text) > 10
         return
-    parsed = RolloutResult.model_validate(result["structuredContent"])
+    parsed = inline_result(result["structuredContent"])
     assert parsed.status in ("invalid_request", "completed", "agent_error")
     assert stub.alive == set()
 
@@ -109,7 +110,7 @@ def test_the_server_stays_healthy_after_the_barrage(stub_server: tuple[str, Stub
             "verify": ["true"],
         },
     )
-    assert RolloutResult.model_validate(answer["result"]["structuredContent"]).backend == "stub"
+    assert inline_result(answer["result"]["structuredContent"]).backend == "stub"
     assert stub.alive == set()
 
 

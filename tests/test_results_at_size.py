@@ -103,7 +103,8 @@ def assert_whole(data: Any, expected: RolloutResult) -> None:
 
 def answer_of(structured: Any) -> RolloutAnswer:
     answer = RolloutAnswer.model_validate(structured)
-    assert answer.result is None and answer.result_ref is not None, "a result this size is by reference"
+    assert answer.result is None, "a result this size is by reference only"
+    assert answer.result_ref is not None
     assert len(json.dumps(structured)) < INLINE_MAX_BYTES
     assert (answer.status, answer.reward, answer.sampled_tokens) == ("completed", 1.0, TOKENS)
     return answer
@@ -203,7 +204,8 @@ async def test_a_result_is_read_only_with_the_token_and_its_own_id() -> None:
         async with FastMCPClient(f"{server.url}/mcp", auth=token) as client:
             called = await client.call_tool("run_rollout", arguments())
         answer = RolloutAnswer.model_validate(called.structured_content)
-        assert answer.result is not None and answer.result_ref is not None, "a small result is also inline"
+        assert answer.result is not None, "a small result is also inline"
+        assert answer.result_ref is not None
         ref = answer.result_ref
         async with httpx.AsyncClient(timeout=60) as http:
             assert (await http.get(ref.url)).status_code == 401

@@ -14,6 +14,7 @@ from fastmcp import Client
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from websockets.asyncio.client import connect
 
+from opencode_env.wire.answer import inline_result
 from opencode_env.wire.models import RolloutResult
 from opencode_env.wire.version import VERSION
 from server.environment import OpenCodeEnvironment
@@ -55,7 +56,7 @@ async def test_the_websocket_answer_carries_the_standard_mcp_answer_in_its_old_s
     async with Client(f"{server.url}/mcp") as client:
         standard = await client.call_tool("run_rollout", stub_arguments("same"))
     assert standard.structured_content is not None
-    over_ws, over_mcp = RolloutResult.model_validate(result["data"]), RolloutResult(**standard.structured_content)
+    over_ws, over_mcp = RolloutResult.model_validate(result["data"]), inline_result(standard.structured_content)
     assert over_ws.task_id == "same"
     assert over_ws.model_dump(exclude=PER_RUN) == over_mcp.model_dump(exclude=PER_RUN)
 

@@ -79,3 +79,15 @@ class RolloutAnswer(BaseModel):
     result: RolloutResult | None = Field(
         None, description=f"The whole RolloutResult when its JSON is at most {INLINE_MAX_BYTES} bytes; else None."
     )
+
+
+def inline_result(structured: object) -> RolloutResult:
+    """The whole RolloutResult a tool answer carries inline (a small one); a ValueError naming where a larger one is.
+    A RolloutResult object itself (what OpenEnv's sessions answer with) is taken as it is."""
+    if isinstance(structured, dict) and "result_ref" in structured:
+        answer = RolloutAnswer.model_validate(structured)
+        if answer.result is None:
+            where = answer.result_ref.url if answer.result_ref else "nowhere (not kept)"
+            raise ValueError(f"the result is {where}: over {INLINE_MAX_BYTES} bytes, it is only by reference")
+        return answer.result
+    return RolloutResult.model_validate(structured)
