@@ -59,20 +59,20 @@ class ResultRef(BaseModel):
 class RolloutAnswer(BaseModel):
     """run_rollout's structured content over MCP: the rollout's summary, and where its whole result is."""
 
-    task_id: str = ""
+    task_id: str = Field("", description="The request's task_id, echoed.")
     status: RolloutStatus = Field(description="How the rollout ended; infrastructure failures carry no reward.")
-    reward: WireFloat | None = None
-    reward_source: RewardSource = "none"
-    error: str | None = None
-    failed_phase: Phase | None = None
-    backend: str = ""
-    sandbox_id: str = ""
-    wall_s: WireFloat = 0.0
-    usage: TokenUsage = Field(default_factory=TokenUsage)
-    timings: PhaseTimings = Field(default_factory=PhaseTimings)
+    reward: WireFloat | None = Field(None, description="The verifier's reward; None when there is none.")
+    reward_source: RewardSource = Field("none", description="Where the reward came from.")
+    error: str | None = Field(None, description="What went wrong, when status is not completed.")
+    failed_phase: Phase | None = Field(None, description="The phase that failed or was cut short, if any.")
+    backend: str = Field("", description="The sandbox backend that ran the rollout.")
+    sandbox_id: str = Field("", description="The sandbox the rollout ran in.")
+    wall_s: WireFloat = Field(0.0, description="Wall-clock seconds of the whole rollout.")
+    usage: TokenUsage = Field(default_factory=TokenUsage, description="Token counts over the captured LLM calls.")
+    timings: PhaseTimings = Field(default_factory=PhaseTimings, description="Seconds spent in each phase.")
     turns: int = Field(0, description="Model calls the proxy captured.")
     sampled_tokens: int = Field(0, description="Completion tokens over every captured call.")
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="What a trainer should know about the data.")
     coverage: str = Field("", description="How many agent tokens a training export carries (training.coverage).")
     schema_version: int = Field(description="The RolloutResult's wire shape.")
     result_ref: ResultRef | None = Field(None, description="Where the whole RolloutResult is; None if not kept.")
