@@ -14,11 +14,11 @@ from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
-from opencode_env.viewer.runs import ResultsDir, Runs
 from opencode_env.wire.version import VERSION
 from server.auth import AccessPolicy
 from server.result_store import ResultStore
 from server.rollouts import CANCEL_GRACE_S, Rollouts
+from server.runs import ResultsDir, Runs
 from server.served_ports import ServedPorts
 from server.tool import build_mcp
 

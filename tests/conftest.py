@@ -18,8 +18,8 @@ from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
-from opencode_env.viewer.runs import RESULTS_DIR_VAR
 from opencode_env.wire.pins import OPENCODE_PACKAGE, OPENCODE_VERSION
+from server.runs import RESULTS_DIR_VAR
 from tests.fake_e2b import FakeCloud
 from tests.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 

@@ -17,7 +17,9 @@ import pytest
 from pydantic import ValidationError
 
 from opencode_env.settings import Settings
-from opencode_env.viewer.runs import (
+from opencode_env.wire.models import RolloutRequest, RolloutResult
+from server.rollouts import Rollouts
+from server.runs import (
     RESULTS_DIR_VAR,
     ResultsDir,
     Run,
@@ -25,8 +27,6 @@ from opencode_env.viewer.runs import (
     RunView,
     default_results_dir,
 )
-from opencode_env.wire.models import RolloutRequest, RolloutResult
-from server.rollouts import Rollouts
 from tests.stub_backend import StubBackend
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
 from tests.test_concurrency_cap import through_openenv_json_rpc, through_standard_mcp, through_step, through_websocket

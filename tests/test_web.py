@@ -19,10 +19,10 @@ from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.viewer.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from opencode_env.viewer.web import web_router
 from opencode_env.wire.answer import inline_result
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
+from server.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from tests.browser import chromium, network_requests, requested_urls, save_screenshot
 from tests.server_app import app_for
 

@@ -15,8 +15,8 @@ from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
-from opencode_env.viewer.runs import Runner, Runs, RunsFull, RunView
 from opencode_env.wire.models import RolloutRequest, RolloutResult
+from server.runs import Runner, Runs, RunsFull, RunView
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
