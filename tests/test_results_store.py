@@ -151,7 +151,7 @@ def test_broken_files_are_skipped_and_stale_temporaries_removed(
     stale.write_text("x")
     fresh.write_text("x")
     os.utime(stale, (0, 0))
-    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+    with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
         assert [view.task_id for view in results.load()] == ["good"]
     assert f"skipping the saved run {broken.id}" in caplog.text
     assert (stale.exists(), fresh.exists()) == (False, True)
@@ -177,7 +177,7 @@ def test_the_directory_and_its_bound_come_from_the_settings(
     with pytest.raises(ValidationError, match=RESULTS_KEEP_VAR):
         configured_from({RESULTS_KEEP_VAR: "many"})
     (tmp_path / "a-file").write_text("")
-    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+    with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
         assert configured_from({RESULTS_DIR_VAR: str(tmp_path / "a-file" / "results")}) is None
     assert RESULTS_DIR_VAR in caplog.text
 
@@ -191,7 +191,7 @@ def test_a_user_without_a_home_keeps_results_in_memory(
     for name in ("XDG_STATE_HOME", "HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_such_user)
-    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+    with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
         assert configured_from({}) is None
     assert "no home directory" in caplog.text
 

@@ -159,3 +159,30 @@ async def test_a_client_with_no_server_to_talk_to_is_told_how_to_start_one() -> 
     with pytest.raises(ConnectionError, match="Start one with `opencode-env serve`"):
         async with OpenCodeEnv(f"http://127.0.0.1:{port}") as env:
             await env.list_tools()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def test_our_client_started_before_its_server_waits_for_the_port_within_its_ready_budget() -> None:
+    """A script that starts `opencode-env serve` and its client together: refused connections are "not yet"."""
+    port = free_port()
+    server = ThreadedServer(StagedApp(lambda: app_for(StubBackend(), token="")), port=port)
+    starter = threading.Timer(2.0, server.start)
+    starter.start()
+    try:
+        async with OpenCodeEnv(f"http://127.0.0.1:{port}", ready_timeout_s=60) as env:
+            assert [tool.name for tool in await env.list_tools()] == ["run_rollout"]
+    finally:
+        starter.join()
+        server.stop()
+
+
+async def test_our_client_with_no_server_says_nothing_answers_once_its_ready_budget_is_spent() -> None:
+    with pytest.raises(ConnectionError, match="nothing answers at"):
+        async with OpenCodeEnv(f"http://127.0.0.1:{free_port()}", ready_timeout_s=1) as env:
+            await env.list_tools()
