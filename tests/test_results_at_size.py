@@ -7,11 +7,14 @@ a result of that size, so that these tests test the answer's path, not the agent
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import hashlib
 import json
 import random
+import shutil
+import subprocess
 from array import array
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +35,7 @@ from server.rollouts import Progress, Rollouts
 from server.tool import build_mcp
 from tests.server_app import runtime_for
 from tests.stub_backend import StubBackend
+from tests.test_mcp_clients import INSPECTOR_PACKAGE, run_inspector
 
 TOKENS = 52_000
 
@@ -221,3 +225,48 @@ async def test_a_result_is_read_only_with_the_token_and_its_own_id() -> None:
 
 def assert_same(got: RolloutResult, want: RolloutResult) -> None:
     assert got.proxy_turns == want.proxy_turns
+
+
+class SlowRollouts(SizedRollouts):
+    def __init__(self, result: RolloutResult, seconds: float) -> None:
+        super().__init__(result)
+        self.seconds = seconds
+
+    async def run(self, request: RolloutRequest, progress: Progress | None = None, *, record: Any = None) -> Any:
+        await asyncio.sleep(self.seconds)
+        return await super().run(request, progress, record=record)
+
+
+async def test_openenv_mcp_tool_client_waits_past_60_s_with_the_documented_timeout() -> None:
+    """MCPToolClient reads each answer under `message_timeout_s` (60 s by default); a WebSocket ping does not count
+    as an answer, so the caller passes more than the rollout's budget (docs/results.md)."""
+    expected = sized_result(1_000)
+    runtime = runtime_for(StubBackend(command_s=0), token="")
+    runtime.rollouts = SlowRollouts(expected, seconds=65)
+    runtime.mcp = build_mcp(runtime.rollouts, runtime.results)
+    server = ThreadedServer(create_app(runtime))
+    server.start()
+    try:
+        async with MCPToolClient(base_url=server.url, message_timeout_s=3600) as env:
+            data = await env.call_tool("run_rollout", **arguments("slow"))
+    finally:
+        server.stop()
+    result = RolloutResult.model_validate(data)
+    assert result.task_id == "slow"
+    assert result.proxy_turns == expected.proxy_turns
+
+
+@pytest.mark.skipif(shutil.which("npx") is None or shutil.which("curl") is None, reason="needs Node's npx and curl")
+@pytest.mark.timeout(600)
+def test_mcp_inspector_cli_gets_the_answer_and_curl_the_whole_result(url: str, expected: RolloutResult) -> None:
+    tool_arguments = " ".join(f"--tool-arg {name}={value}" for name, value in arguments("inspector").items())
+    command = f"mcp-inspector --cli {url}/mcp --transport http --method tools/call --tool-name run_rollout "
+    completed = run_inspector([INSPECTOR_PACKAGE], command + tool_arguments)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    answer = answer_of(json.loads(completed.stdout)["structuredContent"])
+    assert answer.result_ref is not None
+    fetched = subprocess.run(
+        ["curl", "-sf", "--compressed", answer.result_ref.url], capture_output=True, timeout=120, check=True
+    )
+    assert hashlib.sha256(fetched.stdout).hexdigest() == answer.result_ref.sha256
+    assert_whole(orjson.loads(fetched.stdout), expected)

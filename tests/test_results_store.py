@@ -108,7 +108,7 @@ async def test_every_transport_is_listed_and_a_restarted_server_still_lists_them
     assert (result.task_id, result.reward, result.oracle) == ("form", 1.0, True)
     assert result.task is not None
     assert result.task.api_key == ""
-    files = sorted(results_env.iterdir())
+    files = sorted(path for path in results_env.iterdir() if path.is_file())
     assert len(files) == 2 * len(transports)
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

@@ -4,7 +4,10 @@ that it is starting), or hear why it failed."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -186,3 +189,26 @@ async def test_our_client_with_no_server_says_nothing_answers_once_its_ready_bud
     with pytest.raises(ConnectionError, match="nothing answers at"):
         async with OpenCodeEnv(f"http://127.0.0.1:{free_port()}", ready_timeout_s=1) as env:
             await env.list_tools()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_a_script_waits_for_the_server_with_curl_as_the_docs_show() -> None:
+    """docs/results.md: `curl -sf --retry 60 --retry-connrefused --retry-delay 1 <url>/ready` returns once the tool
+    can be called, through refused connections (port not bound yet) and 503s (app still loading)."""
+    port = free_port()
+    release = threading.Event()
+    server = ThreadedServer(StagedApp(build_once_released(release)), port=port)
+    threading.Timer(1.5, server.start).start()
+    threading.Timer(4.0, release.set).start()
+    try:
+        command = ["curl", "-sf", "--retry", "60", "--retry-connrefused", "--retry-delay", "1"]
+        done = subprocess.run(
+            [*command, f"http://127.0.0.1:{port}/ready"], capture_output=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert release.is_set()
+        assert json.loads(done.stdout) == {"status": "ready"}
+    finally:
+        release.set()
+        time.sleep(0.1)
+        server.stop()
