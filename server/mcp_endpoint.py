@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import ValidationError
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opencode_env.wire.models import TOOL_NAME, RolloutRequest
@@ -75,14 +76,14 @@ class McpEndpoint:
             try:
                 body, receive = await _buffered(receive)
             except BodyTooLarge:
-                await _answer_json(send, JsonAnswer(_too_large(), 413))
+                await _answer_json(scope, receive, send, JsonAnswer(_too_large(), 413))
                 return
             target = route("POST", headers, body)
         await self._to(target, scope, receive, send)
 
     async def _to(self, target: Routed, scope: Scope, receive: Receive, send: Send) -> None:
         if isinstance(target, JsonAnswer):
-            await _answer_json(send, target)
+            await _answer_json(scope, receive, send, target)
         elif target == "standard" and scope["method"] == "GET":
             await self.standard(scope, _until(self.closing, receive), send)
         elif target in ("standard", "stateless", "openenv"):
@@ -149,10 +150,8 @@ def _too_large() -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 
-async def _answer_json(send: Send, answer: JsonAnswer) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer.body)).encode())]
-    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-    await send({"type": "http.response.body", "body": answer.body})
+async def _answer_json(scope: Scope, receive: Receive, send: Send, answer: JsonAnswer) -> None:
+    await Response(answer.body, status_code=answer.status, media_type="application/json")(scope, receive, send)
 
 
 def _until(closing: asyncio.Event, receive: Receive) -> Receive:
