@@ -1,8 +1,10 @@
-"""Bytes on the wire per rollout and per completion token, old shape (every turn carries its whole prompt) vs the
-compact shape (schema_version 2), for synthetic append-only rollouts; and the time to parse a 1,000-turn result
-and expand every prompt.
+"""Bytes on the wire per sampled token with top-5 alternatives, and the time to encode and decode 100k of them:
+version 3's JSON lists against version 4's packed arrays, each also gzip-compressed (as the result route sends it),
+side by side in one run. Then the prompt compaction of version 2: bytes per rollout and per completion token, old
+shape (every turn carries its whole prompt) vs the compact shape, and the time to parse a 1,000-turn result and
+expand every prompt.
 
-    uv run --frozen python -m bench.wire_format [--turns 10 100 1000] [--start 10000] [--growth 60]
+    uv run --frozen python -m bench.wire_format [--tokens 100000] [--turns 10 100 1000] [--start 10000]
 
 Each turn: `completion` tokens generated (top-5 logprobs each), then `growth - completion` tool-output tokens, so
 the context grows from `start` by `growth` ids per turn. Printed, never asserted.
@@ -11,10 +13,13 @@ the context grows from `start` by `growth` ids per turn. Printed, never asserted
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import random
 import time
+from array import array
 
-from opencode_env.wire import MessagesBase, RolloutResult, RolloutTurn
+from opencode_env.wire import UNPACKED_CONTEXT, MessagesBase, RolloutResult, RolloutTurn
 
 EOS = 151645
 
@@ -46,26 +51,93 @@ def synthetic(turns: int, *, start: int, growth: int, completion: int, top_k: in
     return RolloutResult(task_id="synthetic", proxy_turns=records)
 
 
+def sampled(tokens: int, *, per_turn: int = 1000, top_k: int = 5, seed: int = 7) -> RolloutResult:
+    """`tokens` sampled tokens over turns of `per_turn`, as vLLM gives them: float32 logprobs, the sampled token
+    first among its alternatives, texts one per id; ids log-uniform over the vocabulary (text is Zipfian: a few ids
+    recur, most are rare)."""
+    rng = random.Random(seed)
+    texts = {token_id: f"t{token_id}" for token_id in range(152_000)}
+    turns = []
+    for number in range((tokens + per_turn - 1) // per_turn):
+        count = min(per_turn, tokens - number * per_turn)
+        ids = [int(151_000 ** rng.random()) for _ in range(count)]
+        logprobs = array("f", [-rng.expovariate(2.0) for _ in range(count)]).tolist()
+        top = []
+        for token_id, logprob in zip(ids, logprobs, strict=True):
+            others = array("f", sorted((logprob - rng.expovariate(0.8) for _ in range(top_k - 1)), reverse=True))
+            alternatives = [(texts[token_id], logprob, token_id)]
+            alternatives += [
+                (texts[i], lp, i) for i, lp in zip(rng.sample(range(5000), top_k - 1), others.tolist(), strict=True)
+            ]
+            top.append(alternatives)
+        turns.append(
+            RolloutTurn(
+                turn=number,
+                completion_token_ids=ids,
+                completion_tokens=[texts[i] for i in ids],
+                per_token_logps=logprobs,
+                top_logprobs=top,
+                token_id_source="return_token_ids",
+                aligned=True,
+            )
+        )
+    return RolloutResult(task_id="sampled", proxy_turns=turns)
+
+
+def token_rows(tokens: int) -> None:
+    result = sampled(tokens)
+    per_100k = 100_000 / tokens
+    print(f"{tokens} sampled tokens, top-5 alternatives each; times per 100k tokens")
+    print(f"{'form':<28} {'B/token':>8} {'encode ms':>10} {'decode ms':>10} {'vs v3 JSON':>11}")
+    base = None
+    for name, context, compress in (
+        ("v3 JSON lists", {UNPACKED_CONTEXT: True}, False),
+        ("v4 packed", None, False),
+        ("v3 JSON lists + gzip -1", {UNPACKED_CONTEXT: True}, True),
+        ("v4 packed + gzip -1", None, True),
+    ):
+        started = time.perf_counter()
+        wire = result.model_dump_json(context=context).encode()
+        if compress:
+            wire = gzip.compress(wire, compresslevel=1)
+        encode_s = time.perf_counter() - started
+        started = time.perf_counter()
+        parsed = RolloutResult.model_validate_json(gzip.decompress(wire) if compress else wire)
+        decode_s = time.perf_counter() - started
+        assert parsed.proxy_turns == result.proxy_turns
+        per_token = len(wire) / tokens
+        base = base or per_token
+        print(
+            f"{name:<28} {per_token:>8.1f} {encode_s * 1000 * per_100k:>10.0f} {decode_s * 1000 * per_100k:>10.0f} "
+            f"{per_token / base:>10.2f}x"
+        )
+
+
 def old_shape_bytes(result: RolloutResult) -> int:
     """The version 1 JSON size: every turn serialised on its own with its whole prompt."""
     rest = len(result.model_dump_json(exclude={"proxy_turns"}))
     return rest + sum(len(turn.model_dump_json()) + 1 for turn in result.proxy_turns)
 
 
+UNPACKED = {UNPACKED_CONTEXT: True}
+
+
 def measure(turns: int, start: int, growth: int, completion: int) -> tuple[int, int, int]:
     result = synthetic(turns, start=start, growth=growth, completion=completion)
     generated = turns * completion
-    return old_shape_bytes(result), len(result.model_dump_json()), generated
+    return old_shape_bytes(result), len(result.model_dump_json(context=UNPACKED)), generated
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=100_000, help="sampled tokens for the token table")
     parser.add_argument("--turns", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--start", type=int, default=10_000, help="prompt ids of the first turn")
     parser.add_argument("--growth", type=int, default=60, help="context growth per turn (completion + tool output)")
     parser.add_argument("--completion", type=int, default=40, help="tokens generated per turn")
     args = parser.parse_args()
-    print(f"context: {args.start} ids, +{args.growth} per turn ({args.completion} generated, top-5 logprobs each)")
+    token_rows(args.tokens)
+    print(f"\ncontext: {args.start} ids, +{args.growth} per turn ({args.completion} generated, top-5 logprobs each)")
     print(f"{'turns':>6} {'old MB':>9} {'new MB':>9} {'old/new':>8} {'old B/tok':>10} {'new B/tok':>10}")
     for turns in args.turns:
         _row(turns, *measure(turns, args.start, args.growth, args.completion))

@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     results_keep: int = _setting(
         200, "OPENCODE_ENV_RESULTS_KEEP", "server", "Results kept there (0: memory only).", ge=0, le=100_000
     )
+    result_retention_s: float = _setting(
+        3600.0,
+        "OPENCODE_ENV_RESULT_RETENTION_S",
+        "server",
+        "Seconds a finished result stays readable by reference (the tool's answer links to it).",
+        gt=0,
+        le=365 * 86400,
+    )
     web_results: int = _setting(
         20, "OPENCODE_ENV_WEB_RESULTS", "server", "Rollouts the /web form runs at once.", ge=1, le=10_000
     )

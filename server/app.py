@@ -51,12 +51,13 @@ def create_app(runtime: Runtime) -> FastAPI:
     from server.gate import AccessGate
     from server.mcp_endpoint import McpEndpoint
     from server.metadata import metadata_router
+    from server.result_route import results_router
     from server.served_ports import NoteServedPorts
     from server.shutdown import answer_before_exit
 
     rollouts = runtime.rollouts
     openenv = create_openenv_app(
-        functools.partial(OpenCodeEnvironment, runtime.mcp, runtime.backend.name),
+        functools.partial(OpenCodeEnvironment, runtime.mcp, runtime.backend.name, runtime.results),
         CallToolAction,
         CallToolObservation,
         env_name=ENV_NAME,
@@ -89,6 +90,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         title="opencode-env", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.include_router(metadata_router(runtime))
+    app.include_router(results_router(runtime.results))
     app.router.routes.extend(Route(path, endpoint) for path in MCP_PATHS)
     if rollouts.runs is not None:
         app.include_router(web_router(rollouts.runs, rollouts.run_recorded))

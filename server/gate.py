@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.auth import OPEN_PATHS, AccessPolicy, Refusal
@@ -33,7 +34,7 @@ class AccessGate:
         elif scope["type"] == "websocket":
             await _refuse_websocket(scope, receive, send, refusal)
         else:
-            await _refuse_http(scope, send, refusal)
+            await _refuse_http(scope, receive, send, refusal)
 
 
 def refusal_body(path: str, refusal: Refusal) -> bytes:
@@ -50,10 +51,12 @@ def _headers(refusal: Refusal, body: bytes) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-async def _refuse_http(scope: Scope, send: Send, refusal: Refusal) -> None:
+async def _refuse_http(scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
+    headers = {"www-authenticate": "Bearer"} if refusal.status == 401 else None
     body = refusal_body(scope["path"], refusal)
-    await send({"type": "http.response.start", "status": refusal.status, "headers": _headers(refusal, body)})
-    await send({"type": "http.response.body", "body": body})
+    await Response(body, status_code=refusal.status, headers=headers, media_type="application/json")(
+        scope, receive, send
+    )
 
 
 async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import ValidationError
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opencode_env.wire import TOOL_NAME, RolloutRequest
@@ -56,38 +60,67 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The transports are mounted at /mcp; /mcp/stream (an alias) and a trailing slash reach them there too.
         scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
-        if scope["method"] == "GET":
-            await self.standard(scope, _until(self.closing, receive), send)
-        elif scope["method"] != "POST":
-            await self.standard(scope, receive, send)
-        else:
-            self.replies.received()
-            try:
-                await self._post(scope, receive, send)
-            finally:
-                self.replies.answered()
+        if scope["method"] != "POST":
+            await self._to(route(scope["method"], {}, None), scope, receive, send)
+            return
+        self.replies.received()
+        try:
+            await self._post(scope, receive, send)
+        finally:
+            self.replies.answered()
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {name.lower(): value for name, value in scope.get("headers") or []}
-        if any(name in headers for name in STREAMABLE_HEADERS):
-            await self.standard(scope, receive, send)
-            return
-        try:
-            body, replay = await _buffered(receive)
-        except BodyTooLarge:
-            await _answer_json(send, _too_large(), status=413)
-            return
-        message = _json_object(body)
-        if b"text/event-stream" not in headers.get(b"accept", b"").lower():
-            refusal = invalid_params_answer(message) if message is not None else None
-            if refusal is not None:
-                await _answer_json(send, refusal)
-            else:
-                await self.openenv(scope, replay, send)
-        elif message is not None and message.get("method") != "initialize":
-            await self.stateless(scope, replay, send)
+        target = route("POST", headers, None)
+        if target is NEEDS_BODY:
+            try:
+                body, receive = await _buffered(receive)
+            except BodyTooLarge:
+                await _answer_json(scope, receive, send, JsonAnswer(_too_large(), 413))
+                return
+            target = route("POST", headers, body)
+        await self._to(target, scope, receive, send)
+
+    async def _to(self, target: Routed, scope: Scope, receive: Receive, send: Send) -> None:
+        if isinstance(target, JsonAnswer):
+            await _answer_json(scope, receive, send, target)
+        elif target == "standard" and scope["method"] == "GET":
+            await self.standard(scope, _until(self.closing, receive), send)
+        elif target in ("standard", "stateless", "openenv"):
+            await {"standard": self.standard, "stateless": self.stateless, "openenv": self.openenv}[target](
+                scope, receive, send
+            )
         else:
-            await self.standard(scope, replay, send)
+            raise AssertionError(f"a POST routed without its body: {target}")
+
+
+@dataclass(frozen=True)
+class JsonAnswer:
+    """Answered here, without a transport."""
+
+    body: bytes
+    status: int = 200
+
+
+Target = Literal["standard", "stateless", "openenv"]
+NEEDS_BODY: Literal["needs_body"] = "needs_body"
+Routed = Target | JsonAnswer | Literal["needs_body"]
+
+
+def route(method: str, headers: Mapping[bytes, bytes], body: bytes | None) -> Routed:
+    """Where one request to /mcp goes, from its method, its headers (lower-case names) and, when those cannot
+    decide, its body: `NEEDS_BODY` until it is given. Pure: the table in tests/test_mcp_route.py is its spec."""
+    if method != "POST" or any(name in headers for name in STREAMABLE_HEADERS):
+        return "standard"
+    if body is None:
+        return NEEDS_BODY
+    message = _json_object(body)
+    if b"text/event-stream" not in headers.get(b"accept", b"").lower():
+        refusal = invalid_params_answer(message) if message is not None else None
+        return JsonAnswer(refusal) if refusal is not None else "openenv"
+    if message is not None and message.get("method") != "initialize":
+        return "stateless"
+    return "standard"
 
 
 def invalid_params_answer(message: dict[str, object]) -> bytes | None:
@@ -117,10 +150,8 @@ def _too_large() -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 
-async def _answer_json(send: Send, body: bytes, status: int = 200) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def _answer_json(scope: Scope, receive: Receive, send: Send, answer: JsonAnswer) -> None:
+    await Response(answer.body, status_code=answer.status, media_type="application/json")(scope, receive, send)
 
 
 def _until(closing: asyncio.Event, receive: Receive) -> Receive:

@@ -14,10 +14,11 @@ from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import backend_risk, default_concurrency, make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
-from opencode_env.viewer.runs import ResultsDir, Runs
 from opencode_env.wire import VERSION
 from server.auth import AccessPolicy
+from server.result_store import ResultStore
 from server.rollouts import CANCEL_GRACE_S, Rollouts
+from server.runs import ResultsDir, Runs
 from server.served_ports import ServedPorts
 from server.tool import build_mcp
 
@@ -33,6 +34,8 @@ class Runtime:
     access: AccessPolicy
     served_ports: ServedPorts
     """The ports the server is reached on, which a caller's base_url may never name (noted by the app per request)."""
+    results: ResultStore
+    """Every finished result by reference, for the operator's retention (the tool's answer links to it)."""
 
     @classmethod
     def build(
@@ -71,7 +74,8 @@ class Runtime:
             backend.name,
             rollouts.limit,
         )
-        return cls(settings, backend, rollouts, build_mcp(rollouts), access, served_ports)
+        store = ResultStore.configured(settings.results_dir, settings.result_retention_s)
+        return cls(settings, backend, rollouts, build_mcp(rollouts, store), access, served_ports, store)
 
     async def cancel_in_flight(self, timeout_s: float = CANCEL_GRACE_S) -> None:
         """Cancel every rollout still running (server shutdown) and wait for their sandboxes to close."""

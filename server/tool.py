@@ -12,13 +12,16 @@ import asyncio
 from typing import Any
 
 from fastmcp import FastMCP
-from fastmcp.exceptions import ToolError
-from fastmcp.server.dependencies import get_context
+from fastmcp.exceptions import ResourceError, ToolError
+from fastmcp.server.dependencies import get_context, get_http_request
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.json_schema import compress_schema
 from pydantic import PrivateAttr, ValidationError
 
-from opencode_env.wire import TOOL_NAME, VERSION, Phase, RolloutRequest, RolloutResult, request_problems
+from opencode_env.wire import TOOL_NAME, VERSION, Phase, RolloutRequest
+from opencode_env.wire.answer import PART_BYTES, RESOURCE_SCHEME, RolloutAnswer
+from opencode_env.wire.request import request_problems
+from server.result_store import ResultStore
 from server.rollouts import Rollouts
 from server.tool_result import SERVER_NAME, mcp_tool_result
 
@@ -26,7 +29,8 @@ PHASES: tuple[Phase, ...] = ("sandbox", "install", "prepare", "setup", "proxy", 
 TOOL_DESCRIPTION = (
     "Run one OpenCode coding-agent episode in a fresh sandbox: run the setup commands, the agent on the "
     "instruction, then every verify command. Returns the reward, each LLM turn with per-token logprobs and "
-    "token ids (transparent_proxy mode), command results, files, logs and per-phase timings."
+    "token ids (transparent_proxy mode), command results, files, logs and per-phase timings: a summary here, "
+    "the whole result by reference (an HTTP route and MCP resources; inline too when small)."
 )
 
 
@@ -38,20 +42,22 @@ def invalid_arguments(error: ValidationError) -> str:
 class RolloutTool(Tool):
     """`run_rollout`: validates the arguments into a `RolloutRequest`, runs it under the server's cap (progress per
     phase, and per model call during the agent phase, as MCP progress when the caller asked for it) and answers with
-    the result whole in the structured content and a summary (or the JSON, `result_text`) as its text."""
+    a `RolloutAnswer` in the structured content (the whole result by reference, see wire/answer.py) and a summary
+    (or the JSON of a small result, `result_text`) as its text."""
 
     _rollouts: Rollouts = PrivateAttr()
+    _store: ResultStore = PrivateAttr()
 
     @classmethod
-    def serving(cls, rollouts: Rollouts) -> RolloutTool:
+    def serving(cls, rollouts: Rollouts, store: ResultStore) -> RolloutTool:
         tool = cls(
             name=TOOL_NAME,
             description=TOOL_DESCRIPTION,
             parameters=compress_schema(RolloutRequest.model_json_schema(), prune_titles=True),
-            # Given whole: FastMCP strips titles from the schemas it derives, and ours keeps RolloutResult's name.
-            output_schema=RolloutResult.model_json_schema(mode="serialization"),
+            # Given whole: FastMCP strips titles from the schemas it derives, and ours keeps RolloutAnswer's name.
+            output_schema=RolloutAnswer.model_json_schema(mode="serialization"),
         )
-        tool._rollouts = rollouts
+        tool._rollouts, tool._store = rollouts, store
         return tool
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
@@ -65,11 +71,32 @@ class RolloutTool(Tool):
             await context.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
         result = await self._rollouts.run(request, progress)
-        # Off the event loop: a result with its token arrays is a few hundred kilobytes to convert.
-        return await asyncio.to_thread(mcp_tool_result, result, request.result_text)
+        # Off the event loop: a result with its token arrays is megabytes to encode and compress.
+        return await asyncio.to_thread(mcp_tool_result, result, self._store, request.result_text, _base_url())
 
 
-def build_mcp(rollouts: Rollouts) -> FastMCP:
+def _base_url() -> str:
+    """How the caller reached this server (empty outside an HTTP request: OpenEnv's sessions, stdio)."""
+    try:
+        return str(get_http_request().base_url)
+    except RuntimeError:
+        return ""
+
+
+def build_mcp(rollouts: Rollouts, store: ResultStore) -> FastMCP:
     mcp = FastMCP(SERVER_NAME, instructions=TOOL_DESCRIPTION, version=VERSION)
-    mcp.add_tool(RolloutTool.serving(rollouts))
+    mcp.add_tool(RolloutTool.serving(rollouts, store))
+
+    @mcp.resource(
+        f"{RESOURCE_SCHEME}://results/{{ref}}/{{part}}",
+        name="rollout-result-part",
+        description="A part of a finished rollout's result, as run_rollout's answer lists them (gzip stream).",
+        mime_type="application/gzip",
+    )
+    def result_part(ref: str, part: int) -> bytes:
+        stream = store.gzip_of(ref)
+        if stream is None or not 0 <= part * PART_BYTES < max(len(stream), 1):
+            raise ResourceError(f"no result part {part} for that id (unknown, expired, or past its last part)")
+        return stream[part * PART_BYTES : (part + 1) * PART_BYTES]
+
     return mcp

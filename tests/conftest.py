@@ -20,8 +20,8 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
 from opencode_env.testing.fake_e2b import FakeCloud
 from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
-from opencode_env.viewer.runs import RESULTS_DIR_VAR
 from opencode_env.wire import OPENCODE_PACKAGE, OPENCODE_VERSION
+from server.runs import RESULTS_DIR_VAR
 
 # The tests' scripted models live on loopback: as their operator, the test run allows it to the servers it starts
 # (which otherwise refuse a caller's loopback URL when they serve beyond this machine). tests/test_upstream_policy.py

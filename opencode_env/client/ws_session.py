@@ -21,6 +21,7 @@ from opencode_env.wire import READY_PATH, STARTING
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_RETRY_AFTER_S = 2.0
+REFUSED_RETRY_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ class OpenEnvSession:
 
     async def wait_until_ready(self) -> None:
         """Ask the server's readiness route (answered at once, even while it loads): while it says it is starting,
-        wait as long as its Retry-After says, for at most `ready_timeout_s`; a server that could not start is an
+        wait as long as its Retry-After says, and while nothing listens yet (connection refused) retry every
+        quarter second, for at most `ready_timeout_s` in all; a server that could not start is an
         error with its reason at once. A server without the route (404) is taken as ready."""
         import httpx
 
@@ -127,7 +129,12 @@ class OpenEnvSession:
                 try:
                     answer = await http.get(url)
                 except httpx.ConnectError as error:
-                    raise ConnectionError(nobody_at(url)) from error
+                    # A server starting beside its client binds its port a few seconds after it starts: refused is
+                    # "not yet" until the ready budget is spent, like a 503.
+                    if asyncio.get_running_loop().time() + REFUSED_RETRY_S > deadline:
+                        raise ConnectionError(nobody_at(url)) from error
+                    await asyncio.sleep(REFUSED_RETRY_S)
+                    continue
                 except httpx.HTTPError as error:
                     raise ConnectionError(f"failed to reach {url}: {error}") from error
                 if answer.status_code != 503:

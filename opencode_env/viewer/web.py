@@ -1,6 +1,6 @@
 """The server's web page at /web: every rollout the server runs (whichever transport started it) with its phases
-live, the finished ones kept across restarts (`runs.ResultsDir`); a form that runs one more; each result opened in
-the viewer.
+live, the finished ones kept across restarts (`server.runs.ResultsDir`); a form that runs one more; each result
+opened in the viewer.
 
 The page itself holds no data and is served without the token (a browser sends no bearer header on navigation);
 it asks for the token once, keeps it in sessionStorage, and sends it with every call to /web/api/*, which the
@@ -15,8 +15,8 @@ from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
-from opencode_env.viewer.runs import Runner, Runs, RunsFull, RunView
 from opencode_env.wire import RolloutRequest, RolloutResult
+from server.runs import Runner, Runs, RunsFull, RunView
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})

@@ -4,9 +4,13 @@ Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResu
 kept as they are; everything added is optional with a safe default. Results are parsed leniently (unknown fields
 are ignored), so an older client reads a newer server's result.
 
-The wire shape of a result (schema_version 3; a result without `schema_version` is version 1; version 3 added
-`task`, `warnings` and each turn's session, parent session and prompt source, all optional, so every earlier
-result still parses):
+The wire shape of a result (schema_version 4; a result without `schema_version` is version 1; version 3 added
+`task`, `warnings` and each turn's session, parent session and prompt source; version 4 packs a turn's per-token
+arrays (`packed`, below); every earlier result still parses):
+- A turn's `completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs` travel as `packed`
+  (base64 of little-endian int32 / float32-or-float64 arrays and each token's text once; the layout is in
+  token_packing.py) whenever that holds them exactly, the four lists then empty on the wire; in Python they are
+  always the lists.
 - In Python, `RolloutTurn.prompt_token_ids` always holds the turn's whole prompt.
 - On the wire, a turn whose prompt starts with an earlier turn's ids carries `prompt_base: {turn, count}` and
   `prompt_suffix_ids`, and an empty `prompt_token_ids`: its prompt is the first `count` ids of
@@ -34,11 +38,11 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, WithJsonSchema, field_serializer, model_validator
+from pydantic import BaseModel, Field, SerializationInfo, WithJsonSchema, field_serializer, model_validator
 
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
-from opencode_env.wire.turn import PromptBase, RolloutTurn
+from opencode_env.wire.turn import PromptBase, RolloutTurn, unpacked_turn
 
 Phase = Literal["validate", "sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
 RolloutStatus = Literal[
@@ -226,7 +230,10 @@ def expanded_prompt(turn: RolloutTurn, earlier: dict[int, RolloutTurn], index: i
 
 
 TOOL_NAME = "run_rollout"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+UNPACKED_CONTEXT = "unpacked_tokens"
+"""`result.model_dump_json(context={UNPACKED_CONTEXT: True})`: every turn's per-token lists as JSON lists (the
+version 3 shape of a turn, for a reader that cannot unpack)."""
 
 SentToolSchema = Annotated[
     Any,
@@ -338,8 +345,22 @@ class RolloutResult(BaseModel):
         return self
 
     @field_serializer("proxy_turns")
-    def _compact_prompts(self, turns: list[RolloutTurn]) -> list[RolloutTurn]:
-        return compact_prompts(turns)
+    def _compact_prompts(self, turns: list[RolloutTurn], info: SerializationInfo) -> list[RolloutTurn]:
+        compact = compact_prompts(turns)
+        unpacked = isinstance(info.context, dict) and info.context.get(UNPACKED_CONTEXT)
+        if not info.mode_is_json() or unpacked:
+            return compact
+        known: dict[int, str] = {}
+        return [turn.packed_for_wire(known) for turn in compact]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack_tokens(cls, data: Any) -> Any:
+        """Packed turns name each token's text once per result: unpacked in order, with one map of texts."""
+        if not isinstance(data, dict) or not isinstance(data.get("proxy_turns"), list):
+            return data
+        known: dict[int, str] = {}
+        return {**data, "proxy_turns": [unpacked_turn(turn, known) for turn in data["proxy_turns"]]}
 
     def prompt_ids(self, index: int) -> list[int]:
         """`proxy_turns[index]`'s whole prompt (in Python the field always holds it; the wire may not)."""

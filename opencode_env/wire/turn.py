@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from opencode_env.wire.shared import WireFloat
+from opencode_env.wire.token_packing import PackedTokens, pack, unpack
 
 TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
@@ -67,6 +75,29 @@ class MessagesBase(BaseModel):
 
     turn: int = Field(ge=0)
     count: int = Field(ge=0)
+
+
+_PACKED_LISTS = ("completion_token_ids", "per_token_logps", "completion_tokens", "top_logprobs")
+
+
+def unpacked_turn(data: Any, known: dict[int, str]) -> Any:
+    """A turn's wire form with its `packed` arrays back in the lists; `known`: the token texts of the result's
+    earlier turns (this turn's are added)."""
+    if not isinstance(data, dict) or not data.get("packed"):
+        return data
+    packed = PackedTokens.model_validate(data["packed"])
+    filled = [name for name in _PACKED_LISTS if data.get(name)]
+    if filled:
+        raise ValueError(f"packed and {', '.join(filled)} exclude each other")
+    ids, logprobs, texts, top = unpack(packed, known)
+    return {
+        **data,
+        "packed": None,
+        "completion_token_ids": ids,
+        "per_token_logps": logprobs,
+        "completion_tokens": texts,
+        "top_logprobs": top,
+    }
 
 
 class RolloutTurn(BaseModel):
@@ -123,6 +154,29 @@ class RolloutTurn(BaseModel):
     token_in_fallback: str | None = Field(
         None, description="token_in mode: why this turn's prompt was rendered by the server instead (first turn, ...)."
     )
+    packed: PackedTokens | None = Field(
+        None,
+        description="Wire only (schema_version 4): completion_token_ids, per_token_logps, completion_tokens and "
+        "top_logprobs packed as base64 little-endian arrays, those four lists then empty; see "
+        "opencode_env/wire/token_packing.py for the layout. In Python the lists are always filled.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack_tokens(cls, data: Any) -> Any:
+        """A turn read on its own: its vocab holds every text it needs (RolloutResult unpacks its turns in order)."""
+        return unpacked_turn(data, {})
+
+    def packed_for_wire(self, known: dict[int, str] | None = None) -> RolloutTurn:
+        """This turn with its per-token lists packed (itself when they cannot be, or are already); `known`: the
+        token texts earlier turns of its result carry (see token_packing)."""
+        if self.packed is not None:
+            return self
+        packed = pack(self.completion_token_ids, self.per_token_logps, self.completion_tokens, self.top_logprobs, known)
+        if packed is None:
+            return self
+        lists: dict[str, Any] = {name: [] for name in _PACKED_LISTS}
+        return self.model_copy(update={**lists, "packed": packed})
 
     @model_validator(mode="before")
     @classmethod

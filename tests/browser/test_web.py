@@ -20,9 +20,10 @@ from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.viewer.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.answer import inline_result
+from server.runs import RESULTS_DIR_VAR, Run, Runner, Runs
 from tests.server_app import app_for
 
 TOKEN = "web-t0ken-for-tests"
@@ -144,7 +145,7 @@ async def test_a_rollout_over_mcp_is_listed_for_token_holders_only(guarded_url: 
     }
     async with FastMCPClient(f"{guarded_url}/mcp/stream", auth=TOKEN, timeout=120) as client:
         answer = await client.call_tool("run_rollout", arguments)
-    assert RolloutResult.model_validate(answer.structured_content).reward == 1.0
+    assert inline_result(answer.structured_content).reward == 1.0
     authorized = {"authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=guarded_url) as http:
         assert (await http.get("/web/api/runs")).status_code == 401

@@ -11,7 +11,7 @@ import pytest
 from fastmcp import Client as FastMCPClient
 from openenv.core.mcp_client import MCPToolClient
 
-from opencode_env.wire import RolloutResult
+from opencode_env.wire.answer import inline_result
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -71,7 +71,7 @@ async def test_ten_calls_over_every_transport_never_run_more_than_the_cap(server
         through_step(url, "step_1"),
     ]
     answers = await asyncio.gather(*calls)
-    results = [RolloutResult.model_validate(answer) for answer in answers]
+    results = [inline_result(answer) for answer in answers]
     assert server.backend.created == 10
     assert server.backend.peak == CAP
     # Every call ran to the stub's usual end (its agent never calls a model), none was refused or timed out.
@@ -87,7 +87,7 @@ async def test_a_call_that_cannot_get_a_slot_within_its_deadline_says_so(server:
     impatient = {**stub_arguments("impatient"), "total_timeout_s": 1}
     async with FastMCPClient(f"{server.url}/mcp", timeout=60) as client:
         answer = await client.call_tool("run_rollout", impatient)
-    result = RolloutResult.model_validate(answer.structured_content)
+    result = inline_result(answer.structured_content)
     assert result.status == "timeout"
     assert result.error is not None
     assert f"{CAP} rollouts run at once" in result.error

@@ -102,9 +102,9 @@ async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_
         async with Client(f"{server_url}/mcp/stream") as client:
             answer = await client.call_tool("run_rollout", demo_request(model.base_url).model_dump(mode="json"))
         exchanges = list(model.exchanges)
-    wire = answer.structured_content
-    assert wire is not None
-    assert wire["schema_version"] == SCHEMA_VERSION == 3
+    assert answer.structured_content is not None
+    wire = answer.structured_content["result"]
+    assert wire["schema_version"] == SCHEMA_VERSION == 4
     assert [turn["prompt_base"] is not None for turn in wire["proxy_turns"]] == [False, True, True]
     assert all(turn["prompt_token_ids"] == [] for turn in wire["proxy_turns"][1:])
     result = parse_result(wire)

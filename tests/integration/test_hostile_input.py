@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
-from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest
+from opencode_env.wire.answer import inline_result
 from tests.server_app import app_for
 
 HOSTILE_TEXT = [
@@ -91,7 +92,7 @@ def test_the_server_answers_every_argument_set_with_a_result_or_a_clear_error(
         text = " ".join(part.get("text", "") for part in result["content"])
         assert len(text) > 10
         return
-    parsed = RolloutResult.model_validate(result["structuredContent"])
+    parsed = inline_result(result["structuredContent"])
     assert parsed.status in ("invalid_request", "completed", "agent_error")
     assert stub.alive == set()
 
@@ -109,7 +110,7 @@ def test_the_server_stays_healthy_after_the_barrage(stub_server: tuple[str, Stub
             "verify": ["true"],
         },
     )
-    assert RolloutResult.model_validate(answer["result"]["structuredContent"]).backend == "stub"
+    assert inline_result(answer["result"]["structuredContent"]).backend == "stub"
     assert stub.alive == set()
 
 

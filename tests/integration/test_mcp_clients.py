@@ -16,7 +16,8 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
-from opencode_env.wire import VERSION, RolloutResult
+from opencode_env.wire import VERSION
+from opencode_env.wire.answer import inline_result
 from server.disconnect import PendingReplies
 from server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
 from tests.stub_server import StubServer, stub_arguments, stub_server
@@ -33,7 +34,7 @@ def server() -> Iterator[StubServer]:
 
 
 def assert_stub_result(data: Any) -> None:
-    result = RolloutResult.model_validate(data)
+    result = inline_result(data)
     # The stub's agent exits without calling a model, which the pipeline rightly reports as agent_error.
     assert (result.backend, result.status) == ("stub", "agent_error")
 
@@ -63,7 +64,7 @@ async def test_the_output_schema_is_titled_and_every_field_described(server: Stu
         (tool,) = await client.list_tools()
     schema = tool.output_schema
     assert schema is not None
-    assert schema["title"] == "RolloutResult"
+    assert schema["title"] == "RolloutAnswer"
     undescribed = [name for name, field in schema["properties"].items() if not field.get("description")]
     assert undescribed == []
     assert untyped_items(schema) == []
@@ -172,22 +173,24 @@ def test_mcp_inspector_2_on_node_22_lists_the_tool(server: StubServer) -> None:
 
 
 async def test_the_text_block_is_a_summary_unless_the_json_is_asked_for(server: StubServer) -> None:
-    """A chat model that calls the tool reads the text block: a few lines, not the result's token arrays; the whole
-    result stays in the structured content, and result_text='json' puts it in the text too."""
+    """A chat model that calls the tool reads the text block: a few lines, not the result's token arrays, then where
+    the whole result is; result_text='json' puts a small result's JSON in the text instead."""
     async with FastMCPClient(f"{server.url}/mcp") as client:
         summary = await client.call_tool("run_rollout", stub_arguments("short"))
         whole = await client.call_tool("run_rollout", {**stub_arguments("whole"), "result_text": "json"})
-    [text] = summary.content
+    text, *links = summary.content
     assert text.type == "text"
+    assert [link.type for link in links] == ["resource_link", "resource_link"]
     lines = text.text.splitlines()
     assert lines[0] == "task:       short"
     assert lines[1].startswith("status:     agent_error")
-    assert "structured content" in lines[-1]
+    assert "/results/" in lines[-1]
+    assert "structuredContent.result" in lines[-1]
     assert len(text.text) < 2_000
     assert_stub_result(summary.structured_content)
-    [json_text] = whole.content
+    json_text = whole.content[0]
     assert json_text.type == "text"
-    assert json.loads(json_text.text) == whole.structured_content
+    assert json.loads(json_text.text) == whole.structured_content["result"]
 
 
 async def test_a_body_read_at_mcp_is_bounded() -> None:

@@ -7,7 +7,8 @@ import pytest
 
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.sandbox.cloud.e2b import E2BBackend
-from opencode_env.wire import VERSION, RolloutResult
+from opencode_env.wire import VERSION
+from opencode_env.wire.answer import inline_result
 from tests.server_app import app_for
 from tests.stub_server import CountingBackend
 
@@ -51,6 +52,6 @@ async def test_a_backend_that_failed_its_preflight_answers_every_rollout_with_th
     call["params"] = {"name": "run_rollout", "arguments": {"instruction": "x", "task_id": "doomed"}}
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         answer = (await client.post("/mcp", json=call)).json()
-    result = RolloutResult.model_validate(answer["result"]["structured_content"])
+    result = inline_result(answer["result"]["structured_content"])
     assert (result.status, result.failed_phase, result.error) == ("sandbox_error", "sandbox", NAMESPACES_PROBLEM)
     assert (result.reward, backend.created) == (None, 0)

@@ -14,6 +14,8 @@ import math
 import shlex
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,9 @@ from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.backend import LocalSandbox
 from opencode_env.wire import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
-from server.tool_result import mcp_tool_result, session_tool_result
+from opencode_env.wire.answer import RolloutAnswer
+from server.result_store import ResultStore
+from server.tool_result import mcp_tool_result, session_tool_result, whole_result_data
 
 WORKDIR = "/home/user/workdir"
 INF = float("inf")
@@ -53,16 +57,17 @@ def round_trip(result: RolloutResult) -> RolloutResult:
     via_dict = RolloutResult.model_validate(standard_json(json.dumps(result.model_dump(mode="json"), allow_nan=False)))
     assert via_dict.model_dump_json() == text
 
-    tool = mcp_tool_result(result, "json")
-    schema = RolloutResult.model_json_schema(mode="serialization")
+    store = ResultStore(Path(tempfile.mkdtemp(prefix="roundtrip-")))
+    tool = mcp_tool_result(result, store, "json")
+    schema = RolloutAnswer.model_json_schema(mode="serialization")
     validators.validator_for(schema)(schema).validate(tool.structured_content)
-    structured = json.dumps(tool.structured_content, allow_nan=False)
+    structured = json.dumps(tool.structured_content["result"], allow_nan=False)
     assert RolloutResult.model_validate(standard_json(structured)).model_dump_json() == text
     assert RolloutResult.model_validate_json(tool.content[0].text).model_dump_json() == text  # type: ignore[union-attr]
-    summary = mcp_tool_result(result).content[0].text  # type: ignore[union-attr]
+    summary = mcp_tool_result(result, store).content[0].text  # type: ignore[union-attr]
     assert f"status:     {result.status}" in summary
 
-    frame = json.dumps({"result": session_tool_result(tool)}, allow_nan=False)
+    frame = json.dumps({"result": session_tool_result(whole_result_data(tool, store))}, allow_nan=False)
     assert RolloutResult.model_validate(standard_json(frame)["result"]["data"]).model_dump_json() == text
     assert parsed.model_dump_json() == text
     return parsed

@@ -18,7 +18,9 @@ from pydantic import ValidationError
 
 from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.viewer.runs import (
+from opencode_env.wire import RolloutRequest, RolloutResult
+from server.rollouts import Rollouts
+from server.runs import (
     RESULTS_DIR_VAR,
     ResultsDir,
     Run,
@@ -26,8 +28,6 @@ from opencode_env.viewer.runs import (
     RunView,
     default_results_dir,
 )
-from opencode_env.wire import RolloutRequest, RolloutResult
-from server.rollouts import Rollouts
 from tests.integration.test_concurrency_cap import (
     through_openenv_json_rpc,
     through_standard_mcp,
@@ -113,7 +113,7 @@ async def test_every_transport_is_listed_and_a_restarted_server_still_lists_them
     assert (result.task_id, result.reward, result.oracle) == ("form", 1.0, True)
     assert result.task is not None
     assert result.task.api_key == ""
-    files = sorted(results_env.iterdir())
+    files = sorted(path for path in results_env.iterdir() if path.is_file())
     assert len(files) == 2 * len(transports)
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
@@ -156,7 +156,7 @@ def test_broken_files_are_skipped_and_stale_temporaries_removed(
     stale.write_text("x")
     fresh.write_text("x")
     os.utime(stale, (0, 0))
-    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+    with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
         assert [view.task_id for view in results.load()] == ["good"]
     assert f"skipping the saved run {broken.id}" in caplog.text
     assert (stale.exists(), fresh.exists()) == (False, True)
@@ -182,7 +182,7 @@ def test_the_directory_and_its_bound_come_from_the_settings(
     with pytest.raises(ValidationError, match=RESULTS_KEEP_VAR):
         configured_from({RESULTS_KEEP_VAR: "many"})
     (tmp_path / "a-file").write_text("")
-    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+    with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
         assert configured_from({RESULTS_DIR_VAR: str(tmp_path / "a-file" / "results")}) is None
     assert RESULTS_DIR_VAR in caplog.text
 
@@ -196,7 +196,7 @@ def test_a_user_without_a_home_keeps_results_in_memory(
     for name in ("XDG_STATE_HOME", "HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_such_user)
-    with caplog.at_level(logging.WARNING, logger="opencode_env.viewer"):
+    with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
         assert configured_from({}) is None
     assert "no home directory" in caplog.text
 

@@ -19,6 +19,7 @@ from opencode_env.testing.script import Script, Step, demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire.answer import inline_result
 from tests.server_app import app_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ async def test_a_standard_mcp_client_initializes_lists_and_calls(
         answer = await client.call_tool(
             "run_rollout", arguments(demo_request(model.base_url)), progress_handler=on_progress
         )
-    assert_demo_result(RolloutResult.model_validate(answer.structured_content))
+    assert_demo_result(inline_result(answer.structured_content))
     assert any(message.startswith("agent:") for message in progress)
     assert any(message.startswith("verify:") for message in progress)
 
@@ -151,7 +152,7 @@ async def test_a_rollout_longer_than_a_minute_completes_on_every_path(server_url
         async def through_standard_mcp() -> RolloutResult:
             async with Client(f"{server_url}/mcp/stream", timeout=300) as client:
                 answer = await client.call_tool("run_rollout", arguments(request))
-                return RolloutResult.model_validate(answer.structured_content)
+                return inline_result(answer.structured_content)
 
         def through_sync_wrapper() -> RolloutResult:
             with OpenCodeEnv(base_url=server_url).sync() as env:

@@ -26,6 +26,7 @@ from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
+from opencode_env.wire.answer import inline_result
 from server.disconnect import PendingReplies
 from server.mcp_endpoint import McpEndpoint
 from tests.conftest import processes_mentioning
@@ -110,7 +111,7 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
             async def through_standard_mcp() -> RolloutResult:
                 async with SdkClient(f"{url}/mcp", mode="legacy") as client:
                     answer = await client.call_tool("run_rollout", request.model_dump(mode="json"))
-                    return RolloutResult.model_validate(answer.structured_content)
+                    return inline_result(answer.structured_content)
 
             calls = [asyncio.ensure_future(through_websocket()), asyncio.ensure_future(through_standard_mcp())]
             assert await wait_for(lambda: len(model.exchanges) >= 2, 180)

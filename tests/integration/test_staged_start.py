@@ -4,7 +4,10 @@ that it is starting), or hear why it failed."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -159,3 +162,53 @@ async def test_a_client_with_no_server_to_talk_to_is_told_how_to_start_one() -> 
     with pytest.raises(ConnectionError, match="Start one with `opencode-env serve`"):
         async with OpenCodeEnv(f"http://127.0.0.1:{port}") as env:
             await env.list_tools()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def test_our_client_started_before_its_server_waits_for_the_port_within_its_ready_budget() -> None:
+    """A script that starts `opencode-env serve` and its client together: refused connections are "not yet"."""
+    port = free_port()
+    server = ThreadedServer(StagedApp(lambda: app_for(StubBackend(), token="")), port=port)
+    starter = threading.Timer(2.0, server.start)
+    starter.start()
+    try:
+        async with OpenCodeEnv(f"http://127.0.0.1:{port}", ready_timeout_s=60) as env:
+            assert [tool.name for tool in await env.list_tools()] == ["run_rollout"]
+    finally:
+        starter.join()
+        server.stop()
+
+
+async def test_our_client_with_no_server_says_nothing_answers_once_its_ready_budget_is_spent() -> None:
+    with pytest.raises(ConnectionError, match="nothing answers at"):
+        async with OpenCodeEnv(f"http://127.0.0.1:{free_port()}", ready_timeout_s=1) as env:
+            await env.list_tools()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_a_script_waits_for_the_server_with_curl_as_the_docs_show() -> None:
+    """docs/results.md: `curl -sf --retry 60 --retry-connrefused --retry-delay 1 <url>/ready` returns once the tool
+    can be called, through refused connections (port not bound yet) and 503s (app still loading)."""
+    port = free_port()
+    release = threading.Event()
+    server = ThreadedServer(StagedApp(build_once_released(release)), port=port)
+    threading.Timer(1.5, server.start).start()
+    threading.Timer(4.0, release.set).start()
+    try:
+        command = ["curl", "-sf", "--retry", "60", "--retry-connrefused", "--retry-delay", "1"]
+        done = subprocess.run(
+            [*command, f"http://127.0.0.1:{port}/ready"], capture_output=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert release.is_set()
+        assert json.loads(done.stdout) == {"status": "ready"}
+    finally:
+        release.set()
+        time.sleep(0.1)
+        server.stop()

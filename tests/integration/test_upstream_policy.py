@@ -15,7 +15,8 @@ from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList,
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
 from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest
+from opencode_env.wire.answer import inline_result
 from server.served_ports import ServedPorts
 from tests.server_app import runtime_for
 from tests.stub_server import stub_arguments, stub_server
@@ -170,7 +171,7 @@ async def test_a_caller_cannot_point_a_rollout_at_the_server_it_calls_whatever_p
         arguments = {**stub_arguments("inward"), "base_url": f"http://127.0.0.1:{port}/v1", "mode": "transparent_proxy"}
         async with Client(f"{server.url}/mcp") as client:
             answer = await client.call_tool("run_rollout", arguments)
-        result = RolloutResult.model_validate(answer.structured_content)
+        result = inline_result(answer.structured_content)
         assert result.status == "invalid_request"
         assert "this server itself" in (result.error or "")
         assert server.backend.created == 0

@@ -16,6 +16,7 @@ from websockets.asyncio.client import connect
 
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import VERSION, RolloutResult
+from opencode_env.wire.answer import inline_result
 from server.environment import OpenCodeEnvironment
 from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
@@ -54,7 +55,7 @@ async def test_the_websocket_answer_carries_the_standard_mcp_answer_in_its_old_s
     async with Client(f"{server.url}/mcp") as client:
         standard = await client.call_tool("run_rollout", stub_arguments("same"))
     assert standard.structured_content is not None
-    over_ws, over_mcp = RolloutResult.model_validate(result["data"]), RolloutResult(**standard.structured_content)
+    over_ws, over_mcp = RolloutResult.model_validate(result["data"]), inline_result(standard.structured_content)
     assert over_ws.task_id == "same"
     assert over_ws.model_dump(exclude=PER_RUN) == over_mcp.model_dump(exclude=PER_RUN)
 
@@ -75,7 +76,8 @@ async def test_an_unknown_tool_over_the_websocket_is_named(server: StubServer) -
 
 async def test_a_call_past_the_servers_time_limit_says_so_and_closes_its_sandbox() -> None:
     backend = StubBackend(command_s=30)
-    environment = OpenCodeEnvironment(runtime_for(backend, max_rollouts=2).mcp, backend.name)
+    runtime = runtime_for(backend, max_rollouts=2)
+    environment = OpenCodeEnvironment(runtime.mcp, backend.name, runtime.results)
     action = CallToolAction(tool_name="run_rollout", arguments=stub_arguments())
     observation = await environment.step_async(action, timeout_s=0.5)
     assert isinstance(observation, CallToolObservation)

@@ -41,6 +41,34 @@
   const arr = (x) => (Array.isArray(x) ? x : []);
   const obj = (x) => (x && typeof x === "object" && !Array.isArray(x) ? x : {});
 
+  /* A turn's per-token arrays may travel packed (schema_version 4; opencode_env/wire/token_packing.py): base64 of
+     little-endian int32 / float32 or float64 arrays, with each token id's text once in `vocab`. */
+  function littleEndian(b64, kind, count) {
+    const bytes = Uint8Array.from(atob(b64 || ""), (c) => c.charCodeAt(0));
+    const view = new DataView(bytes.buffer);
+    const size = kind === "f64" ? 8 : 4;
+    const read = kind === "i32" ? (o) => view.getInt32(o, true) : kind === "f32" ? (o) => view.getFloat32(o, true) : (o) => view.getFloat64(o, true);
+    return Array.from({ length: Math.min(count, bytes.length / size) }, (_, i) => read(i * size));
+  }
+
+  function unpackedTurn(turn) {
+    const p = turn && turn.packed;
+    if (!p) return turn;
+    const n = p.count, k = p.top_k;
+    const vocabIds = littleEndian(p.vocab_ids, "i32", arr(p.vocab).length);
+    const textOf = new Map(vocabIds.map((id, i) => [id, p.vocab[i]]));
+    const ids = littleEndian(p.ids, "i32", n);
+    const altIds = littleEndian(p.top_ids, "i32", n * k);
+    const altLps = littleEndian(p.top_logprobs, p.float, n * k);
+    return Object.assign({}, turn, {
+      packed: null,
+      completion_token_ids: ids,
+      completion_tokens: ids.map((id) => textOf.get(id)),
+      per_token_logps: littleEndian(p.logprobs, p.float, n),
+      top_logprobs: k ? ids.map((_, pos) => altIds.slice(pos * k, pos * k + k).map((id, j) => [textOf.get(id), altLps[pos * k + j], id])) : [],
+    });
+  }
+
   function statusClass(status) {
     if (status === "completed") return "ok";
     if (["setup_failed", "agent_error", "agent_timeout"].includes(status)) return "warn";
@@ -731,7 +759,7 @@
 
   /* `training` is the page's second JSON block (page.training_view); a caller without one passes nothing. */
   function render(container, result, training) {
-    const r = obj(result);
+    const r = Object.assign({}, obj(result), { proxy_turns: arr(obj(result).proxy_turns).map(unpackedTurn) });
     const turns = arr(r.proxy_turns);
     const root = el("main", { class: "rollout" },
       el("h1", { text: "Rollout " + (r.task_id || "(no task id)") }),

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus
 
-log = logging.getLogger("opencode_env.viewer")
+log = logging.getLogger("opencode_env.server")
 MAX_EVENTS = 200
 MAX_MESSAGE_CHARS = 500
 RESULTS_DIR_VAR = "OPENCODE_ENV_RESULTS_DIR"

@@ -1,0 +1,91 @@
+"""The MCP tool's answer: a summary of the rollout that fits every MCP client, the whole result by reference
+(and inline when it is small).
+
+MCP clients hold one answer in one message, and the official SDK and fastmcp's client refuse an event above
+1 MiB by default; a coding-agent rollout's result is megabytes (tens of calls, 50-200k sampled tokens). So the
+tool's structured content is a `RolloutAnswer`: what a caller decides on (status, reward, usage, timings,
+warnings, coverage) and `result_ref`, where the whole `RolloutResult` is: an HTTP route of the same server (gzip,
+the same access rule as the tool) and the same bytes as MCP resources, for `retention_s` seconds. A result of at
+most `INLINE_MAX_BYTES` of JSON also comes whole in `result`.
+
+The bound: 256 KiB inline leaves the answer (summary, a few KiB, plus the inline result) at a quarter of the
+smallest default limit we know of (1 MiB per event), room for a JSON-RPC envelope and for a client that repeats
+structured content as text. An MCP resource part is at most `PART_BYTES` of the gzip stream (base64 in the
+resource: 683 KiB).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from opencode_env.wire.result import Phase, PhaseTimings, RewardSource, RolloutResult, RolloutStatus, TokenUsage
+from opencode_env.wire.shared import WireFloat
+
+INLINE_MAX_BYTES = 256 * 1024
+PART_BYTES = 512 * 1024
+RESULT_PATH = "/results"
+RESOURCE_SCHEME = "opencode-env"
+
+
+def resource_uri(ref: str, part: int) -> str:
+    return f"{RESOURCE_SCHEME}://results/{ref}/{part}"
+
+
+class ResultRef(BaseModel):
+    """Where the whole RolloutResult is, and for how long."""
+
+    id: str = Field(description="The result's capability: unguessable, known only to the caller that ran it.")
+    url: str = Field(
+        description="GET it (with the server's bearer token, as for the tool): the RolloutResult JSON, "
+        "absolute when the server knows how the call reached it, else relative to the server's URL; "
+        "gzip-encoded (Content-Encoding: gzip; plain JSON to a client that does not accept gzip)."
+    )
+    path: str = Field(
+        description="The same route relative to the server (when the URL's host is not how you reach it)."
+    )
+    resources: list[str] = Field(
+        description="The same bytes as MCP resources (resources/read): blobs, in order, of the gzip stream; "
+        "concatenated and gunzipped they are the RolloutResult JSON."
+    )
+    json_bytes: int = Field(description="Size of the RolloutResult JSON.")
+    gzip_bytes: int = Field(description="Size of the gzip stream (what the URL sends).")
+    sha256: str = Field(description="SHA-256 of the RolloutResult JSON (uncompressed), hex.")
+    retention_s: float = Field(description="How long the server keeps it after the rollout (the operator's setting).")
+    expires_at: float = Field(description="When it is deleted, seconds since the epoch (UTC).")
+
+
+class RolloutAnswer(BaseModel):
+    """run_rollout's structured content over MCP: the rollout's summary, and where its whole result is."""
+
+    task_id: str = Field("", description="The request's task_id, echoed.")
+    status: RolloutStatus = Field(description="How the rollout ended; infrastructure failures carry no reward.")
+    reward: WireFloat | None = Field(None, description="The verifier's reward; None when there is none.")
+    reward_source: RewardSource = Field("none", description="Where the reward came from.")
+    error: str | None = Field(None, description="What went wrong, when status is not completed.")
+    failed_phase: Phase | None = Field(None, description="The phase that failed or was cut short, if any.")
+    backend: str = Field("", description="The sandbox backend that ran the rollout.")
+    sandbox_id: str = Field("", description="The sandbox the rollout ran in.")
+    wall_s: WireFloat = Field(0.0, description="Wall-clock seconds of the whole rollout.")
+    usage: TokenUsage = Field(default_factory=TokenUsage, description="Token counts over the captured LLM calls.")
+    timings: PhaseTimings = Field(default_factory=PhaseTimings, description="Seconds spent in each phase.")
+    turns: int = Field(0, description="Model calls the proxy captured.")
+    sampled_tokens: int = Field(0, description="Completion tokens over every captured call.")
+    warnings: list[str] = Field(default_factory=list, description="What a trainer should know about the data.")
+    coverage: str = Field("", description="How many agent tokens a training export carries (training.coverage).")
+    schema_version: int = Field(description="The RolloutResult's wire shape.")
+    result_ref: ResultRef | None = Field(None, description="Where the whole RolloutResult is; None if not kept.")
+    result: RolloutResult | None = Field(
+        None, description=f"The whole RolloutResult when its JSON is at most {INLINE_MAX_BYTES} bytes; else None."
+    )
+
+
+def inline_result(structured: object) -> RolloutResult:
+    """The whole RolloutResult a tool answer carries inline (a small one); a ValueError naming where a larger one is.
+    A RolloutResult object itself (what OpenEnv's sessions answer with) is taken as it is."""
+    if isinstance(structured, dict) and "result_ref" in structured:
+        answer = RolloutAnswer.model_validate(structured)
+        if answer.result is None:
+            where = answer.result_ref.url if answer.result_ref else "nowhere (not kept)"
+            raise ValueError(f"the result is {where}: over {INLINE_MAX_BYTES} bytes, it is only by reference")
+        return answer.result
+    return RolloutResult.model_validate(structured)
