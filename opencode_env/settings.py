@@ -21,7 +21,7 @@ BackendName = Literal["auto", "local", "e2b", "hf"]
 """Where rollouts run: a backend of the sandbox registry, or `auto` (the registry decides)."""
 LOWER_CASE_TOO = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
 """Read in either case, as curl reads them."""
-Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network", "cluster"]
+Group = Literal["server", "endpoints", "local backend", "E2B", "Hugging Face", "network"]
 
 
 def _setting(default: Any, name: str, group: Group, description: str, **constraints: Any) -> Any:
@@ -116,18 +116,6 @@ class Settings(BaseSettings):
     hf_namespace: str = _setting("", "OPENCODE_ENV_HF_NAMESPACE", "Hugging Face", "Whose Jobs (default the token's).")
     hf_max_sandboxes: int = _setting(
         20, "OPENCODE_ENV_HF_MAX_SANDBOXES", "Hugging Face", "Hugging Face sandboxes alive at once.", ge=1
-    )
-
-    cluster_nice: int = _setting(
-        0,
-        "OPENCODE_ENV_CLUSTER_NICE",
-        "cluster",
-        "The niceness a Ray node's rollouts run at (Ray starts its workers at 15).",
-        ge=-20,
-        le=19,
-    )
-    cluster_reap_every_s: float = _setting(
-        300.0, "OPENCODE_ENV_CLUSTER_REAP_EVERY_S", "cluster", "How often a Ray node reaps dead rollouts' trees.", gt=0
     )
 
     @classmethod

@@ -33,10 +33,10 @@ log = logging.getLogger("opencode_env.cluster")
 
 
 class NodeConfig(BaseModel):
-    """What the driver may set for every node's runner; None means the node's own setting (its environment)."""
+    """What the operator sets for every node's runner, through the driver (the rest is each node's environment)."""
 
-    nice: int | None = Field(None, ge=-20, le=19, description="Niceness of the rollouts (OPENCODE_ENV_CLUSTER_NICE).")
-    reap_every_s: float | None = Field(None, gt=0, description="Reaper period (OPENCODE_ENV_CLUSTER_REAP_EVERY_S).")
+    nice: int = Field(0, ge=-20, le=19, description="The rollouts' niceness (Ray starts its workers at 15).")
+    reap_every_s: float = Field(300.0, gt=0, description="How often each node reaps dead rollouts' leftovers.")
     base_dir: str | None = Field(None, description="Where sandboxes' trees go (default: the node's temp dir).")
 
 
@@ -68,8 +68,8 @@ class NodeRunner:
     def __init__(self, config: NodeConfig, node_id: str) -> None:
         settings = Settings.load()
         self._settings = settings
-        self._nice = config.nice if config.nice is not None else settings.cluster_nice
-        self._reap_every_s = config.reap_every_s or settings.cluster_reap_every_s
+        self._nice = config.nice
+        self._reap_every_s = config.reap_every_s
         self._base_dir = Path(config.base_dir) if config.base_dir else None
         self._cache = cache_root(settings.cache)
         self._backend = LocalBackend(
