@@ -46,7 +46,7 @@ def oracle(task_id: str) -> RolloutRequest:
     )
 
 
-@ray.remote(max_retries=0)
+@ray.remote(num_cpus=0, max_retries=0)
 def rollout_in_task(request_json: str, base_dir: str) -> tuple[str, int, int]:
     """One rollout in a Ray task: a local backend made in this worker, the result, the worker's pid and RSS (KiB)."""
     from opencode_env.sandbox.local.backend import LocalBackend

@@ -78,9 +78,11 @@ async def test_a_real_opencode_rollout_on_the_cluster(rollouts: RayRollouts) -> 
     assert all(turn.completion_token_ids and turn.completion_logprobs for turn in result.proxy_turns)
 
 
-async def _running(driver: RayRollouts, count: int) -> None:
-    """Until `count` rollouts are in flight across the nodes (each node counts its own)."""
-    while sum(report.in_flight for report in await driver.nodes()) < count:  # noqa: ASYNC110 (polls other processes)
+async def _running(driver: RayRollouts, count: int, base: Path, before: set[str]) -> None:
+    """Until `count` rollouts are in flight across the nodes (each node counts its own), each with its tree made."""
+    while (  # noqa: ASYNC110 (polls other processes)
+        sum(report.in_flight for report in await driver.nodes()) < count or len(trees(base) - before) < count
+    ):
         await asyncio.sleep(0.5)
 
 
@@ -99,7 +101,7 @@ async def test_a_node_removed_mid_rollout_is_infrastructure_never_reward(
     before = trees(cluster_base)
     requests = [oracle(f"removed-{retries}-{index}", seconds=20) for index in range(rollouts.slots)]
     batch = asyncio.ensure_future(rollouts.run_rollouts(requests, progress=False, retries=retries))
-    await asyncio.wait_for(_running(rollouts, len(requests)), 120)
+    await asyncio.wait_for(_running(rollouts, len(requests), cluster_base, before), 120)
     during = trees(cluster_base) - before
     cluster.remove_node(victim, allow_graceful=False)
     results = await asyncio.wait_for(batch, 300)
