@@ -23,8 +23,8 @@ from opencode_env.sandbox.local.layout import PREFIX  # noqa: E402
 from opencode_env.wire.models import RolloutRequest  # noqa: E402
 
 SLOTS_PER_NODE = 2
-NICE = 3
-"""The operator's niceness for the tier's sandboxes: neither 0 (this process's) nor Ray's 15."""
+NICE = 0
+"""The operator's niceness for the tier's sandboxes (the default): Ray's workers start at 15."""
 WORKDIR = "/home/user/workdir"
 
 
