@@ -32,7 +32,7 @@ if RESULTS_DIR_VAR not in os.environ:
     os.environ[RESULTS_DIR_VAR] = tempfile.mkdtemp(prefix="opencode-env-test-results-")
     atexit.register(shutil.rmtree, os.environ[RESULTS_DIR_VAR], True)
 
-TIERS = ("unit", "contract", "smoke", "integration", "browser", "solo")
+TIERS = ("unit", "contract", "smoke", "integration", "browser", "solo", "cluster")
 """The tests by tier, a directory each (./dev test names them):
 - unit: no sandbox and no agent (pure functions, the proxy over loopback, settings, the import graph);
 - contract: each seam's contract over every backend (the sandbox contract over local and both cloud fakes, the cloud
@@ -41,6 +41,7 @@ TIERS = ("unit", "contract", "smoke", "integration", "browser", "solo")
 - integration: real rollouts, servers, clients and the cloud fakes, every path;
 - browser: a real Chromium over the viewer and /web;
 - solo: loads every core (sixteen rollouts at once); a full run runs it after the rest, alone.
+- cluster: a simulated Ray cluster (needs the ray extra); a full run runs it after solo, in one process.
 The quick tier (`./dev test --quick`) is unit + contract + smoke, for the inner loop; the full suite is still the
 gate. A new test file goes in the first tier whose description fits it."""
 

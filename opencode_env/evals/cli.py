@@ -155,6 +155,8 @@ def _eval(args: argparse.Namespace) -> EvalSummary:
     tasks = load_tasks(args.inputs, oracle=args.oracle)
     key = _api_key(args.api_key_env)
     tasks = with_model(tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
+    if args.ray:
+        return asyncio.run(_on_ray(args, tasks))
     backend = None if args.server else make_backend(args.backend or EMBEDDED)
     concurrency = args.concurrency or (default_concurrency(backend) if backend else SERVER_CONCURRENCY)
     coroutine = run_eval(
@@ -172,9 +174,32 @@ def _eval(args: argparse.Namespace) -> EvalSummary:
     return asyncio.run(coroutine)
 
 
+async def _on_ray(args: argparse.Namespace, tasks: list[RolloutRequest]) -> EvalSummary:
+    """The eval on the Ray cluster at --ray (the opencode-env[ray] extra), each node's slots at once by default."""
+    try:
+        from opencode_env.cluster import ClusterError, RayRollouts
+    except ImportError as error:
+        raise EvalError(f"--ray needs the ray extra: pip install 'opencode-env[ray]' ({error})") from error
+    try:
+        async with RayRollouts(args.ray) as cluster:
+            return await run_eval(
+                tasks,
+                out=args.out,
+                k=args.k,
+                concurrency=args.concurrency or cluster.slots,
+                executor=cluster,
+                threshold=args.pass_threshold,
+                retry_infra=args.retry_infra,
+                force=args.force,
+                inputs=[str(path) for path in args.inputs],
+            )
+    except ClusterError as error:
+        raise EvalError(str(error)) from error
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
-    if args.server and args.backend:
-        print("opencode-env eval: --server and --backend exclude each other", file=sys.stderr)
+    if sum(map(bool, (args.server, args.backend, args.ray))) > 1:
+        print("opencode-env eval: --server, --backend and --ray exclude each other", file=sys.stderr)
         return 2
     try:
         summary = _eval(args)
@@ -212,6 +237,7 @@ def add_eval_parser(subparsers: Any) -> None:
     parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
     parser.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
     parser.add_argument("--server", default=None, metavar="URL", help="run on this opencode-env server")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS", help="run on this Ray cluster ('auto': this node's)")
     parser.add_argument("--backend", choices=backend_names(), default=None, help=f"in-process (default {EMBEDDED})")
     parser.add_argument("--oracle", action="store_true", help="run each task's solution instead of the agent")
     parser.add_argument(

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -41,6 +41,14 @@ T = TypeVar("T")
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._@+-]")
 _ERROR_CHARS = 160
+
+
+class Executor(Protocol):
+    """Where rollouts run when neither a backend in this process nor a server does (a Ray cluster: cluster/)."""
+
+    def describe(self) -> str: ...
+
+    async def run_rollout(self, request: RolloutRequest) -> RolloutResult: ...
 
 
 class EvalError(Exception):
@@ -303,13 +311,13 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _validate(tasks: Sequence[RolloutRequest], k: int, concurrency: int, backend: object, server: str | None) -> None:
+def _validate(tasks: Sequence[RolloutRequest], k: int, concurrency: int, *where: object) -> None:
     if not tasks:
         raise EvalError("no tasks to run")
     if k < 1 or concurrency < 1:
         raise EvalError(f"k and concurrency must be at least 1, got k={k}, concurrency={concurrency}")
-    if backend is not None and server is not None:
-        raise EvalError("a backend runs rollouts in this process, a server runs them remotely: pass one, not both")
+    if sum(place is not None for place in where) > 1:
+        raise EvalError("a backend, a server and an executor each run the rollouts: pass one of them, not several")
     _require_distinct(tasks)
 
 
@@ -321,7 +329,9 @@ def start_directory(
     return plan_attempts(tasks, config.k, layout, retry_infra=retry_infra)
 
 
-def _runner(backend: SandboxBackend | None, server: str | None) -> tuple[RunOne, str]:
+def _runner(backend: SandboxBackend | None, server: str | None, executor: Executor | None) -> tuple[RunOne, str]:
+    if executor is not None:
+        return executor.run_rollout, executor.describe()
     if server is not None:
         return _on_server(server), f"server {server}"
     if backend is None:
@@ -339,6 +349,7 @@ async def run_eval(
     concurrency: int,
     backend: SandboxBackend | None = None,
     server: str | None = None,
+    executor: Executor | None = None,
     threshold: float = 1.0,
     retry_infra: bool = False,
     force: bool = False,
@@ -346,14 +357,15 @@ async def run_eval(
     report: Report | None = None,
 ) -> EvalSummary:
     """Run every task k times (at most `concurrency` at once) in this process on `backend` (the default backend when
-    None), or on the opencode-env server at `server` (its token from OPENCODE_ENV_TOKEN); write each result under
-    `out` as it finishes, then summary.json and index.html. Attempts saved in `out` by an earlier run are kept (those
-    that failed on our side run again with `retry_infra`). Progress lines go to `report` (default: stderr)."""
+    None), on the opencode-env server at `server` (its token from OPENCODE_ENV_TOKEN) or by `executor` (a Ray
+    cluster); write each result under `out` as it finishes, then summary.json and index.html. Attempts saved in `out`
+    by an earlier run are kept (those that failed on our side run again with `retry_infra`). Progress lines go to
+    `report` (default: stderr)."""
     started = time.monotonic()
     report = report or _stderr
-    _validate(tasks, k, concurrency, backend, server)
+    _validate(tasks, k, concurrency, backend, server, executor)
     layout = EvalLayout(Path(out))
-    run_one, runs_on = _runner(backend, server)
+    run_one, runs_on = _runner(backend, server, executor)
     model = describe_model(tasks)
     task_ids = [task.task_id for task in tasks]
     config = EvalConfig(k=k, model=model, threshold=threshold, inputs=list(inputs), tasks=task_ids, runs_on=runs_on)
