@@ -124,7 +124,7 @@ def served(settings: Settings | None = None) -> StagedApp:
 
 
 def main(host: str | None = None, port: int | None = None, backend: str | None = None) -> None:
-    from opencode_env.cli_support import settings_or_exit
+    from opencode_env.cli.support import settings_or_exit
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = settings_or_exit()

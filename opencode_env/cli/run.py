@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from opencode_env.cli_support import needs, progress_to_stderr, settings_or_exit, summarize
+from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import (
     EMBEDDED,

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import re
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from opencode_env.evals.inputs import load_tasks, with_model
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
 from opencode_env.sandbox import EMBEDDED, backend_names, default_concurrency, make_backend
-from opencode_env.wire.models import RolloutRequest
 
 SERVER_CONCURRENCY = 4
 EVAL_DESCRIPTION = """Run every task k times (at most --concurrency rollouts at once) in this process or on an
@@ -32,115 +27,6 @@ them, or a .jsonl file holding one per line; a request's `solution` runs only wi
 DIR skips the attempts whose result is there; those that failed on our side run again with --retry-infra. Exit
 status: 0 when every attempt has a result that is not an infrastructure failure, 1 when some failed on our side, 2
 for a problem with the arguments, the tasks or DIR."""
-
-
-def _task_id_from_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._:@+/-]", "-", name)[:256] or "task"
-
-
-def _parse_json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise EvalError(f"{where}: not JSON: {error}") from error
-
-
-def _file_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """(where, default task id, JSON value) of each request in a .json or .jsonl file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvalError(f"cannot read {path}: {error}") from error
-    stem = _task_id_from_name(path.stem)
-    if path.suffix == ".jsonl":
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                where = f"{path} line {number}"
-                yield where, f"{stem}-{number}", _parse_json(line, where)
-        return
-    data = _parse_json(text, str(path))
-    if isinstance(data, list):
-        for index, item in enumerate(data):
-            yield f"{path}[{index}]", f"{stem}-{index + 1}", item
-    else:
-        yield str(path), stem, data
-
-
-def _for_this_run(where: str, request: RolloutRequest, *, oracle: bool) -> RolloutRequest:
-    if oracle and request.solution is None:
-        raise EvalError(f"{where}: task {request.task_id!r} has no solution to run with --oracle")
-    return request if oracle else request.model_copy(update={"solution": None})
-
-
-def _from_file(path: Path, *, oracle: bool) -> list[tuple[str, RolloutRequest]]:
-    loaded = []
-    for where, default_id, data in _file_entries(path):
-        try:
-            request = RolloutRequest.model_validate(data)
-        except ValidationError as error:
-            first = error.errors()[0]
-            place = ".".join(str(part) for part in first["loc"]) or "(top level)"
-            raise EvalError(f"{where}: not a RolloutRequest: {place}: {first['msg']}") from error
-        if not request.task_id:
-            request = request.model_copy(update={"task_id": default_id})
-        loaded.append((where, _for_this_run(where, request, oracle=oracle)))
-    return loaded
-
-
-def _task_dirs(path: Path) -> list[Path]:
-    """The task directory itself, or the task directories inside a dataset directory."""
-    if (path / "task.toml").exists():
-        return [path]
-    inside = sorted(child for child in path.iterdir() if (child / "task.toml").is_file())
-    return inside or [path]
-
-
-def _from_task_dir(path: Path, *, oracle: bool) -> RolloutRequest:
-    from opencode_env.tasks.harbor import request_from_task_dir
-    from opencode_env.tasks.image_build import ImageBuildError
-
-    try:
-        request = request_from_task_dir(path, oracle=oracle)
-    except (ValueError, OSError, ImageBuildError) as error:
-        raise EvalError(f"{path}: {error}") from error
-    return request if request.task_id else request.model_copy(update={"task_id": _task_id_from_name(path.name)})
-
-
-def _load_path(path: Path, *, oracle: bool) -> list[tuple[str, RolloutRequest]]:
-    if path.is_dir():
-        return [(str(task_dir), _from_task_dir(task_dir, oracle=oracle)) for task_dir in _task_dirs(path)]
-    if not path.exists():
-        raise EvalError(f"{path}: no such file or directory")
-    return _from_file(path, oracle=oracle)
-
-
-def load_tasks(paths: Sequence[Path], *, oracle: bool = False) -> list[RolloutRequest]:
-    """The requests of Harbor task directories (or directories of them) and JSON / JSONL files, in order; a request
-    without a task id is named after its file. Requests' `solution` is kept with `oracle`, dropped without."""
-    loaded = [entry for path in paths for entry in _load_path(path, oracle=oracle)]
-    seen: dict[str, str] = {}
-    for where, request in loaded:
-        if request.task_id in seen:
-            raise EvalError(f"task id {request.task_id!r} appears twice, in {seen[request.task_id]} and in {where}")
-        seen[request.task_id] = where
-    return [request for _, request in loaded]
-
-
-def with_model(
-    tasks: Sequence[RolloutRequest], *, endpoint: str = "", base_url: str = "", model: str = "", api_key: str = ""
-) -> list[RolloutRequest]:
-    """The tasks with each non-empty field given here in place of their own (validated again)."""
-    overrides = {
-        name: value
-        for name, value in (("endpoint", endpoint), ("base_url", base_url), ("model", model), ("api_key", api_key))
-        if value
-    }
-    if not overrides:
-        return list(tasks)
-    try:
-        return [RolloutRequest.model_validate({**task.model_dump(), **overrides}) for task in tasks]
-    except ValidationError as error:
-        raise EvalError(f"the model options do not fit a request: {error.errors()[0]['msg']}") from error
 
 
 def _api_key(variable: str) -> str:
