@@ -4,13 +4,13 @@ then summary.json, index.html and the summary table; a rerun into the same DIR r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from opencode_env.evals.inputs import load_tasks, with_model
+from opencode_env.cli.endings import Ending, run_until_signalled, say
+from opencode_env.evals.inputs import load_each, with_model
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
 from opencode_env.sandbox import EMBEDDED, backend_names, default_concurrency, make_backend
@@ -25,8 +25,12 @@ opencode-env server (--server; its token from OPENCODE_ENV_TOKEN), and write int
 A task is a Harbor task directory (or a directory of them), a JSON file holding one RolloutRequest or a list of
 them, or a .jsonl file holding one per line; a request's `solution` runs only with --oracle. A rerun into the same
 DIR skips the attempts whose result is there; those that failed on our side run again with --retry-infra. Exit
-status: 0 when every attempt has a result that is not an infrastructure failure, 1 when some failed on our side, 2
-for a problem with the arguments, the tasks or DIR."""
+A broken task (a task directory whose image does not build, an entry that is not a request) is named on stderr with
+why, and the rest run; --fail-fast stops at the first instead. SIGTERM, Ctrl-C or a closed terminal end the eval:
+the attempts running are cut short, their partial results written as results/<task>/<n>.cancelled.json, and the
+same command resumes. Exit status: 0 when every task loaded and every attempt has a result that is not an
+infrastructure failure, 1 when some failed on our side or a task was broken, 2 for a problem with the arguments or
+DIR (or with a task, under --fail-fast), 128 + the signal's number when a signal ended it."""
 
 
 def _api_key(variable: str) -> str:
@@ -37,10 +41,16 @@ def _api_key(variable: str) -> str:
     return os.environ[variable]
 
 
-def _eval(args: argparse.Namespace) -> EvalSummary:
-    tasks = load_tasks(args.inputs, oracle=args.oracle)
+def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None, list[str]]:
+    say(f"opencode-env eval: loading {len(args.inputs)} input(s)")
+    loaded = load_each(args.inputs, oracle=args.oracle, fail_fast=args.fail_fast, report=say)
+    for line in loaded.broken:
+        say(f"opencode-env eval: broken task skipped: {line}")
+    if not loaded.tasks:
+        raise EvalError(f"no task to run: {len(loaded.broken)} broken, none loaded")
+    say(f"opencode-env eval: {len(loaded.tasks)} task(s) to run, {len(loaded.broken)} broken")
     key = _api_key(args.api_key_env)
-    tasks = with_model(tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
+    tasks = with_model(loaded.tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
     backend = None if args.server else make_backend(args.backend or EMBEDDED)
     concurrency = args.concurrency or (default_concurrency(backend) if backend else SERVER_CONCURRENCY)
     coroutine = run_eval(
@@ -55,21 +65,33 @@ def _eval(args: argparse.Namespace) -> EvalSummary:
         force=args.force,
         inputs=[str(path) for path in args.inputs],
     )
-    return asyncio.run(coroutine)
+    return run_until_signalled(coroutine, ending), loaded.broken
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     if args.server and args.backend:
         print("opencode-env eval: --server and --backend exclude each other", file=sys.stderr)
         return 2
+    ending = Ending()
     try:
-        summary = _eval(args)
+        summary, broken = _eval(args, ending)
     except EvalError as error:
         print(f"opencode-env eval: {error}", file=sys.stderr)
         return 2
+    if summary is None:
+        results = args.out / "results"
+        saved = sum(1 for path in results.glob("*/*.json") if not path.name.endswith(".cancelled.json"))
+        cut = sum(1 for _ in results.glob("*/*.cancelled.json"))
+        say(
+            f"opencode-env eval: {ending.describe()}; {saved} attempt(s) saved in {results}, {cut} cut short "
+            "(their partial results in <n>.cancelled.json); the same command resumes"
+        )
+        return ending.exit_code
     print(summary.table())
     print(f"index:      {args.out / 'index.html'}")
-    return 1 if summary.overall.infrastructure_failures else 0
+    if broken:
+        print(f"broken:     {len(broken)} task(s) skipped (each named on stderr above)")
+    return 1 if summary.overall.infrastructure_failures or broken else 0
 
 
 def _positive(text: str) -> int:
@@ -105,4 +127,7 @@ def add_eval_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--retry-infra", action="store_true", help="run attempts that failed on our side again")
     parser.add_argument("--force", action="store_true", help="resume into a DIR made with another k or model")
+    parser.add_argument(
+        "--fail-fast", action="store_true", help="stop at the first broken task (default: report it and run the rest)"
+    )
     parser.set_defaults(handler=_cmd_eval)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from opencode_env.cli.endings import Ending, run_until_signalled, say
 from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import (
@@ -19,7 +20,7 @@ from opencode_env.sandbox import (
     backend_names,
     make_backend,
 )
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.request import request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
@@ -198,9 +199,17 @@ def run_command(args: argparse.Namespace) -> int:
     except RunArgumentError as error:
         print(f"opencode-env run: {error}", file=sys.stderr)
         return 2
-    result = asyncio.run(
-        run_rollout(request, make_backend(args.backend, settings_or_exit()), progress=progress_to_stderr)
-    )
+    result = RolloutResult()
+    ending = Ending()
+
+    def progress(phase: Phase, message: str) -> None:
+        ending.phase = phase
+        progress_to_stderr(phase, message)
+
+    backend = make_backend(args.backend, settings_or_exit())
+    run_until_signalled(run_rollout(request, backend, progress=progress, result=result), ending)
+    if ending.received is not None:
+        return _end_early(result, ending, args.out)
     if args.out is not None:
         args.out.write_text(result.model_dump_json(indent=2))
         print(summarize(result), file=sys.stderr)
@@ -215,3 +224,27 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"opencode-env run: {result.error}{hint}", file=sys.stderr)
         return 2
     return 0 if result.status == "completed" else 1
+
+
+def _end_early(result: RolloutResult, ending: Ending, out: Path | None) -> int:
+    """The partial result (status cancelled, the phase it was in) to --out, else stdout, else, when the terminal is
+    gone, to a file in the current directory; then one line saying where."""
+    result.status, result.failed_phase = "cancelled", result.failed_phase or ending.phase
+    result.error = f"the rollout was {ending.describe()}"
+    text = result.model_dump_json(indent=2)
+    where = _write_partial(text, out)
+    say(f"opencode-env run: {ending.describe()}; the sandbox is closed; partial result {where}")
+    return ending.exit_code
+
+
+def _write_partial(text: str, out: Path | None) -> str:
+    if out is not None:
+        out.write_text(text)
+        return f"in {out}"
+    try:
+        print(text, flush=True)
+    except OSError:
+        fallback = Path(f"opencode-env-run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json").resolve()
+        fallback.write_text(text)
+        return f"in {fallback} (stdout is closed)"
+    return "on stdout"

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from opencode_env.evals.runner import EvalError
+from opencode_env.evals.runner import EvalError, Report
 from opencode_env.wire.models import RolloutRequest
 
 
@@ -53,19 +54,29 @@ def _for_this_run(where: str, request: RolloutRequest, *, oracle: bool) -> Rollo
     return request if oracle else request.model_copy(update={"solution": None})
 
 
-def _from_file(path: Path, *, oracle: bool) -> list[tuple[str, RolloutRequest]]:
-    loaded = []
-    for where, default_id, data in _file_entries(path):
+def _from_file(path: Path, *, oracle: bool, loaded: LoadedTasks) -> list[tuple[str, RolloutRequest]]:
+    """The file's requests; an entry that is not one is refused (the whole file, when it is not JSON)."""
+    requests = []
+    try:
+        entries = list(_file_entries(path))
+    except EvalError as error:
+        loaded.refuse(str(error))
+        return []
+    for where, default_id, data in entries:
         try:
             request = RolloutRequest.model_validate(data)
         except ValidationError as error:
             first = error.errors()[0]
             place = ".".join(str(part) for part in first["loc"]) or "(top level)"
-            raise EvalError(f"{where}: not a RolloutRequest: {place}: {first['msg']}") from error
+            loaded.refuse(f"{where}: not a RolloutRequest: {place}: {first['msg']}")
+            continue
         if not request.task_id:
             request = request.model_copy(update={"task_id": default_id})
-        loaded.append((where, _for_this_run(where, request, oracle=oracle)))
-    return loaded
+        try:
+            requests.append((where, _for_this_run(where, request, oracle=oracle)))
+        except EvalError as error:
+            loaded.refuse(str(error))
+    return requests
 
 
 def _task_dirs(path: Path) -> list[Path]:
@@ -87,24 +98,66 @@ def _from_task_dir(path: Path, *, oracle: bool) -> RolloutRequest:
     return request if request.task_id else request.model_copy(update={"task_id": _task_id_from_name(path.name)})
 
 
-def _load_path(path: Path, *, oracle: bool) -> list[tuple[str, RolloutRequest]]:
+@dataclass
+class LoadedTasks:
+    """The requests that loaded, in order, and one line per task that did not (where, and why)."""
+
+    tasks: list[RolloutRequest] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    fail_fast: bool = False
+
+    def refuse(self, line: str) -> None:
+        if self.fail_fast:
+            raise EvalError(line)
+        self.broken.append(line)
+
+
+def _load_path(path: Path, *, oracle: bool, loaded: LoadedTasks, report: Report) -> list[tuple[str, RolloutRequest]]:
     if path.is_dir():
-        return [(str(task_dir), _from_task_dir(task_dir, oracle=oracle)) for task_dir in _task_dirs(path)]
+        entries = []
+        task_dirs = _task_dirs(path)
+        if len(task_dirs) > 1:
+            report(f"{path}: {len(task_dirs)} task directories")
+        for task_dir in task_dirs:
+            report(f"loading {task_dir} (its image is built now if it has none yet)")
+            try:
+                entries.append((str(task_dir), _from_task_dir(task_dir, oracle=oracle)))
+            except EvalError as error:
+                loaded.refuse(str(error))
+        return entries
     if not path.exists():
         raise EvalError(f"{path}: no such file or directory")
-    return _from_file(path, oracle=oracle)
+    return _from_file(path, oracle=oracle, loaded=loaded)
 
 
-def load_tasks(paths: Sequence[Path], *, oracle: bool = False) -> list[RolloutRequest]:
-    """The requests of Harbor task directories (or directories of them) and JSON / JSONL files, in order; a request
-    without a task id is named after its file. Requests' `solution` is kept with `oracle`, dropped without."""
-    loaded = [entry for path in paths for entry in _load_path(path, oracle=oracle)]
+def load_each(
+    paths: Sequence[Path], *, oracle: bool = False, fail_fast: bool = False, report: Report | None = None
+) -> LoadedTasks:
+    """The requests of Harbor task directories (or directories of them) and JSON / JSONL files, in order, and each
+    task that is broken (with why) instead of stopping at it; a path that does not exist or a task id given twice
+    is still an error. A request without a task id is named after its file; requests' `solution` is kept with
+    `oracle`, dropped without. With `fail_fast` the first broken task is an EvalError. Progress (each task
+    directory as its image is built) goes to `report`."""
+    loaded = LoadedTasks(fail_fast=fail_fast)
+    entries = [
+        entry for path in paths for entry in _load_path(path, oracle=oracle, loaded=loaded, report=report or _quiet)
+    ]
     seen: dict[str, str] = {}
-    for where, request in loaded:
+    for where, request in entries:
         if request.task_id in seen:
             raise EvalError(f"task id {request.task_id!r} appears twice, in {seen[request.task_id]} and in {where}")
         seen[request.task_id] = where
-    return [request for _, request in loaded]
+    loaded.tasks = [request for _, request in entries]
+    return loaded
+
+
+def load_tasks(paths: Sequence[Path], *, oracle: bool = False) -> list[RolloutRequest]:
+    """`load_each`'s requests, stopping at the first broken task (EvalError naming it and why)."""
+    return load_each(paths, oracle=oracle, fail_fast=True).tasks
+
+
+def _quiet(_: str) -> None:
+    return None
 
 
 def with_model(
