@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -83,15 +84,25 @@ def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
         start_new_session=True,
     )
     seen: list[str] = []
-    try:
-        _wait_for_line(process, "[agent]", seen)
-        _wait_for_agent_command()
-        process.send_signal(ending)
-        stdout, rest = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert process.stdout is not None
+        stdout_read = pool.submit(process.stdout.read)
+        try:
+            _wait_for_line(process, "[agent]", seen)
+            _wait_for_agent_command()
+            process.send_signal(ending)
+            assert process.stderr is not None
+            rest = process.stderr.read()
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stdout = stdout_read.result()
+    assert process.stdout is not None
+    assert process.stderr is not None
+    process.stdout.close()
+    process.stderr.close()
     assert process.returncode == 128 + ending, rest
     assert "Traceback" not in rest
     assert "KeyboardInterrupt" not in rest

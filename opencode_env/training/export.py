@@ -9,8 +9,10 @@ them, and a second line says how many of the rollouts' agent tokens the rows car
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Literal, TextIO
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
 
 from opencode_env.training.coverage import Coverage, ExportFormat, total_coverage
 from opencode_env.training.formats import TrainingRow, training_rows
@@ -48,6 +50,34 @@ def coverage_line(total: Coverage) -> str:
     )
 
 
-def write_rows(rows: Sequence[TrainingRow | StepSample], out: TextIO) -> None:
+@dataclass(frozen=True)
+class ExportOrigin:
+    """Where a rollout's rows came from: the result file, and the attempt number in an eval (0 outside one)."""
+
+    source: str = ""
+    attempt: int = 0
+
+
+TEXT_COLUMNS = ("problem", "session_id", "parent_session_id")
+"""Columns None in some rows: written as "" so a column has one type in every file (JSON null would make it a
+null-typed column in a file where no row sets it, and files would no longer concatenate)."""
+
+
+def export_record(row: TrainingRow | StepSample, origin: ExportOrigin) -> dict[str, Any]:
+    """The row as its JSONL object: every column one type whatever the row (reward 0.0 where there is none, and the
+    row is then unusable), with its source and attempt."""
+    record = row.model_dump(mode="json")
+    for name in TEXT_COLUMNS:
+        if name in record and record[name] is None:
+            record[name] = ""
+    if record["reward"] is None:
+        record["reward"] = 0.0
+    record["source"], record["attempt"] = origin.source, origin.attempt
+    return record
+
+
+def write_rows(rows: Sequence[TrainingRow | StepSample], out: TextIO, origins: Sequence[ExportOrigin] = ()) -> None:
+    """Each row as a JSON line; `origins[i]` is where the rollout of rollout_index i came from."""
     for row in rows:
-        out.write(row.model_dump_json() + "\n")
+        origin = origins[row.rollout_index] if row.rollout_index < len(origins) else ExportOrigin()
+        out.write(json.dumps(export_record(row, origin), separators=(",", ":")) + "\n")
