@@ -187,6 +187,7 @@ def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> Rollo
 
 def run_command(args: argparse.Namespace) -> int:
     from opencode_env.tasks import ImageBuildError, TaskFormatError
+    from opencode_env.tasks.hints import missing_base_hint
 
     try:
         request = _request_from_args(args)
@@ -194,7 +195,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"opencode-env: invalid request: {request_problems(error)}", file=sys.stderr)
         return 2
     except (TaskFormatError, ImageBuildError) as error:
-        print(f"opencode-env: {error}", file=sys.stderr)
+        print(f"opencode-env: {missing_base_hint(str(error))}", file=sys.stderr)
         return 2
     except RunArgumentError as error:
         print(f"opencode-env run: {error}", file=sys.stderr)

@@ -89,12 +89,13 @@ def _task_dirs(path: Path) -> list[Path]:
 
 def _from_task_dir(path: Path, *, oracle: bool) -> RolloutRequest:
     from opencode_env.tasks.harbor import request_from_task_dir
+    from opencode_env.tasks.hints import missing_base_hint
     from opencode_env.tasks.image_build import ImageBuildError
 
     try:
         request = request_from_task_dir(path, oracle=oracle)
     except (ValueError, OSError, ImageBuildError) as error:
-        raise EvalError(f"{path}: {error}") from error
+        raise EvalError(f"{path}: {missing_base_hint(str(error))}") from error
     return request if request.task_id else request.model_copy(update={"task_id": _task_id_from_name(path.name)})
 
 
