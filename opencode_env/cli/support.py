@@ -3,19 +3,29 @@ summary, and what each backend needs."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
 
 from opencode_env.sandbox import BACKENDS
-from opencode_env.settings import Settings
+from opencode_env.settings import Settings, unknown_variable_warnings
 from opencode_env.wire.models import Phase, RolloutResult
 from opencode_env.wire.summary import result_summary
 
 
+@functools.cache
+def warn_unknown_variables() -> None:
+    """Once per process, at its start: each OPENCODE_ENV_* variable that is no setting, with the closest name."""
+    for line in unknown_variable_warnings():
+        print(f"opencode-env: warning: {line}", file=sys.stderr)
+
+
 def settings_or_exit() -> Settings:
-    """The operator's settings, loaded once by the command that needs them; a refused one ends it with its name."""
+    """The operator's settings, loaded once by the command that needs them; a refused one ends it with its name.
+    Unknown OPENCODE_ENV_* variables are warned about the first time (the server's start goes through here too)."""
+    warn_unknown_variables()
     try:
         return Settings.load()
     except ValidationError as error:
