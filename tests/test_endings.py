@@ -5,6 +5,7 @@ no traceback, and leaves none of its sandbox's directories, mounts or processes 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire.models import RolloutResult
 from tests.conftest import processes_mentioning
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
 SLEEP_MARK = "9137"
 """The agent's long command: `sleep 9137.5` is this test's own process, found by its argument."""
@@ -49,7 +50,8 @@ def _wait_for_line(process: subprocess.Popen[str], needle: str, seen: list[str])
     raise AssertionError(f"the process ended before printing {needle!r}: {''.join(seen)}")
 
 
-def _wait_for_agent_command(timeout_s: float = 240.0) -> None:
+def _wait_for_agent_command(timeout_s: float = 600.0) -> None:
+    """Until the agent runs its command (OpenCode's start alone took minutes on this 2-core machine at load 30)."""
     deadline = time.monotonic() + timeout_s
     while not processes_mentioning(f"sleep {SLEEP_MARK}", settle_s=0):
         assert time.monotonic() < deadline, "the agent never ran its command"
@@ -73,7 +75,7 @@ def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
 ) -> None:
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "opencode_env.cli", "run", "--base-url", model.base_url]
-    command += ["--model", "scripted-policy", "--instruction", "Wait a while.", "--agent-timeout", "240"]
+    command += ["--model", "scripted-policy", "--instruction", "Wait a while.", "--agent-timeout", "700"]
     command += ["--out", str(out)] if to_file else []
     process = subprocess.Popen(
         command,
@@ -113,4 +115,37 @@ def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
     assert (result.status, result.failed_phase) == ("cancelled", "agent")
     assert result.error == f"the rollout was ended by {ending.name} during agent"
     assert result.proxy_turns, "the turns captured before the signal are in the result"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_signalled_eval_keeps_the_cut_attempt_apart_and_leaves_nothing(
+    model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    task = tmp_path / "wait.json"
+    request = {"instruction": "Wait a while.", "task_id": "wait", "agent_timeout_s": 700}
+    task.write_text(json.dumps({**request, "base_url": model.base_url, "model": "scripted-policy"}))
+    out = tmp_path / "eval"
+    command = [sys.executable, "-m", "opencode_env.cli", "eval", str(task), "--out", str(out), "-k", "1"]
+    process = subprocess.Popen(
+        command, env=_environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    seen: list[str] = []
+    try:
+        _wait_for_line(process, "attempts: 1 in all", seen)
+        _wait_for_agent_command()
+        process.terminate()
+        _, rest = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, rest
+    assert "Traceback" not in rest
+    [line] = [line for line in rest.splitlines() if "ended by" in line]
+    assert line.startswith("opencode-env eval: ended by SIGTERM; 0 attempt(s) saved")
+    assert "1 cut short" in line
+    cut = RolloutResult.model_validate_json((out / "results" / "wait" / "1.cancelled.json").read_text())
+    assert (cut.status, cut.failed_phase, cut.task_id) == ("cancelled", "agent", "wait")
+    assert cut.proxy_turns
+    assert not (out / "results" / "wait" / "1.json").exists(), "a rerun runs the cut attempt again"
     assert _leftovers(tmp_path) == []

@@ -8,18 +8,21 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
 from opencode_env.cli.endings import Ending, run_until_signalled, say
 from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.scripted import SCRIPTED, solving_script
 from opencode_env.sandbox import (
     EMBEDDED,
     backend_names,
     make_backend,
 )
+from opencode_env.testing.script import Script
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire.models import Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.request import request_problems
 
@@ -74,6 +77,30 @@ def _request_file(value: str) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise argparse.ArgumentTypeError(f"{value} holds JSON {type(fields).__name__}, not a RolloutRequest object")
     return fields
+
+
+def _script_file(value: str) -> Script:
+    try:
+        return Script.model_validate_json(_read_text(Path(value)))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise argparse.ArgumentTypeError(f"{value} is not a Script: {where}: {first['msg']}") from error
+
+
+def _script_for(args: argparse.Namespace) -> Script | None:
+    """The script of a `--model scripted` run that plays one: --script FILE, else a task dir's solve.sh; None: the
+    built-in scripted model (model "scripted" with no base URL, see rollout/scripted.py)."""
+    if args.model != SCRIPTED or args.base_url or args.endpoint:
+        if args.script is not None:
+            raise RunArgumentError("--script plays a script as the model: give it with --model scripted alone")
+        return None
+    if args.script is not None:
+        return cast(Script, args.script)
+    solve_sh = args.task / "solution" / "solve.sh" if args.task is not None else None
+    if solve_sh is not None and solve_sh.is_file() and not args.oracle:
+        return solving_script(_read_text(solve_sh))
+    return None
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +159,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-thinking", action=argparse.BooleanOptionalAction, help="enable_thinking=false")
     parser.add_argument("--template", help="an E2B template (an alias of --image there)")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write the result JSON here instead of stdout")
+    model.add_argument(
+        "--script",
+        type=_script_file,
+        metavar="FILE.json",
+        help="with --model scripted: the scripted model plays this Script (steps of replies and tool calls); "
+        "without it, a --task DIR's solution/solve.sh is played, else the built-in behaviour (docs/scripted-model.md)",
+    )
 
 
 def _given_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -186,6 +220,20 @@ def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> Rollo
 
 
 def run_command(args: argparse.Namespace) -> int:
+    try:
+        script = _script_for(args)
+    except RunArgumentError as error:
+        print(f"opencode-env run: {error}", file=sys.stderr)
+        return 2
+    if script is None:
+        return _run(args)
+    with ScriptedModelServer(script) as scripted:
+        say(f"opencode-env run: the scripted model plays {len(script.steps)} step(s) at {scripted.base_url}")
+        args.base_url = scripted.base_url
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from opencode_env.tasks import ImageBuildError, TaskFormatError
     from opencode_env.tasks.hints import missing_base_hint
 

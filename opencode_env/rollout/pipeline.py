@@ -103,7 +103,7 @@ async def run_rollout(
         log.warning("the sandbox failed under a rollout: %s", error)
         _fail(result, "sandbox_error", None, str(error))
     except asyncio.CancelledError:
-        _fail(result, "cancelled", None, "the rollout was cancelled")
+        _fail(result, "cancelled", result.failed_phase, "the rollout was cancelled")
         raise
     except Exception as error:
         log.exception("rollout failed unexpectedly")
