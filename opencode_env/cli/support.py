@@ -4,6 +4,7 @@ summary, and what each backend needs."""
 from __future__ import annotations
 
 import functools
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -52,3 +53,18 @@ def summarize(result: RolloutResult) -> str:
 
 def needs(names: Sequence[str]) -> str:
     return "; ".join(f"{name} needs {BACKENDS[name].needs}" for name in names)
+
+
+def exit_unless_free(host: str, port: int) -> None:
+    """Before anything starts (and logs that it is ready): a port another process holds ends the command with what
+    to do. A probe, then uvicorn binds for itself; a process that takes the port in between still fails there."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as error:
+        print(
+            f"opencode-env serve: cannot listen on {host}:{port}: {error.strerror or error} (another server on this "
+            "port? stop it, or pass --port N / set PORT)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from error
