@@ -213,6 +213,7 @@ def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
 def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> RolloutRequest:
     from opencode_env.tasks.harbor import request_from_task_dir
 
+    say(f"opencode-env run: reading {args.task}; its image is built now if it has none yet (minutes with RUN steps)")
     task = request_from_task_dir(args.task, oracle=args.oracle, **given)
     if not (args.files or args.verify_files):
         return task
