@@ -9,6 +9,7 @@ key and token variables, OpenCode's flags) are not settings and are not here.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -147,6 +148,50 @@ class Settings(BaseSettings):
             if name not in values and name.lower() in values:
                 values[name] = values[name.lower()]
         return cls.model_validate({name: values[name] for name in variable_names() if name in values})
+
+
+OURS_FOR_OUR_PROCESSES = frozenset(
+    {
+        "OPENCODE_ENV_UPSTREAM_KEY",
+        "OPENCODE_ENV_PROXY_TOKEN",
+        "OPENCODE_ENV_TOOLS_BIN",
+        "OPENCODE_ENV_TEMPLATE_FORMAT",
+        "OPENCODE_ENV_HTTPS_PROXY",
+        "OPENCODE_ENV_HTTP_PROXY",
+        "OPENCODE_ENV_NO_PROXY",
+    }
+)
+"""Variables we set for processes we start (the proxy's key and token, markers in our own images), not settings."""
+OURS_FOR_TESTS = frozenset(
+    {"OPENCODE_ENV_LIVE_ENDPOINT", "OPENCODE_ENV_TEST_ARTIFACTS", "OPENCODE_ENV_LOCAL_ISOLATION"}
+)
+"""Variables the test suite reads (a live endpoint, where browser screenshots go), not settings."""
+PREFIX = "OPENCODE_ENV_"
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Each OPENCODE_ENV_* variable in `environ` that nothing reads, with the closest known name (None: no close
+    one): a misspelled setting is otherwise silently ignored."""
+    known = {name for name in variable_names() if name.startswith(PREFIX)}
+    quiet = known | OURS_FOR_OUR_PROCESSES | OURS_FOR_TESTS
+    unknown = sorted(name for name in environ if name.startswith(PREFIX) and name not in quiet)
+    # Compared without the prefix every name shares, which would make any two names look alike.
+    suffixes = sorted(name.removeprefix(PREFIX) for name in known)
+    return [(name, _closest(name.removeprefix(PREFIX), suffixes)) for name in unknown]
+
+
+def _closest(suffix: str, suffixes: list[str]) -> str | None:
+    matches = difflib.get_close_matches(suffix, suffixes, n=1, cutoff=0.6)
+    return PREFIX + matches[0] if matches else None
+
+
+def unknown_variable_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per unknown OPENCODE_ENV_* variable of `environ` (default: this process's), naming the closest."""
+    lines = []
+    for name, closest in unknown_variables(os.environ if environ is None else environ):
+        hint = f"did you mean {closest}?" if closest else "`opencode-env settings` lists every setting"
+        lines.append(f"{name} is not a setting and is ignored ({hint})")
+    return lines
 
 
 def variable_names() -> list[str]:

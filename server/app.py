@@ -125,13 +125,15 @@ def served(settings: Settings | None = None) -> StagedApp:
 
 
 def main(host: str | None = None, port: int | None = None, backend: str | None = None) -> None:
-    from opencode_env.cli_support import settings_or_exit
+    from opencode_env.cli.support import exit_unless_free, settings_or_exit
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = settings_or_exit()
     if backend is not None:
         settings = settings.model_copy(update={"backend": backend})
-    uvicorn.run(served(settings), host=host or settings.host, port=port or settings.port, **UVICORN_OPTIONS)
+    host, port = host or settings.host, port or settings.port
+    exit_unless_free(host, port)
+    uvicorn.run(served(settings), host=host, port=port, **UVICORN_OPTIONS)
 
 
 app = served()

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from opencode_env.evals.cli import load_tasks, with_model
+from opencode_env.evals.inputs import load_tasks, with_model
 from opencode_env.evals.runner import EvalConfig, EvalError, EvalLayout, run_eval, run_eval_sync, safe_task_id
 from opencode_env.evals.summary import (
     AttemptOutcome,

@@ -35,7 +35,8 @@ from opencode_env.viewer.page import render_page
 from opencode_env.wire import RolloutRequest, RolloutResult
 
 Report = Callable[[str], None]
-RunOne = Callable[[RolloutRequest], Awaitable[RolloutResult]]
+RunOne = Callable[[RolloutRequest, RolloutResult], Awaitable[RolloutResult]]
+"""Runs one attempt; an in-process one fills the result it is given as it goes (what a cancelled attempt keeps)."""
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -91,6 +92,10 @@ class EvalLayout:
 
     def attempt_html(self, task_id: str, attempt: int) -> Path:
         return self.root / self.href(task_id, attempt)
+
+    def attempt_cancelled(self, task_id: str, attempt: int) -> Path:
+        """An attempt an ending cut short; never read back as a result, so a rerun runs the attempt again."""
+        return self.root / "results" / safe_task_id(task_id) / f"{attempt}.cancelled.json"
 
 
 class EvalConfig(BaseModel):
@@ -230,6 +235,17 @@ def write_attempt(layout: EvalLayout, attempt: Attempt, result: RolloutResult) -
     json_path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(layout.attempt_html(*attempt.key), render_page(result))
     write_atomically(json_path, result.model_dump_json())
+    layout.attempt_cancelled(*attempt.key).unlink(missing_ok=True)
+
+
+def write_cut_short(layout: EvalLayout, attempt: Attempt, partial: RolloutResult) -> None:
+    """An attempt the eval's ending cut short: what it captured, beside the attempt's place (a rerun runs it again).
+    Written at once, on the cancelled path: the cancellation is what this write answers."""
+    partial.status = "cancelled"
+    partial.error = partial.error or "the eval was ended before this attempt finished"
+    path = layout.attempt_cancelled(*attempt.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, _without_key(partial).model_dump_json())
 
 
 async def _run_pending(
@@ -241,7 +257,12 @@ async def _run_pending(
         while queue:
             attempt = queue.popleft()
             started = time.monotonic()
-            result = _without_key(await run_one(attempt.request))
+            partial = RolloutResult(task_id=attempt.request.task_id)
+            try:
+                result = _without_key(await run_one(attempt.request, partial))
+            except asyncio.CancelledError:
+                write_cut_short(layout, attempt, partial)
+                raise
             await asyncio.to_thread(write_attempt, layout, attempt, result)
             finished[attempt.key] = AttemptOutcome.of(result, attempt.number)
             report(_progress_line(attempt, result, len(finished), len(pending), time.monotonic() - started))
@@ -253,8 +274,19 @@ async def _run_pending(
 
 
 def _in_process(backend: SandboxBackend) -> RunOne:
-    async def run_one(request: RolloutRequest) -> RolloutResult:
-        return await run_rollout(request, backend)
+    async def run_one(request: RolloutRequest, partial: RolloutResult) -> RolloutResult:
+        return await run_rollout(request, backend, result=partial)
+
+    return run_one
+
+
+def _on_executor(executor: Executor) -> RunOne:
+    """An executor (a Ray cluster) returns its own result: what a cancelled attempt had captured stays where it ran,
+    so the partial result written on an ending holds the request alone."""
+
+    async def run_one(request: RolloutRequest, partial: RolloutResult) -> RolloutResult:
+        partial.task = request.model_copy(update={"api_key": ""})
+        return await executor.run_rollout(request)
 
     return run_one
 
@@ -273,7 +305,8 @@ def _on_server(url: str) -> RunOne:
     """Each attempt in a session of its own, so that a server restarting mid-eval fails only the calls it cut."""
     from opencode_env.client.client import OpenCodeEnv
 
-    async def run_one(request: RolloutRequest) -> RolloutResult:
+    async def run_one(request: RolloutRequest, partial: RolloutResult) -> RolloutResult:
+        partial.task = request.model_copy(update={"api_key": ""})
         try:
             async with OpenCodeEnv(url) as env:
                 return await env.run_rollout(request)
@@ -331,7 +364,7 @@ def start_directory(
 
 def _runner(backend: SandboxBackend | None, server: str | None, executor: Executor | None) -> tuple[RunOne, str]:
     if executor is not None:
-        return executor.run_rollout, executor.describe()
+        return _on_executor(executor), executor.describe()
     if server is not None:
         return _on_server(server), f"server {server}"
     if backend is None:

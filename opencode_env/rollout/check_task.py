@@ -1,21 +1,14 @@
-"""`opencode-env check-task TASK.json`: is the task solvable (its oracle reaches 1.0) and not free (doing nothing
+"""`check-task`: is the task solvable (its oracle reaches 1.0) and not free (doing nothing
 scores below 1.0)? A task file is a RolloutRequest in JSON whose `solution` holds the reference solution."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import ValidationError
+from typing import Literal
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.sandbox.registry import BACKENDS, EMBEDDED, backend_names
 from opencode_env.wire import RolloutRequest, RolloutResult, is_infrastructure_failure
 
 Verdict = Literal["ok", "broken", "inconclusive"]
@@ -55,46 +48,3 @@ async def check_task(request: RolloutRequest, backend: SandboxBackend) -> TaskCh
     )
     verdict, reason = judge(oracle, nothing)
     return TaskCheck(oracle, nothing, verdict, reason)
-
-
-def _line(name: str, result: RolloutResult) -> str:
-    return f"{name:<12}reward {result.reward} ({result.status}, {result.reward_source}) in {result.wall_s:.1f}s"
-
-
-def _cmd_check_task(args: argparse.Namespace) -> int:
-    try:
-        request = RolloutRequest.model_validate_json(args.task.read_bytes())
-    except OSError as error:
-        print(f"opencode-env check-task: cannot read {args.task}: {error.strerror}", file=sys.stderr)
-        return 2
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in error.errors())
-        print(f"opencode-env check-task: {args.task} is not a valid task: {problems}", file=sys.stderr)
-        return 2
-    try:
-        check = asyncio.run(check_task(request, make_backend(args.backend)))
-    except ValueError as error:
-        print(f"opencode-env check-task: {args.task}: {error}", file=sys.stderr)
-        return 2
-    if args.save is not None:
-        args.save.mkdir(parents=True, exist_ok=True)
-        (args.save / "oracle.json").write_text(check.oracle.model_dump_json(indent=2))
-        (args.save / "do-nothing.json").write_text(check.nothing.model_dump_json(indent=2))
-    print(_line("oracle:", check.oracle))
-    print(_line("do-nothing:", check.nothing))
-    print(f"{'verdict:':<12}{check.verdict}: {check.reason}")
-    return EXIT_CODES[check.verdict]
-
-
-def add_check_task_parser(subparsers: Any) -> None:
-    """Register `check-task` on the CLI's subparsers (argparse's private _SubParsersAction, hence Any)."""
-    check = subparsers.add_parser(
-        "check-task", help="run a task's oracle (must reach 1.0) and a do-nothing agent (must score below 1.0)"
-    )
-    check.add_argument("task", type=Path, metavar="TASK.json", help="a RolloutRequest in JSON, with a solution")
-    needs = "; ".join(f"{name} needs {BACKENDS[name].needs}" for name in backend_names())
-    check.add_argument(
-        "--backend", choices=backend_names(), default=EMBEDDED, help=f"where the two rollouts run ({needs})"
-    )
-    check.add_argument("--save", type=Path, default=None, metavar="DIR", help="write both results as JSON here")
-    check.set_defaults(handler=_cmd_check_task)

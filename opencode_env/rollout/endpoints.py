@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from opencode_env.rollout.scripted import BUILTIN_KEY, SCRIPTED, builtin_scripted_url, wants_builtin_scripted
 from opencode_env.settings import Settings, variable
 from opencode_env.wire import EndpointName, RolloutRequest, UpstreamInfo
 
@@ -118,6 +119,8 @@ def _server_key(request: RolloutRequest, base_url: str, configured_url: str, ser
 
 def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
     defaults = CATALOG.get(request.endpoint)
+    if wants_builtin_scripted(request, defaults.configured(settings)[0] if defaults else ""):
+        return Upstream(request.endpoint, builtin_scripted_url(), BUILTIN_KEY, SCRIPTED, disable_thinking=False)
     configured_url = ""
     if defaults is None:
         base_url, api_key, model = request.base_url, request.api_key, request.model

@@ -26,6 +26,7 @@ from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_pro
 from opencode_env.rollout.verify_phase import close_quietly, verify
 from opencode_env.sandbox.base import (
     WORKDIR,
+    ProxyHandle,
     RolloutSandbox,
     Sandbox,
     SandboxBackend,
@@ -47,6 +48,7 @@ from opencode_env.wire import (
 log = logging.getLogger("opencode_env.rollout.pipeline")
 
 NO_UPSTREAM = Upstream("", "", "", "", disable_thinking=False)
+SALVAGE_S = 10.0
 
 
 async def run_rollout(
@@ -102,7 +104,7 @@ async def run_rollout(
         log.warning("the sandbox failed under a rollout: %s", error)
         _fail(result, "sandbox_error", None, str(error))
     except asyncio.CancelledError:
-        _fail(result, "cancelled", None, "the rollout was cancelled")
+        _fail(result, "cancelled", result.failed_phase, "the rollout was cancelled")
         raise
     except Exception as error:
         log.exception("rollout failed unexpectedly")
@@ -223,9 +225,20 @@ async def _in_sandbox(rollout: RolloutState) -> None:
                 await collect_agent_record(rollout)
             if proxy is not None:
                 await collect_turns(rollout, proxy)
+        elif proxy is not None:
+            await _salvage_turns(rollout, proxy)
     outcome = classify_agent_phase(agent_failure, rollout.result, proxy_died)
     if outcome is not None:
         raise outcome
+
+
+async def _salvage_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
+    """A cancelled rollout still returns the turns the proxy captured before it (a file read, bounded: the caller
+    who cancelled is waiting for the sandbox to close)."""
+    try:
+        await asyncio.wait_for(collect_turns(rollout, proxy), timeout=SALVAGE_S)
+    except (TimeoutError, SandboxError) as error:
+        rollout.result.warnings.append(f"the turns captured before the cancellation could not be read: {error!r}")
 
 
 async def _oracle(rollout: RolloutState, solution: list[str]) -> None:

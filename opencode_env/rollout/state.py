@@ -66,6 +66,10 @@ class RolloutState:
         started = time.monotonic()
         try:
             return await work
+        except asyncio.CancelledError:
+            # The innermost phase a cancellation cut is the one a cancelled result names.
+            self.result.failed_phase = self.result.failed_phase or phase
+            raise
         finally:
             setattr(self.result.timings, f"{phase}_s", round(time.monotonic() - started, 4))
 

@@ -1,4 +1,4 @@
-"""`opencode-env export --format trl|sequences|steps RESULT.json...`: rollouts as JSONL rows for offline training.
+"""Rollouts as rows for offline training (`opencode-env export --format trl|sequences|steps`).
 
 trl: one row per rollout (its root agent's final sequence; a failed rollout keeps a masked row, see formats.py).
 sequences: one row per training sequence of every session (forks and sub-agents give several), each with its
@@ -9,69 +9,20 @@ them, and a second line says how many of the rollouts' agent tokens the rows car
 
 from __future__ import annotations
 
-import argparse
-import sys
+import json
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal, TextIO
-
-from pydantic import ValidationError
 
 from opencode_env.training.coverage import Coverage, ExportFormat, total_coverage
 from opencode_env.training.formats import TrainingRow, training_rows
-from opencode_env.training.sequences import sequences_coverage, trl_row_coverage, unattributed_turns
+from opencode_env.training.sequences import sequences_coverage, trl_row_coverage
 from opencode_env.training.steps import StepSample, steps_coverage, training_steps_batch
 from opencode_env.wire import RolloutResult
 
 RowFormat = Literal["trl", "sequences", "steps"]
 ROW_FORMATS: tuple[RowFormat, ...] = ("trl", "sequences", "steps")
 ROWS_NAMED: dict[ExportFormat, str] = {"trl_row": "trl rows", "sequences": "sequence rows", "steps": "step rows"}
-
-
-def add_export_parser(commands: Any) -> None:
-    """Register `export` on the CLI's subparsers."""
-    export = commands.add_parser("export", help="write rollouts' training rows as JSONL (trl, sequences or steps)")
-    export.add_argument("results", nargs="+", type=Path, metavar="RESULT.json", help="RolloutResult JSON files")
-    export.add_argument("--format", choices=ROW_FORMATS, default="trl", dest="row_format")
-    export.add_argument("--output", "-o", type=Path, default=None, help="JSONL file (default: stdout)")
-    export.add_argument("--filler-token-id", type=int, default=0, help="the one token of a failed rollout's row")
-    export.set_defaults(handler=run_export)
-
-
-def read_results(paths: list[Path]) -> list[RolloutResult]:
-    results = []
-    for path in paths:
-        try:
-            results.append(RolloutResult.model_validate_json(path.read_bytes()))
-        except ValidationError as error:
-            raise SystemExit(f"opencode-env export: {path} is not a RolloutResult: {error}") from error
-        except OSError as error:
-            raise SystemExit(f"opencode-env export: cannot read {path}: {error}") from error
-    return results
-
-
-def run_export(args: argparse.Namespace) -> int:
-    """Rows of every result but oracle runs (the task's solution ran, no model: nothing to train on), which are left
-    out and counted; the summary counts the rows' own usability and the agent tokens they carry."""
-    everything = read_results(args.results)
-    results = [result for result in everything if not result.oracle]
-    rows = export_rows(results, args.row_format, filler_token_id=args.filler_token_id)
-    if args.output is None:
-        _write(rows, sys.stdout)
-    else:
-        with args.output.open("w") as out:
-            _write(rows, out)
-    usable = sum(1 for row in rows if row.usable)
-    not_completed = sum(1 for result in results if result.status != "completed")
-    unattributed = sum(len(unattributed_turns(result)) for result in results)
-    print(
-        f"{len(rows)} rows ({usable} usable, {len(rows) - usable} not) from {len(results)} rollouts "
-        f"({not_completed} not completed, {unattributed} unattributed calls); "
-        f"{len(everything) - len(results)} oracle runs left out",
-        file=sys.stderr,
-    )
-    print(coverage_line(export_coverage(results, args.row_format)), file=sys.stderr)
-    return 0
 
 
 def export_rows(
@@ -99,6 +50,34 @@ def coverage_line(total: Coverage) -> str:
     )
 
 
-def _write(rows: Sequence[TrainingRow | StepSample], out: TextIO) -> None:
+@dataclass(frozen=True)
+class ExportOrigin:
+    """Where a rollout's rows came from: the result file, and the attempt number in an eval (0 outside one)."""
+
+    source: str = ""
+    attempt: int = 0
+
+
+TEXT_COLUMNS = ("problem", "session_id", "parent_session_id")
+"""Columns None in some rows: written as "" so a column has one type in every file (JSON null would make it a
+null-typed column in a file where no row sets it, and files would no longer concatenate)."""
+
+
+def export_record(row: TrainingRow | StepSample, origin: ExportOrigin) -> dict[str, Any]:
+    """The row as its JSONL object: every column one type whatever the row (reward 0.0 where there is none, and the
+    row is then unusable), with its source and attempt."""
+    record = row.model_dump(mode="json")
+    for name in TEXT_COLUMNS:
+        if name in record and record[name] is None:
+            record[name] = ""
+    if record["reward"] is None:
+        record["reward"] = 0.0
+    record["source"], record["attempt"] = origin.source, origin.attempt
+    return record
+
+
+def write_rows(rows: Sequence[TrainingRow | StepSample], out: TextIO, origins: Sequence[ExportOrigin] = ()) -> None:
+    """Each row as a JSON line; `origins[i]` is where the rollout of rollout_index i came from."""
     for row in rows:
-        out.write(row.model_dump_json() + "\n")
+        origin = origins[row.rollout_index] if row.rollout_index < len(origins) else ExportOrigin()
+        out.write(json.dumps(export_record(row, origin), separators=(",", ":")) + "\n")

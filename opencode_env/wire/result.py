@@ -38,7 +38,15 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SerializationInfo, WithJsonSchema, field_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializationInfo,
+    ValidationInfo,
+    WithJsonSchema,
+    field_serializer,
+    model_validator,
+)
 
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
@@ -231,6 +239,8 @@ def expanded_prompt(turn: RolloutTurn, earlier: dict[int, RolloutTurn], index: i
 
 TOOL_NAME = "run_rollout"
 SCHEMA_VERSION = 4
+RESULT_REQUIRED_IN_JSON = ("task_id", "status", "reward")
+"""What a result in JSON carries in every schema version; defaults stay for results built in Python."""
 UNPACKED_CONTEXT = "unpacked_tokens"
 """`result.model_dump_json(context={UNPACKED_CONTEXT: True})`: every turn's per-token lists as JSON lists (the
 version 3 shape of a turn, for a reader that cannot unpack)."""
@@ -329,6 +339,24 @@ class RolloutResult(BaseModel):
         "distribution that sampled (non-neutral top_p/top_k on a server that returns raw logprobs).",
     )
     schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _is_a_result(cls, data: Any, info: ValidationInfo) -> Any:
+        """Refuse what is not a result: a schema version this code does not know, and, in JSON (a file, a reply),
+        an object without the fields every result of every version carries (an eval's summary.json is not one)."""
+        if not isinstance(data, dict):
+            return data
+        version = data.get("schema_version", 1)
+        if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {version!r} is not one this opencode-env knows (1 to {SCHEMA_VERSION}): "
+                "a newer opencode-env wrote it, or it is not a RolloutResult"
+            )
+        missing = [name for name in RESULT_REQUIRED_IN_JSON if name not in data]
+        if info.mode == "json" and missing:
+            raise ValueError(f"not a RolloutResult: {', '.join(missing)} missing (every result carries them)")
+        return data
 
     @model_validator(mode="after")
     def _expand_prompts(self) -> RolloutResult:

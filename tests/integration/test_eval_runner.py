@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from opencode_env.cli.eval import add_eval_parser
 from opencode_env.evals import (
     EvalConfig,
     EvalError,
@@ -25,7 +26,6 @@ from opencode_env.evals import (
     summarize_results,
     with_model,
 )
-from opencode_env.evals.cli import add_eval_parser
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TokenUsage

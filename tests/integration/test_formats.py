@@ -151,8 +151,8 @@ def test_export_leaves_oracle_runs_out_and_counts_rows_honestly(
     assert (placeholder.usable, placeholder.problem) == (False, ORACLE_PROBLEM)
 
 
-def test_export_names_a_file_that_is_not_a_result(tmp_path: Path) -> None:
+def test_export_names_a_file_that_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"proxy_turns": 3}')
-    with pytest.raises(SystemExit, match=r"bad\.json is not a RolloutResult"):
-        main(["export", str(bad)])
+    assert main(["export", str(bad)]) == 2
+    assert f"opencode-env export: {bad} is not a RolloutResult" in capsys.readouterr().err

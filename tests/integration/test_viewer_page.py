@@ -134,7 +134,7 @@ def test_view_command_writes_the_page(tmp_path: Path, capsys) -> None:
 
 def test_view_command_names_what_is_wrong_with_a_bad_file(tmp_path: Path, capsys) -> None:
     source = tmp_path / "bad.json"
-    source.write_text(json.dumps({"reward": "lots"}))
+    source.write_text(json.dumps({"task_id": "t", "status": "completed", "reward": "lots"}))
     assert main(["view", str(source), "--out", str(tmp_path / "x.html")]) == 2
     assert "reward" in capsys.readouterr().err
     assert not (tmp_path / "x.html").exists()

@@ -14,32 +14,18 @@ import pytest
 from pydantic import ValidationError
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.settings import Settings, variable_names
+from opencode_env.settings import OURS_FOR_OUR_PROCESSES, OURS_FOR_TESTS, Settings, variable_names
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS_FOR_OUR_PROCESSES = frozenset(
-    {
-        "OPENCODE_ENV_UPSTREAM_KEY",
-        "OPENCODE_ENV_PROXY_TOKEN",
-        "OPENCODE_ENV_TOOLS_BIN",
-        "OPENCODE_ENV_TEMPLATE_FORMAT",
-        "OPENCODE_ENV_HTTPS_PROXY",
-        "OPENCODE_ENV_HTTP_PROXY",
-        "OPENCODE_ENV_NO_PROXY",
-        "OPENCODE_ENV_TEST_ARTIFACTS",
-    }
-)
-"""Variables we set for processes we start (the proxy's key and token, markers in our own images), and the test
-harness's own (where opencode_env.testing.chromium saves screenshots), not settings."""
 
 
 def test_every_operator_variable_the_code_names_is_declared() -> None:
     named: set[str] = set()
     for path in [*ROOT.glob("opencode_env/**/*.py"), *ROOT.glob("server/*.py")]:
         named |= set(re.findall(r"\"(OPENCODE_ENV_[A-Z0-9_]+)\"", path.read_text()))
-    undeclared = sorted(named - OURS_FOR_OUR_PROCESSES - set(variable_names()))
+    undeclared = sorted(named - OURS_FOR_OUR_PROCESSES - OURS_FOR_TESTS - set(variable_names()))
     assert undeclared == []
 
 
@@ -100,3 +86,22 @@ async def test_a_rollout_under_a_refused_setting_ends_as_invalid_request_naming_
     assert "OPENCODE_ENV_MAX_CPUS" in (result.error or "")
     assert backend.alive == set()
     assert result.sandbox_id == ""
+
+
+def test_an_unknown_variable_is_warned_about_at_start_naming_the_closest() -> None:
+    env = {**os.environ, "OPENCODE_ENV_MAX_CPU": "4", "OPENCODE_ENV_XYZZY": "1", "OPENCODE_ENV_TOKEN": "t"}
+    ran = subprocess.run(
+        [sys.executable, "-m", "opencode_env.cli", "settings"], env=env, capture_output=True, text=True, check=True
+    )
+    warnings = [line for line in ran.stderr.splitlines() if "warning:" in line]
+    assert warnings == [
+        "opencode-env: warning: OPENCODE_ENV_MAX_CPU is not a setting and is ignored "
+        "(did you mean OPENCODE_ENV_MAX_CPUS?)",
+        "opencode-env: warning: OPENCODE_ENV_XYZZY is not a setting and is ignored "
+        "(`opencode-env settings` lists every setting)",
+    ]
+    quiet = {**os.environ, "OPENCODE_ENV_UPSTREAM_KEY": "k", "OPENCODE_ENV_MAX_CPUS": "2"}
+    ran = subprocess.run(
+        [sys.executable, "-m", "opencode_env.cli", "settings"], env=quiet, capture_output=True, text=True, check=True
+    )
+    assert "warning:" not in ran.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,21 @@ import httpx
 
 from opencode_env.sandbox.base import BackgroundProcess
 from opencode_env.sandbox.local import hostfs
+
+ADMIN_BASE_URL = "http://proxy"
+
+
+class AdminCallsAtDebug(logging.Filter):
+    """httpx logs every request at INFO; the admin calls to a rollout's proxy (a health or status poll every ~1 s per
+    rollout) were most of a server's log. They are kept for DEBUG only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if ADMIN_BASE_URL + "/" not in record.getMessage():
+            return True
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+logging.getLogger("httpx").addFilter(AdminCallsAtDebug())
 
 
 class LocalProxy:
@@ -32,7 +48,7 @@ class LocalProxy:
         transport = httpx.AsyncHTTPTransport(uds=str(self._admin_socket))
         headers = {"authorization": f"Bearer {self.token}"}
         deadline = asyncio.get_running_loop().time() + wait_s
-        async with httpx.AsyncClient(transport=transport, base_url="http://proxy", headers=headers) as client:
+        async with httpx.AsyncClient(transport=transport, base_url=ADMIN_BASE_URL, headers=headers) as client:
             while True:
                 try:
                     answer = await client.request(method, path, timeout=max(wait_s, 1.0))

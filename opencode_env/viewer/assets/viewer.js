@@ -594,13 +594,17 @@
     ].filter(Boolean);
   }
 
-  function commandsView(results) {
+  // A verify command's exit code is not the grade (a Harbor test.sh exits 0 after writing reward 0), so its badge
+  // is neutral, never a green that reads as "passed"; the reward says how the attempt did.
+  function commandsView(results, graded) {
     if (!results.length) return [el("p", { class: "muted", text: "none" })];
     return results.map((r, i) => {
       const c = obj(r);
       const exit = c.exit_code === null || c.exit_code === undefined ? (c.timed_out ? "timed out" : "killed") : "exit " + c.exit_code;
+      const tone = graded ? "neutral" : c.exit_code === 0 ? "ok" : "bad";
+      const badge = el("span", { class: "badge " + tone, text: exit, title: graded ? "the command's exit code, not the grade: see the reward" : null });
       const details = el("details", { class: "command" },
-        el("summary", {}, el("span", { class: "badge " + (c.exit_code === 0 ? "ok" : "bad"), text: exit }), " " + secs(c.duration_s) + " · ", el("code", { text: text(c.cmd) })));
+        el("summary", {}, badge, " " + secs(c.duration_s) + " · ", el("code", { text: text(c.cmd) })));
       details.append(el("div", { class: "muted", text: "stdout" + (c.output_truncated ? " (truncated)" : "") }), el("pre", { text: text(c.stdout) || " " }),
         el("div", { class: "muted", text: "stderr" }), el("pre", { text: text(c.stderr) || " " }));
       if (i === results.length - 1 && c.exit_code !== 0) details.open = true;
@@ -773,7 +777,7 @@
       block("Setup commands (" + arr(r.setup_results).length + ")", arr(r.setup_results).some((c) => obj(c).exit_code !== 0), (b) => b.append(...commandsView(arr(r.setup_results))), "setup"),
       block("Turns (" + turns.length + ")", true, (b) => b.append(...turnsView(turns)), "turns-block"),
       block("Tool calls (" + arr(r.tool_calls).length + ")", true, (b) => b.append(...toolCallsView(arr(r.tool_calls))), "tools"),
-      block("Verify commands (" + arr(r.verify_results).length + ")", true, (b) => b.append(...commandsView(arr(r.verify_results))), "verify"),
+      block("Verify commands (" + arr(r.verify_results).length + ")", true, (b) => b.append(...commandsView(arr(r.verify_results), true)), "verify"),
       block("Files (" + Object.keys(obj(r.files)).length + ")", false, (b) => b.append(...filesView(obj(r.files), arr(r.files_extra), arr(r.files_non_utf8))), "files"),
     );
     if (r.agent_final_text) root.append(block("Agent's final text", false, (b) => b.append(el("pre", { text: text(r.agent_final_text) })), "final"));

@@ -9,11 +9,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from opencode_env.cli_support import needs, progress_to_stderr, settings_or_exit, summarize
-from opencode_env.evals.cli import add_eval_parser
-from opencode_env.rollout.check_task import add_check_task_parser
+from opencode_env.cli.check_task import add_check_task_parser
+from opencode_env.cli.eval import add_eval_parser
+from opencode_env.cli.export import add_export_parser
+from opencode_env.cli.image import add_image_parser
+from opencode_env.cli.run import RUN_EPILOG, add_run_arguments, run_command
+from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize, warn_unknown_variables
+from opencode_env.cli.view import add_view_parser
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.run_cli import RUN_EPILOG, add_run_arguments, run_command
 from opencode_env.sandbox import (
     AUTO,
     AUTO_RULE,
@@ -23,10 +26,7 @@ from opencode_env.sandbox import (
     reapable_names,
 )
 from opencode_env.sandbox.base import SandboxError
-from opencode_env.sandbox.local.image_cli import add_image_parser
 from opencode_env.sandbox.local.tools import cache_root
-from opencode_env.training.export import add_export_parser
-from opencode_env.viewer.cli import add_view_parser
 from opencode_env.wire import OPENCODE_VERSION, VERSION, Sampling
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for
@@ -190,13 +190,10 @@ def _cmd_settings(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warn_unknown_variables()
     try:
         code: int = args.handler(args)
     except SandboxError as error:
         print(f"opencode-env: {error}", file=sys.stderr)
         return 2
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

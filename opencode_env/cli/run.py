@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
-from opencode_env.cli_support import needs, progress_to_stderr, settings_or_exit, summarize
+from opencode_env.cli.endings import Ending, run_until_signalled, say
+from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.scripted import SCRIPTED, solving_script
 from opencode_env.sandbox import (
     EMBEDDED,
     backend_names,
     make_backend,
 )
-from opencode_env.wire import RolloutRequest, request_problems
+from opencode_env.testing.script import Script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.request import request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
 from --instruction / --instruction-file, or from --task DIR; each flag given beside it replaces that field (--file
@@ -72,6 +77,30 @@ def _request_file(value: str) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise argparse.ArgumentTypeError(f"{value} holds JSON {type(fields).__name__}, not a RolloutRequest object")
     return fields
+
+
+def _script_file(value: str) -> Script:
+    try:
+        return Script.model_validate_json(_read_text(Path(value)))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise argparse.ArgumentTypeError(f"{value} is not a Script: {where}: {first['msg']}") from error
+
+
+def _script_for(args: argparse.Namespace) -> Script | None:
+    """The script of a `--model scripted` run that plays one: --script FILE, else a task dir's solve.sh; None: the
+    built-in scripted model (model "scripted" with no base URL, see rollout/scripted.py)."""
+    if args.model != SCRIPTED or args.base_url or args.endpoint:
+        if args.script is not None:
+            raise RunArgumentError("--script plays a script as the model: give it with --model scripted alone")
+        return None
+    if args.script is not None:
+        return cast(Script, args.script)
+    solve_sh = args.task / "solution" / "solve.sh" if args.task is not None else None
+    if solve_sh is not None and solve_sh.is_file() and not args.oracle:
+        return solving_script(_read_text(solve_sh))
+    return None
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +159,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-thinking", action=argparse.BooleanOptionalAction, help="enable_thinking=false")
     parser.add_argument("--template", help="an E2B template (an alias of --image there)")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write the result JSON here instead of stdout")
+    model.add_argument(
+        "--script",
+        type=_script_file,
+        metavar="FILE.json",
+        help="with --model scripted: the scripted model plays this Script (steps of replies and tool calls); "
+        "without it, a --task DIR's solution/solve.sh is played, else the built-in behaviour (docs/scripted-model.md)",
+    )
 
 
 def _given_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -177,6 +213,7 @@ def _request_from_args(args: argparse.Namespace) -> RolloutRequest:
 def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> RolloutRequest:
     from opencode_env.tasks.harbor import request_from_task_dir
 
+    say(f"opencode-env run: reading {args.task}; its image is built now if it has none yet (minutes with RUN steps)")
     task = request_from_task_dir(args.task, oracle=args.oracle, **given)
     if not (args.files or args.verify_files):
         return task
@@ -184,7 +221,22 @@ def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> Rollo
 
 
 def run_command(args: argparse.Namespace) -> int:
+    try:
+        script = _script_for(args)
+    except RunArgumentError as error:
+        print(f"opencode-env run: {error}", file=sys.stderr)
+        return 2
+    if script is None:
+        return _run(args)
+    with ScriptedModelServer(script) as scripted:
+        say(f"opencode-env run: the scripted model plays {len(script.steps)} step(s) at {scripted.base_url}")
+        args.base_url = scripted.base_url
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from opencode_env.tasks import ImageBuildError, TaskFormatError
+    from opencode_env.tasks.hints import missing_base_hint
 
     try:
         request = _request_from_args(args)
@@ -192,14 +244,22 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"opencode-env: invalid request: {request_problems(error)}", file=sys.stderr)
         return 2
     except (TaskFormatError, ImageBuildError) as error:
-        print(f"opencode-env: {error}", file=sys.stderr)
+        print(f"opencode-env: {missing_base_hint(str(error))}", file=sys.stderr)
         return 2
     except RunArgumentError as error:
         print(f"opencode-env run: {error}", file=sys.stderr)
         return 2
-    result = asyncio.run(
-        run_rollout(request, make_backend(args.backend, settings_or_exit()), progress=progress_to_stderr)
-    )
+    result = RolloutResult()
+    ending = Ending()
+
+    def progress(phase: Phase, message: str) -> None:
+        ending.phase = phase
+        progress_to_stderr(phase, message)
+
+    backend = make_backend(args.backend, settings_or_exit())
+    run_until_signalled(run_rollout(request, backend, progress=progress, result=result), ending)
+    if ending.received is not None:
+        return _end_early(result, ending, args.out)
     if args.out is not None:
         args.out.write_text(result.model_dump_json(indent=2))
         print(summarize(result), file=sys.stderr)
@@ -214,3 +274,27 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"opencode-env run: {result.error}{hint}", file=sys.stderr)
         return 2
     return 0 if result.status == "completed" else 1
+
+
+def _end_early(result: RolloutResult, ending: Ending, out: Path | None) -> int:
+    """The partial result (status cancelled, the phase it was in) to --out, else stdout, else, when the terminal is
+    gone, to a file in the current directory; then one line saying where."""
+    result.status, result.failed_phase = "cancelled", result.failed_phase or ending.phase
+    result.error = f"the rollout was {ending.describe()}"
+    text = result.model_dump_json(indent=2)
+    where = _write_partial(text, out)
+    say(f"opencode-env run: {ending.describe()}; the sandbox is closed; partial result {where}")
+    return ending.exit_code
+
+
+def _write_partial(text: str, out: Path | None) -> str:
+    if out is not None:
+        out.write_text(text)
+        return f"in {out}"
+    try:
+        print(text, flush=True)
+    except OSError:
+        fallback = Path(f"opencode-env-run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json").resolve()
+        fallback.write_text(text)
+        return f"in {fallback} (stdout is closed)"
+    return "on stdout"

@@ -4,17 +4,13 @@ then summary.json, index.html and the summary table; a rerun into the same DIR r
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import re
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from opencode_env.cli.endings import Ending, run_until_signalled, say
+from opencode_env.evals.inputs import load_each, with_model
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
 from opencode_env.sandbox import EMBEDDED, backend_names, default_concurrency, make_backend
@@ -30,117 +26,12 @@ opencode-env server (--server; its token from OPENCODE_ENV_TOKEN), and write int
 A task is a Harbor task directory (or a directory of them), a JSON file holding one RolloutRequest or a list of
 them, or a .jsonl file holding one per line; a request's `solution` runs only with --oracle. A rerun into the same
 DIR skips the attempts whose result is there; those that failed on our side run again with --retry-infra. Exit
-status: 0 when every attempt has a result that is not an infrastructure failure, 1 when some failed on our side, 2
-for a problem with the arguments, the tasks or DIR."""
-
-
-def _task_id_from_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._:@+/-]", "-", name)[:256] or "task"
-
-
-def _parse_json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise EvalError(f"{where}: not JSON: {error}") from error
-
-
-def _file_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """(where, default task id, JSON value) of each request in a .json or .jsonl file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvalError(f"cannot read {path}: {error}") from error
-    stem = _task_id_from_name(path.stem)
-    if path.suffix == ".jsonl":
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                where = f"{path} line {number}"
-                yield where, f"{stem}-{number}", _parse_json(line, where)
-        return
-    data = _parse_json(text, str(path))
-    if isinstance(data, list):
-        for index, item in enumerate(data):
-            yield f"{path}[{index}]", f"{stem}-{index + 1}", item
-    else:
-        yield str(path), stem, data
-
-
-def _for_this_run(where: str, request: RolloutRequest, *, oracle: bool) -> RolloutRequest:
-    if oracle and request.solution is None:
-        raise EvalError(f"{where}: task {request.task_id!r} has no solution to run with --oracle")
-    return request if oracle else request.model_copy(update={"solution": None})
-
-
-def _from_file(path: Path, *, oracle: bool) -> list[tuple[str, RolloutRequest]]:
-    loaded = []
-    for where, default_id, data in _file_entries(path):
-        try:
-            request = RolloutRequest.model_validate(data)
-        except ValidationError as error:
-            first = error.errors()[0]
-            place = ".".join(str(part) for part in first["loc"]) or "(top level)"
-            raise EvalError(f"{where}: not a RolloutRequest: {place}: {first['msg']}") from error
-        if not request.task_id:
-            request = request.model_copy(update={"task_id": default_id})
-        loaded.append((where, _for_this_run(where, request, oracle=oracle)))
-    return loaded
-
-
-def _task_dirs(path: Path) -> list[Path]:
-    """The task directory itself, or the task directories inside a dataset directory."""
-    if (path / "task.toml").exists():
-        return [path]
-    inside = sorted(child for child in path.iterdir() if (child / "task.toml").is_file())
-    return inside or [path]
-
-
-def _from_task_dir(path: Path, *, oracle: bool) -> RolloutRequest:
-    from opencode_env.tasks.harbor import request_from_task_dir
-    from opencode_env.tasks.image_build import ImageBuildError
-
-    try:
-        request = request_from_task_dir(path, oracle=oracle)
-    except (ValueError, OSError, ImageBuildError) as error:
-        raise EvalError(f"{path}: {error}") from error
-    return request if request.task_id else request.model_copy(update={"task_id": _task_id_from_name(path.name)})
-
-
-def _load_path(path: Path, *, oracle: bool) -> list[tuple[str, RolloutRequest]]:
-    if path.is_dir():
-        return [(str(task_dir), _from_task_dir(task_dir, oracle=oracle)) for task_dir in _task_dirs(path)]
-    if not path.exists():
-        raise EvalError(f"{path}: no such file or directory")
-    return _from_file(path, oracle=oracle)
-
-
-def load_tasks(paths: Sequence[Path], *, oracle: bool = False) -> list[RolloutRequest]:
-    """The requests of Harbor task directories (or directories of them) and JSON / JSONL files, in order; a request
-    without a task id is named after its file. Requests' `solution` is kept with `oracle`, dropped without."""
-    loaded = [entry for path in paths for entry in _load_path(path, oracle=oracle)]
-    seen: dict[str, str] = {}
-    for where, request in loaded:
-        if request.task_id in seen:
-            raise EvalError(f"task id {request.task_id!r} appears twice, in {seen[request.task_id]} and in {where}")
-        seen[request.task_id] = where
-    return [request for _, request in loaded]
-
-
-def with_model(
-    tasks: Sequence[RolloutRequest], *, endpoint: str = "", base_url: str = "", model: str = "", api_key: str = ""
-) -> list[RolloutRequest]:
-    """The tasks with each non-empty field given here in place of their own (validated again)."""
-    overrides = {
-        name: value
-        for name, value in (("endpoint", endpoint), ("base_url", base_url), ("model", model), ("api_key", api_key))
-        if value
-    }
-    if not overrides:
-        return list(tasks)
-    try:
-        return [RolloutRequest.model_validate({**task.model_dump(), **overrides}) for task in tasks]
-    except ValidationError as error:
-        raise EvalError(f"the model options do not fit a request: {error.errors()[0]['msg']}") from error
+A broken task (a task directory whose image does not build, an entry that is not a request) is named on stderr with
+why, and the rest run; --fail-fast stops at the first instead. SIGTERM, Ctrl-C or a closed terminal end the eval:
+the attempts running are cut short, their partial results written as results/<task>/<n>.cancelled.json, and the
+same command resumes. Exit status: 0 when every task loaded and every attempt has a result that is not an
+infrastructure failure, 1 when some failed on our side or a task was broken, 2 for a problem with the arguments or
+DIR (or with a task, under --fail-fast), 128 + the signal's number when a signal ended it."""
 
 
 def _api_key(variable: str) -> str:
@@ -151,12 +42,18 @@ def _api_key(variable: str) -> str:
     return os.environ[variable]
 
 
-def _eval(args: argparse.Namespace) -> EvalSummary:
-    tasks = load_tasks(args.inputs, oracle=args.oracle)
+def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None, list[str]]:
+    say(f"opencode-env eval: loading {len(args.inputs)} input(s)")
+    loaded = load_each(args.inputs, oracle=args.oracle, fail_fast=args.fail_fast, report=say)
+    for line in loaded.broken:
+        say(f"opencode-env eval: broken task skipped: {line}")
+    if not loaded.tasks:
+        raise EvalError(f"no task to run: {len(loaded.broken)} broken, none loaded")
+    say(f"opencode-env eval: {len(loaded.tasks)} task(s) to run, {len(loaded.broken)} broken")
     key = _api_key(args.api_key_env)
-    tasks = with_model(tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
+    tasks = with_model(loaded.tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
     if args.ray:
-        return asyncio.run(_on_ray(args, tasks))
+        return run_until_signalled(_on_ray(args, tasks), ending), loaded.broken
     backend = None if args.server else make_backend(args.backend or EMBEDDED)
     concurrency = args.concurrency or (default_concurrency(backend) if backend else SERVER_CONCURRENCY)
     coroutine = run_eval(
@@ -171,7 +68,7 @@ def _eval(args: argparse.Namespace) -> EvalSummary:
         force=args.force,
         inputs=[str(path) for path in args.inputs],
     )
-    return asyncio.run(coroutine)
+    return run_until_signalled(coroutine, ending), loaded.broken
 
 
 async def _on_ray(args: argparse.Namespace, tasks: list[RolloutRequest]) -> EvalSummary:
@@ -201,14 +98,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.server, args.backend, args.ray))) > 1:
         print("opencode-env eval: --server, --backend and --ray exclude each other", file=sys.stderr)
         return 2
+    ending = Ending()
     try:
-        summary = _eval(args)
+        summary, broken = _eval(args, ending)
     except EvalError as error:
         print(f"opencode-env eval: {error}", file=sys.stderr)
         return 2
+    if summary is None:
+        results = args.out / "results"
+        saved = sum(1 for path in results.glob("*/*.json") if not path.name.endswith(".cancelled.json"))
+        cut = sum(1 for _ in results.glob("*/*.cancelled.json"))
+        say(
+            f"opencode-env eval: {ending.describe()}; {saved} attempt(s) saved in {results}, {cut} cut short "
+            "(their partial results in <n>.cancelled.json); the same command resumes"
+        )
+        return ending.exit_code
     print(summary.table())
     print(f"index:      {args.out / 'index.html'}")
-    return 1 if summary.overall.infrastructure_failures else 0
+    if broken:
+        print(f"broken:     {len(broken)} task(s) skipped (each named on stderr above)")
+    return 1 if summary.overall.infrastructure_failures or broken else 0
 
 
 def _positive(text: str) -> int:
@@ -237,12 +146,15 @@ def add_eval_parser(subparsers: Any) -> None:
     parser.add_argument("--endpoint", choices=["vllm", "openai", "hf_router"], default="")
     parser.add_argument("--api-key-env", default="", metavar="VAR", help="name of the env var holding the API key")
     parser.add_argument("--server", default=None, metavar="URL", help="run on this opencode-env server")
-    parser.add_argument("--ray", default=None, metavar="ADDRESS", help="run on this Ray cluster ('auto': this node's)")
     parser.add_argument("--backend", choices=backend_names(), default=None, help=f"in-process (default {EMBEDDED})")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS", help="run on this Ray cluster ('auto': this node's)")
     parser.add_argument("--oracle", action="store_true", help="run each task's solution instead of the agent")
     parser.add_argument(
         "--pass-threshold", type=float, default=1.0, metavar="R", help="an attempt succeeds at reward >= R (1.0)"
     )
     parser.add_argument("--retry-infra", action="store_true", help="run attempts that failed on our side again")
     parser.add_argument("--force", action="store_true", help="resume into a DIR made with another k or model")
+    parser.add_argument(
+        "--fail-fast", action="store_true", help="stop at the first broken task (default: report it and run the rest)"
+    )
     parser.set_defaults(handler=_cmd_eval)

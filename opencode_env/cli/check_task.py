@@ -1,0 +1,80 @@
+"""`opencode-env check-task TASK_DIR|TASK.json`: run a task's oracle and a do-nothing agent, print the verdict."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from opencode_env.cli.endings import say
+from opencode_env.cli.support import needs
+from opencode_env.rollout.check_task import EXIT_CODES, check_task
+from opencode_env.sandbox import make_backend
+from opencode_env.sandbox.registry import EMBEDDED, backend_names
+from opencode_env.wire import RolloutRequest, RolloutResult
+
+
+def _line(name: str, result: RolloutResult) -> str:
+    return f"{name:<12}reward {result.reward} ({result.status}, {result.reward_source}) in {result.wall_s:.1f}s"
+
+
+def _task_request(task: Path) -> RolloutRequest:
+    """A Harbor task directory's request with its solution (its image built now if it has none yet), or a TASK.json."""
+    if task.is_dir():
+        from opencode_env.tasks.harbor import request_from_task_dir
+
+        say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
+        return request_from_task_dir(task, oracle=True)
+    return RolloutRequest.model_validate_json(task.read_bytes())
+
+
+def _cmd_check_task(args: argparse.Namespace) -> int:
+    from opencode_env.tasks import ImageBuildError, TaskFormatError
+    from opencode_env.tasks.hints import missing_base_hint
+
+    try:
+        request = _task_request(args.task)
+    except (TaskFormatError, ImageBuildError) as error:
+        print(f"opencode-env check-task: {missing_base_hint(str(error))}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"opencode-env check-task: cannot read {args.task}: {error.strerror}", file=sys.stderr)
+        return 2
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in error.errors())
+        print(f"opencode-env check-task: {args.task} is not a valid task: {problems}", file=sys.stderr)
+        return 2
+    try:
+        check = asyncio.run(check_task(request, make_backend(args.backend)))
+    except ValueError as error:
+        print(f"opencode-env check-task: {args.task}: {error}", file=sys.stderr)
+        return 2
+    if args.save is not None:
+        args.save.mkdir(parents=True, exist_ok=True)
+        (args.save / "oracle.json").write_text(check.oracle.model_dump_json(indent=2))
+        (args.save / "do-nothing.json").write_text(check.nothing.model_dump_json(indent=2))
+    print(_line("oracle:", check.oracle))
+    print(_line("do-nothing:", check.nothing))
+    print(f"{'verdict:':<12}{check.verdict}: {check.reason}")
+    return EXIT_CODES[check.verdict]
+
+
+def add_check_task_parser(subparsers: Any) -> None:
+    """Register `check-task` on the CLI's subparsers (argparse's private _SubParsersAction, hence Any)."""
+    check = subparsers.add_parser(
+        "check-task", help="run a task's oracle (must reach 1.0) and a do-nothing agent (must score below 1.0)"
+    )
+    check.add_argument(
+        "task",
+        type=Path,
+        metavar="TASK_DIR_OR_JSON",
+        help="a Harbor task directory (solution/solve.sh is its oracle) or a RolloutRequest in JSON with a solution",
+    )
+    where = f"where the two rollouts run ({needs(backend_names())})"
+    check.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help=where)
+    check.add_argument("--save", type=Path, default=None, metavar="DIR", help="write both results as JSON here")
+    check.set_defaults(handler=_cmd_check_task)

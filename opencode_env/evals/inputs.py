@@ -1,0 +1,178 @@
+"""An eval's inputs: Harbor task directories (or directories of them) and JSON / JSONL files of requests, loaded as
+the requests an eval runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from opencode_env.evals.runner import EvalError, Report
+from opencode_env.wire import RolloutRequest
+
+
+def _task_id_from_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._:@+/-]", "-", name)[:256] or "task"
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise EvalError(f"{where}: not JSON: {error}") from error
+
+
+def _file_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
+    """(where, default task id, JSON value) of each request in a .json or .jsonl file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise EvalError(f"cannot read {path}: {error}") from error
+    stem = _task_id_from_name(path.stem)
+    if path.suffix == ".jsonl":
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                where = f"{path} line {number}"
+                yield where, f"{stem}-{number}", _parse_json(line, where)
+        return
+    data = _parse_json(text, str(path))
+    if isinstance(data, list):
+        for index, item in enumerate(data):
+            yield f"{path}[{index}]", f"{stem}-{index + 1}", item
+    else:
+        yield str(path), stem, data
+
+
+def _for_this_run(where: str, request: RolloutRequest, *, oracle: bool) -> RolloutRequest:
+    if oracle and request.solution is None:
+        raise EvalError(f"{where}: task {request.task_id!r} has no solution to run with --oracle")
+    return request if oracle else request.model_copy(update={"solution": None})
+
+
+def _from_file(path: Path, *, oracle: bool, loaded: LoadedTasks) -> list[tuple[str, RolloutRequest]]:
+    """The file's requests; an entry that is not one is refused (the whole file, when it is not JSON)."""
+    requests = []
+    try:
+        entries = list(_file_entries(path))
+    except EvalError as error:
+        loaded.refuse(str(error))
+        return []
+    for where, default_id, data in entries:
+        try:
+            request = RolloutRequest.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            place = ".".join(str(part) for part in first["loc"]) or "(top level)"
+            loaded.refuse(f"{where}: not a RolloutRequest: {place}: {first['msg']}")
+            continue
+        if not request.task_id:
+            request = request.model_copy(update={"task_id": default_id})
+        try:
+            requests.append((where, _for_this_run(where, request, oracle=oracle)))
+        except EvalError as error:
+            loaded.refuse(str(error))
+    return requests
+
+
+def _task_dirs(path: Path) -> list[Path]:
+    """The task directory itself, or the task directories inside a dataset directory."""
+    if (path / "task.toml").exists():
+        return [path]
+    inside = sorted(child for child in path.iterdir() if (child / "task.toml").is_file())
+    return inside or [path]
+
+
+def _from_task_dir(path: Path, *, oracle: bool) -> RolloutRequest:
+    from opencode_env.tasks.harbor import request_from_task_dir
+    from opencode_env.tasks.hints import missing_base_hint
+    from opencode_env.tasks.image_build import ImageBuildError
+
+    try:
+        request = request_from_task_dir(path, oracle=oracle)
+    except (ValueError, OSError, ImageBuildError) as error:
+        raise EvalError(f"{path}: {missing_base_hint(str(error))}") from error
+    return request if request.task_id else request.model_copy(update={"task_id": _task_id_from_name(path.name)})
+
+
+@dataclass
+class LoadedTasks:
+    """The requests that loaded, in order, and one line per task that did not (where, and why)."""
+
+    tasks: list[RolloutRequest] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    fail_fast: bool = False
+
+    def refuse(self, line: str) -> None:
+        if self.fail_fast:
+            raise EvalError(line)
+        self.broken.append(line)
+
+
+def _load_path(path: Path, *, oracle: bool, loaded: LoadedTasks, report: Report) -> list[tuple[str, RolloutRequest]]:
+    if path.is_dir():
+        entries = []
+        task_dirs = _task_dirs(path)
+        if len(task_dirs) > 1:
+            report(f"{path}: {len(task_dirs)} task directories")
+        for task_dir in task_dirs:
+            report(f"loading {task_dir} (its image is built now if it has none yet)")
+            try:
+                entries.append((str(task_dir), _from_task_dir(task_dir, oracle=oracle)))
+            except EvalError as error:
+                loaded.refuse(str(error))
+        return entries
+    if not path.exists():
+        raise EvalError(f"{path}: no such file or directory")
+    return _from_file(path, oracle=oracle, loaded=loaded)
+
+
+def load_each(
+    paths: Sequence[Path], *, oracle: bool = False, fail_fast: bool = False, report: Report | None = None
+) -> LoadedTasks:
+    """The requests of Harbor task directories (or directories of them) and JSON / JSONL files, in order, and each
+    task that is broken (with why) instead of stopping at it; a path that does not exist or a task id given twice
+    is still an error. A request without a task id is named after its file; requests' `solution` is kept with
+    `oracle`, dropped without. With `fail_fast` the first broken task is an EvalError. Progress (each task
+    directory as its image is built) goes to `report`."""
+    loaded = LoadedTasks(fail_fast=fail_fast)
+    entries = [
+        entry for path in paths for entry in _load_path(path, oracle=oracle, loaded=loaded, report=report or _quiet)
+    ]
+    seen: dict[str, str] = {}
+    for where, request in entries:
+        if request.task_id in seen:
+            raise EvalError(f"task id {request.task_id!r} appears twice, in {seen[request.task_id]} and in {where}")
+        seen[request.task_id] = where
+    loaded.tasks = [request for _, request in entries]
+    return loaded
+
+
+def load_tasks(paths: Sequence[Path], *, oracle: bool = False) -> list[RolloutRequest]:
+    """`load_each`'s requests, stopping at the first broken task (EvalError naming it and why)."""
+    return load_each(paths, oracle=oracle, fail_fast=True).tasks
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def with_model(
+    tasks: Sequence[RolloutRequest], *, endpoint: str = "", base_url: str = "", model: str = "", api_key: str = ""
+) -> list[RolloutRequest]:
+    """The tasks with each non-empty field given here in place of their own (validated again)."""
+    overrides = {
+        name: value
+        for name, value in (("endpoint", endpoint), ("base_url", base_url), ("model", model), ("api_key", api_key))
+        if value
+    }
+    if not overrides:
+        return list(tasks)
+    try:
+        return [RolloutRequest.model_validate({**task.model_dump(), **overrides}) for task in tasks]
+    except ValidationError as error:
+        raise EvalError(f"the model options do not fit a request: {error.errors()[0]['msg']}") from error
