@@ -1,8 +1,9 @@
 """Wire types: the one source of truth for a rollout's request, result, turns and command results.
 
 Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResult` that existing clients read are
-kept as they are; everything added is optional with a safe default. Results are parsed leniently (unknown fields
-are ignored), so an older client reads a newer server's result.
+kept as they are; everything added is optional with a safe default. Unknown fields are ignored, but a result
+of a schema version newer than this code knows is refused, naming the version: version 4 packs the token lists that
+a version 3 reader would otherwise read as empty, and a trainer must never train on that silently.
 
 The wire shape of a result (schema_version 4; a result without `schema_version` is version 1; version 3 added
 `task`, `warnings` and each turn's session, parent session and prompt source; version 4 packs a turn's per-token

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opencode_env.cli import main
-from tests.test_harbor_rollout import _task_dir
+from tests.integration.test_harbor_rollout import _task_dir
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -12,8 +12,8 @@ import pytest
 from opencode_env.cli.eval import add_eval_parser
 from opencode_env.evals import EvalError, load_tasks
 from opencode_env.evals.inputs import load_each
-from tests.test_eval_runner import SOLVED
-from tests.test_harbor_task import make_task
+from tests.integration.test_eval_runner import SOLVED
+from tests.integration.test_harbor_task import make_task
 
 
 def run_cli(*argv: str | Path) -> int:

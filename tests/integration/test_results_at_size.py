@@ -34,8 +34,8 @@ from opencode_env.wire.answer import INLINE_MAX_BYTES, RolloutAnswer
 from server.app import create_app
 from server.rollouts import Progress, Rollouts
 from server.tool import build_mcp
+from tests.integration.test_mcp_clients import INSPECTOR_PACKAGE, run_inspector
 from tests.server_app import runtime_for
-from tests.test_mcp_clients import INSPECTOR_PACKAGE, run_inspector
 
 TOKENS = 52_000
 

@@ -18,8 +18,8 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import Script, bash
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
+from tests.integration.test_harbor_rollout import _task_dir
 from tests.server_app import app_for
-from tests.test_harbor_rollout import _task_dir
 
 pytestmark = pytest.mark.timeout(900)
 NO_MODEL_VARIABLES = {name: value for name, value in os.environ.items() if not name.startswith(("VLLM_", "OPENAI_"))}

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from opencode_env.cli import main
 from opencode_env.wire import SCHEMA_VERSION, RolloutResult
-from tests.test_formats import clean, forked
+from tests.integration.test_formats import clean, forked
 
 
 def eval_dir(root: Path) -> Path:
@@ -50,7 +50,7 @@ def test_every_schema_version_it_knows_still_parses() -> None:
         data = {"task_id": "t", "status": "completed", "reward": 1.0, "schema_version": version}
         assert RolloutResult.model_validate_json(json.dumps(data)).reward == 1.0
     assert RolloutResult.model_validate_json(RolloutResult().model_dump_json()).status == "completed"
-    fixture = Path(__file__).parent / "fixtures" / "result_v0_demo.json"
+    fixture = Path(__file__).parents[1] / "fixtures" / "result_v0_demo.json"
     assert RolloutResult.model_validate_json(fixture.read_bytes()).status == "completed"
 
 

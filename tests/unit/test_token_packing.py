@@ -58,7 +58,9 @@ def test_each_text_is_written_once_per_result() -> None:
     wire = wire_turns(RolloutResult(proxy_turns=[first, second]))
     assert wire[0]["packed"]["vocab"] == ["<100>", "<101>", "alt", " b"]  # type: ignore[index]
     assert wire[1]["packed"]["vocab"] == []  # type: ignore[index]
-    assert RolloutResult.model_validate_json(json.dumps({"proxy_turns": wire})).proxy_turns[1].completion_tokens == [
+    assert RolloutResult.model_validate_json(
+        json.dumps({"task_id": "t", "status": "completed", "reward": 1.0, "proxy_turns": wire})
+    ).proxy_turns[1].completion_tokens == [
         "<100>",
         "<101>",
     ]

@@ -118,13 +118,20 @@ def test_bad_references_are_named() -> None:
         cyclic.turn_messages(1)
 
 
-def test_a_client_reads_a_newer_servers_result() -> None:
+def test_a_client_ignores_fields_it_does_not_know() -> None:
     wire = json.loads(long_rollout(3).model_dump_json())
-    wire["schema_version"] = SCHEMA_VERSION + 1
     wire["a_field_from_the_future"] = {"x": 1}
     wire["proxy_turns"][1]["another_new_field"] = [1, 2]
     result = parse_result(wire)
     assert result.proxy_turns[2].prompt_token_ids == long_rollout(3).proxy_turns[2].prompt_token_ids
+
+
+def test_a_result_of_a_newer_schema_is_refused_naming_its_version() -> None:
+    """A newer version may carry tokens in a shape this code would read as empty lists: refused, never guessed."""
+    wire = json.loads(long_rollout(3).model_dump_json())
+    wire["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(ValueError, match=f"schema_version {SCHEMA_VERSION + 1} is not one this opencode-env knows"):
+        parse_result(wire)
 
 
 def trace_line(**fields: object) -> str:
