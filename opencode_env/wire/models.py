@@ -40,6 +40,13 @@ from opencode_env.wire.prompt_compaction import (
     compact_prompts,
     expanded_prompt,
 )
+from opencode_env.wire.provenance import (
+    Capture,
+    EndpointCapabilities,
+    EndpointProbe,
+    ModelIdentity,
+    Provenance,
+)
 from opencode_env.wire.request import (
     MAX_COMMAND_CHARS,
     MAX_COMMANDS,
@@ -116,9 +123,12 @@ __all__ = [
     "TOOL_NAME",
     "AttributionCheck",
     "CallUsage",
+    "Capture",
     "Command",
     "CommandResult",
+    "EndpointCapabilities",
     "EndpointName",
+    "EndpointProbe",
     "EnvName",
     "EnvValue",
     "FilePath",
@@ -127,6 +137,7 @@ __all__ = [
     "LimitHit",
     "MessagesBase",
     "Mode",
+    "ModelIdentity",
     "Network",
     "NonFiniteName",
     "NonUtf8Path",
@@ -134,6 +145,7 @@ __all__ = [
     "PhaseTimings",
     "PromptBase",
     "PromptSource",
+    "Provenance",
     "RecordedOutcome",
     "ResultText",
     "RewardSource",
@@ -257,6 +269,11 @@ class RolloutResult(BaseModel):
         default_factory=list,
         description="What a trainer should know before using the data, e.g. logprobs that may not be those of the "
         "distribution that sampled (non-neutral top_p/top_k on a server that returns raw logprobs).",
+    )
+    provenance: Provenance | None = Field(
+        None,
+        description="Where the data came from: the endpoint probe, model identity, chat template fingerprint, policy "
+        "version and the agent configuration's hash; None for a result written before it existed.",
     )
     schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
 

@@ -68,6 +68,8 @@ class TurnRecord(BaseModel):
     request: dict[str, Any] = Field(default_factory=dict)
     prompt_source: PromptSource = "chat_template"
     token_in_fallback: str | None = None
+    template_fingerprint: str | None = None
+    policy_version: str | None = None
     prompt_base: PromptBase | None = None
     prompt_token_ids: list[int] = Field(default_factory=list)
 

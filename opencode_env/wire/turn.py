@@ -118,6 +118,15 @@ class RolloutTurn(BaseModel):
     token_in_fallback: str | None = Field(
         None, description="token_in mode: why this turn's prompt was rendered by the server instead (first turn, ...)."
     )
+    template_fingerprint: str | None = Field(
+        None, description="The chat template's fingerprint the server showed at this call (see wire/provenance.py)."
+    )
+    template_changed: bool = Field(
+        False, description="This call's template fingerprint differs from the rollout's first: filter it out."
+    )
+    policy_version: str | None = Field(
+        None, description="The policy version the engine reported for this call (the operator's header)."
+    )
 
     @model_validator(mode="before")
     @classmethod
