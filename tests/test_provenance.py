@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 from opencode_env.rollout.endpoints import Upstream
@@ -15,7 +17,16 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire.models import RolloutRequest, RolloutResult
 from opencode_env.wire.provenance import EndpointCapabilities, EndpointProbe
+from tests.proxy_process import running_proxy
 from tests.stub_backend import StubBackend
+
+CALL = {
+    "model": "policy",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "messages": [{"role": "user", "content": "list the files"}],
+    "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -175,3 +186,27 @@ async def test_text_mode_accepts_an_endpoint_without_token_ids_and_says_so(
     assert result.reward == 1.0
     assert any("returns no token ids" in warning for warning in result.warnings)
     assert all(not turn.completion_token_ids for turn in result.proxy_turns)
+
+
+async def test_the_proxy_fingerprints_every_call_and_records_the_engines_policy_version(tmp_path: Path) -> None:
+    """The proxy alone, as a real process: the template switches after the first call's check."""
+    args = ("--endpoint-kind", "", "--model-override", "scripted-policy", "--return-token-ids", "on")
+    with (
+        ScriptedModelServer(demo_script(), template_switch_after=1, policy_version="ckpt-7") as model,
+        running_proxy(
+            model.base_url, tmp_path, *args, "--template-check", "--policy-version-header", "X-Policy-Version"
+        ) as proxy,
+    ):
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(2):
+                answer = await client.post(f"{proxy.url}/chat/completions", json=CALL, headers={"x-session-id": "s"})
+                assert answer.status_code == 200, answer.text
+        turns = proxy.wait_for_turns(2).turns
+        checks = model.model.template_checks
+    first, second = (turn.template_fingerprint for turn in turns)
+    assert first is not None
+    assert second is not None
+    assert first != second
+    assert checks == 2
+    assert [turn.policy_version for turn in turns] == ["ckpt-7", "ckpt-7"]
+    assert all(turn.completion_token_ids for turn in turns)

@@ -34,6 +34,7 @@ from opencode_env.testing.chat_template import tokenize_segments as _tokenize
 from opencode_env.testing.script import Script, Step, ToolCallStep
 from opencode_env.testing.threaded_server import ThreadedServer
 
+POLICY_VERSION_HEADER = "x-policy-version"
 _ALTERNATIVES = [" the", " a", "(", "x", " return", "\n", " def", ".", "_", " and", " is", "0"]
 
 
@@ -134,6 +135,7 @@ class ScriptedModel:
         omit_logprobs: bool = False,
         logprobs_mode: Literal["raw", "processed"] = "raw",
         template_switch_after: int | None = None,
+        policy_version: str = "",
     ) -> None:
         self.script = script
         self.sub_script = sub_script
@@ -152,6 +154,8 @@ class ScriptedModel:
         self.template_switch_after = template_switch_after
         """The template becomes chatml_colon once this many per-call template checks (the capture proxy's) came."""
         self.template_checks = 0
+        self.policy_version = policy_version
+        """Sent in POLICY_VERSION_HEADER on every answer, as an engine that reports its weights' version does."""
         self.probe_exchanges: list[Exchange] = []
         """The endpoint probe's calls (PROBE_HEADER): answered without moving any script, kept apart."""
         routes = [
@@ -221,9 +225,13 @@ class ScriptedModel:
             exchange.prompt_token_ids = list(tokens)
         else:
             exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []), variant=self.template)
+        versioned = {POLICY_VERSION_HEADER: self.policy_version} if self.policy_version else {}
         if body.get("stream"):
-            return StreamingResponse(self._stream(exchange, step, body), media_type="text/event-stream")
-        return self._complete(exchange, step, body)
+            stream = self._stream(exchange, step, body)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=versioned)
+        answer = self._complete(exchange, step, body)
+        answer.headers.update(versioned)
+        return answer
 
     def _processed(self, planned: list[PlannedToken], temperature: Any) -> list[PlannedToken]:
         """Processed logprobs depend on the temperature (a toy scaling: what matters is that they change)."""

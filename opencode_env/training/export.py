@@ -1,4 +1,4 @@
-"""`opencode-env export --format trl|sequences|steps RESULT.json...`: rollouts as JSONL rows for offline training.
+"""`opencode-env export --format trl|sequences|steps|atif RESULT.json...`: rollouts as JSONL rows for offline training.
 
 trl: one row per rollout (its root agent's final sequence; a failed rollout keeps a masked row, see formats.py).
 sequences: one row per training sequence of every session (forks and sub-agents give several), each with its
@@ -17,6 +17,7 @@ from typing import Any, Literal, TextIO
 
 from pydantic import ValidationError
 
+from opencode_env.training.atif import export_atif
 from opencode_env.training.coverage import Coverage, ExportFormat, total_coverage
 from opencode_env.training.formats import TrainingRow, training_rows
 from opencode_env.training.sequences import sequences_coverage, trl_row_coverage, unattributed_turns
@@ -32,7 +33,7 @@ def add_export_parser(commands: Any) -> None:
     """Register `export` on the CLI's subparsers."""
     export = commands.add_parser("export", help="write rollouts' training rows as JSONL (trl, sequences or steps)")
     export.add_argument("results", nargs="+", type=Path, metavar="RESULT.json", help="RolloutResult JSON files")
-    export.add_argument("--format", choices=ROW_FORMATS, default="trl", dest="row_format")
+    export.add_argument("--format", choices=(*ROW_FORMATS, "atif"), default="trl", dest="row_format")
     export.add_argument("--output", "-o", type=Path, default=None, help="JSONL file (default: stdout)")
     export.add_argument("--filler-token-id", type=int, default=0, help="the one token of a failed rollout's row")
     export.set_defaults(handler=run_export)
@@ -55,6 +56,8 @@ def run_export(args: argparse.Namespace) -> int:
     out and counted; the summary counts the rows' own usability and the agent tokens they carry."""
     everything = read_results(args.results)
     results = [result for result in everything if not result.oracle]
+    if args.row_format == "atif":
+        return export_atif(results, args.output)
     rows = export_rows(results, args.row_format, filler_token_id=args.filler_token_id)
     if args.output is None:
         _write(rows, sys.stdout)
