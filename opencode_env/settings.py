@@ -93,6 +93,15 @@ class Settings(BaseSettings):
         SecretStr(""), "HF_ROUTER_API_KEY", "endpoints", "endpoint='hf_router': its key."
     )
     hf_router_model: str = _setting("", "HF_ROUTER_MODEL", "endpoints", "endpoint='hf_router': the model.")
+    policy_version_header: str = _setting(
+        "",
+        "OPENCODE_ENV_POLICY_VERSION_HEADER",
+        "endpoints",
+        "A response header in which the model server reports the policy (weights) version of each call; the capture "
+        "proxy records it per turn.",
+        max_length=128,
+        pattern=r"^[A-Za-z0-9-]*$",
+    )
     https_proxy: str = _setting("", "HTTPS_PROXY", "network", "The operator's proxy for https model URLs.")
     http_proxy: str = _setting("", "HTTP_PROXY", "network", "The operator's proxy for http model URLs.")
     no_proxy: str = _setting("", "NO_PROXY", "network", "Hosts reached without that proxy.")

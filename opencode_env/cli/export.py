@@ -1,4 +1,4 @@
-"""`opencode-env export --format trl|sequences|steps RESULT.json...`: rollouts as JSONL rows for offline training."""
+"""`opencode-env export --format trl|sequences|steps|atif RESULT_OR_DIR...`: rollouts as JSONL for training."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from opencode_env.cli.result_files import ResultFile, ResultFileError, read_result, result_files
+from opencode_env.training.atif import export_atif
 from opencode_env.training.export import (
     ROW_FORMATS,
     ExportOrigin,
@@ -31,6 +32,8 @@ are usable=false).
              session and no fork it is the same row as trl (that sequence is the final one).
   steps      one row per completed agent or sub-agent model call (every agent token of a usable rollout), for
              per-step training.
+  atif       one trajectory per rollout in Harbor's Agent Trajectory Interchange Format (ATIF-v1.8), with token
+             ids and logprobs per step and sub-agents as embedded trajectories: for tools that read ATIF.
 
 Each row names its `source` (the result file) and `attempt` (the attempt number in an eval, 0 otherwise). Oracle
 runs (no model was called) are left out and counted; the summary on stderr counts rows, usability and the agent
@@ -41,14 +44,14 @@ def add_export_parser(commands: Any) -> None:
     """Register `export` on the CLI's subparsers."""
     export = commands.add_parser(
         "export",
-        help="write rollouts' training rows as JSONL (trl, sequences or steps; see export --help)",
+        help="write rollouts' training rows as JSONL (trl, sequences, steps or atif; see export --help)",
         description=EXPORT_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument(
         "results", nargs="+", type=Path, metavar="RESULT_OR_DIR", help="RolloutResult JSON files or eval output dirs"
     )
-    export.add_argument("--format", choices=ROW_FORMATS, default="trl", dest="row_format")
+    export.add_argument("--format", choices=(*ROW_FORMATS, "atif"), default="trl", dest="row_format")
     export.add_argument("--output", "-o", type=Path, default=None, help="JSONL file (default: stdout)")
     export.add_argument("--filler-token-id", type=int, default=0, help="the one token of a failed rollout's row")
     export.set_defaults(handler=run_export)
@@ -68,6 +71,8 @@ def run_export(args: argparse.Namespace) -> int:
         return 2
     kept = [(found, result) for found, result in everything if not result.oracle]
     results = [result for _, result in kept]
+    if args.row_format == "atif":
+        return export_atif(results, args.output)
     rows = export_rows(results, args.row_format, filler_token_id=args.filler_token_id)
     origins = [ExportOrigin(source=str(found.path), attempt=found.attempt) for found, _ in kept]
     if args.output is None:

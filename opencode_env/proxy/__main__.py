@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
     parser.add_argument("--peer-uid", type=int, default=-1, help="with --peer-table-fd: the one uid that may call")
     parser.add_argument("--token-in", action="store_true", help="send agent turns' prompts as token ids where possible")
+    parser.add_argument("--return-token-ids", choices=["auto", "on", "off"], default="auto", help="auto: vllm only")
+    parser.add_argument("--template-check", action="store_true", help="fingerprint the chat template on every call")
+    parser.add_argument("--policy-version-header", default="", help="record this response header per turn")
     return parser.parse_args(argv)
 
 
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             max_tokens_cap=args.max_tokens_cap,
             disable_thinking=args.disable_thinking,
             sampling=tuple(json.loads(args.sampling).items()),
+            return_token_ids={"auto": None, "on": True, "off": False}[args.return_token_ids],
         ),
         idle_timeout_s=args.idle_timeout,
         access_token=os.environ.get(args.token_env, "") if args.token_env else "",
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
         upstream_address=args.upstream_address,
         peers=PeerOwners(args.peer_table_fd, args.peer_uid) if args.peer_table_fd >= 0 else None,
         token_in=args.token_in,
+        template_check=args.template_check,
+        policy_version_header=args.policy_version_header.lower(),
     )
     app = create_app(settings)
     protocol = delivery_aware_protocol(app.proxy.deliveries)

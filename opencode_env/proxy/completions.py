@@ -20,6 +20,7 @@ from opencode_env.proxy.asgi import Receive, RequestTooLarge, Scope, Send, read_
 from opencode_env.proxy.breaker import Breaker
 from opencode_env.proxy.capture import Fold, fold_response, fold_stream
 from opencode_env.proxy.delivery import Client, Deliveries, Relayed
+from opencode_env.proxy.fingerprint import PROBE_HEADER, fingerprint, tokenize_body
 from opencode_env.proxy.json_values import loads
 from opencode_env.proxy.records import Pending, TraceWriter, fold_outcome, fold_record
 from opencode_env.proxy.relay import Arrivals, Problem, relay_stream
@@ -55,6 +56,7 @@ class CaptureProxy:
             origin, connect_timeout_s=settings.connect_timeout_s, idle_timeout_s=settings.idle_timeout_s
         )
         self._token_in = TokenIn() if settings.token_in else None
+        self._fingerprints: dict[int, asyncio.Task[str | None]] = {}
         self._server_root = UpstreamPool(
             dataclasses.replace(origin, base_path=server_root(origin.base_path)),
             connect_timeout_s=settings.connect_timeout_s,
@@ -154,6 +156,8 @@ class CaptureProxy:
                 "clamped": clamped,
             },
         )
+        if self.settings.template_check:
+            self._fingerprints[turn] = asyncio.ensure_future(self._template_fingerprint(incoming))
         path, payload = "/chat/completions", _request_bytes(sent)
         if self._token_in is not None:
             path, payload = await self._token_in_route(pending, sent, incoming)
@@ -171,6 +175,11 @@ class CaptureProxy:
             await self._failed(send, pending, "upstream_disconnected", 502, str(error))
             return
         pending.record["upstream_status"] = upstream.status
+        version = (
+            upstream.headers.get(self.settings.policy_version_header) if self.settings.policy_version_header else None
+        )
+        if version:
+            pending.record["policy_version"] = version[:256]
         if upstream.status == 200:
             self.breaker.succeeded()
         if upstream.status != 200:
@@ -233,6 +242,22 @@ class CaptureProxy:
         if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
             return f"/tokenize answered {answer.status} without a list of token ids"
         return tokens
+
+    async def _template_fingerprint(self, incoming: dict[str, str]) -> str | None:
+        """The chat template's fingerprint at this call (the same body and hash as the host's endpoint probe)."""
+        body = tokenize_body(self.settings.rewrite.model_override)
+        try:
+            headers = {**self._upstream_headers(incoming), PROBE_HEADER: "template"}
+            answer = await self._server_root.post("/tokenize", _request_bytes(body), headers)
+            raw = await answer.read()
+            parsed = loads(raw) if answer.status == 200 else None
+        except (UpstreamError, ValueError) as error:
+            log.info("template fingerprint failed: %s", error)
+            return None
+        tokens = parsed.get("tokens") if isinstance(parsed, dict) else None
+        if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
+            return None
+        return fingerprint(tokens)
 
     async def _failed(self, send: Send, pending: Pending, outcome: str, status: int, error: str) -> None:
         stop = self.breaker.could_not_connect() if outcome == "unreachable" else None
@@ -300,6 +325,9 @@ class CaptureProxy:
 
     async def _record(self, pending: Pending, fold: Fold | None) -> None:
         pending.record.setdefault("latency_s", round(time.monotonic() - pending.started, 6))
+        template = self._fingerprints.pop(pending.turn, None)
+        if template is not None:
+            pending.record["template_fingerprint"] = await template
         if pending.ticket is not None:
             self._settle(pending, fold)
         self.trace.write_turn(pending, fold)

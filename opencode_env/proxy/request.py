@@ -28,6 +28,12 @@ class RewriteConfig:
     disable_thinking: bool = False
     sampling: tuple[tuple[str, Any], ...] = ()
     """Sampling parameters set on every call, overriding the agent's (OpenCode sends none)."""
+    return_token_ids: bool | None = None
+    """Ask for `return_token_ids` (vLLM >= 0.10.2); None: for a vllm endpoint only. The endpoint probe sets it for
+    any server it saw accept the field (a custom base_url included)."""
+
+    def asks_token_ids(self) -> bool:
+        return self.endpoint_kind == "vllm" if self.return_token_ids is None else self.return_token_ids
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,7 @@ def rewrite_request(body: dict[str, Any], config: RewriteConfig) -> dict[str, An
         out["max_tokens"] = limit
         out["logprobs"] = True
         out["top_logprobs"] = min(config.top_logprobs, TOP_LOGPROBS_LIMIT.get(config.endpoint_kind, 20))
-    if config.endpoint_kind == "vllm":
+    if config.asks_token_ids():
         out["return_token_ids"] = True
     if config.disable_thinking:
         kwargs = dict(out.get("chat_template_kwargs") or {})

@@ -27,6 +27,10 @@ class ProxySettings:
     """Where set, a call from a socket any other uid owns is refused (403): only OpenCode itself calls the model."""
     token_in: bool = False
     """Send agent turns' prompts as token ids where the server takes them (see token_in.py)."""
+    template_check: bool = False
+    """Fingerprint the chat template (the server's /tokenize of a fixed conversation) beside every call."""
+    policy_version_header: str = ""
+    """A response header (lower case) holding the engine's policy version, recorded per turn."""
 
     def __repr__(self) -> str:
         return f"ProxySettings(upstream_url={self.upstream_url!r}, trace_path={self.trace_path!r})"

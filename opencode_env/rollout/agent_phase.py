@@ -66,6 +66,7 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
         model_options=_model_options(rollout),
         sub_agents=request.sub_agents,
     )
+    rollout.opencode_config = config
     config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))
     command = opencode.run_command(
         opencode=opencode_path,

@@ -8,6 +8,7 @@ from opencode_env.rollout import opencode
 from opencode_env.rollout.attribution import attribution_check
 from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.rollout.opencode_store import attribution_store
+from opencode_env.rollout.provenance import complete_provenance
 from opencode_env.rollout.proxy_session import (
     proxy_log_tail,
     read_trace,
@@ -58,6 +59,7 @@ async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
     result.proxy_log_tail = await proxy_log_tail(proxy)
+    complete_provenance(result, rollout.opencode_config, frozenset({proxy.base_url}))
     store, note = await attribution_store(rollout.sandbox)
     result.attribution, unattributed = attribution_check(trace.turns, store, note)
     if unattributed:

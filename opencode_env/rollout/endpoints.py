@@ -91,6 +91,10 @@ class Upstream:
     """The key came from the server's environment, not from the request."""
     connect_address: str = ""
     """The address the policy vetted for a caller's URL: the proxy connects there, never resolving the name again."""
+    return_token_ids: bool | None = None
+    """Whether the proxy asks for `return_token_ids`, as the endpoint probe found it accepted; None: not probed."""
+    template_check: bool = False
+    """The server fingerprints its chat template (`/tokenize`): the proxy checks it on every call."""
 
     def host_port(self) -> tuple[tuple[str, int], ...]:
         """The one host:port the sandbox may reach in black_box mode."""

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -20,7 +21,8 @@ from opencode_env.rollout.collect_phase import collect, collect_agent_record, co
 from opencode_env.rollout.commands import install, prepare, run_commands, setup
 from opencode_env.rollout.endpoints import EndpointError, Upstream, resolve_upstream
 from opencode_env.rollout.limits import LimitError, sandbox_limits
-from opencode_env.rollout.sampling import sampling_warnings
+from opencode_env.rollout.probe import decide, probe_endpoint
+from opencode_env.rollout.sampling import non_neutral_fields, sampling_warnings
 from opencode_env.rollout.state import PhaseFailure, ProgressCallback, RolloutState, cancelling
 from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_problem
 from opencode_env.rollout.verify_phase import close_quietly, verify
@@ -38,6 +40,7 @@ from opencode_env.settings import Settings
 from opencode_env.wire import (
     Deadline,
     Phase,
+    Provenance,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
@@ -84,6 +87,8 @@ async def run_rollout(
         result.upstream = upstream.info()
         if upstream_policy is not None:
             upstream = await _as_a_caller_may(request, upstream, backend, upstream_policy)
+        if not result.oracle:
+            upstream = await _probed(request, upstream, result, settings)
         deadline = Deadline(total_budget_s(request))
         endpoints = upstream.host_port() if request.mode == "black_box" else ()
         spec = _sandbox_spec(request, deadline, endpoints, settings)
@@ -148,6 +153,40 @@ async def _as_a_caller_may(
     if custody is not None:
         raise EndpointError(custody)
     return upstream
+
+
+async def _probed(request: RolloutRequest, upstream: Upstream, result: RolloutResult, settings: Settings) -> Upstream:
+    """Fail closed before any sandbox: the endpoint's probe (cached) against what the request needs to capture."""
+    capture = request.wanted_capture()
+    probe = await probe_endpoint(upstream, top_logprobs=request.top_logprobs, proxy=_operator_proxy(upstream, settings))
+    result.provenance = Provenance(
+        capture=capture,
+        endpoint=probe,
+        policy_version=request.policy_version,
+        policy_version_header=settings.policy_version_header,
+    )
+    shaped = request.sampling is not None and bool(non_neutral_fields(request.sampling))
+    decision = decide(probe, capture, top_logprobs=request.top_logprobs, shaped_sampling=shaped)
+    result.warnings += decision.warnings
+    if decision.refusal is not None:
+        raise EndpointError(decision.refusal)
+    if not probe.probed:
+        return upstream
+    found = probe.capabilities
+    return replace(
+        upstream, return_token_ids=found.return_token_ids, template_check=probe.template_fingerprint is not None
+    )
+
+
+def _operator_proxy(upstream: Upstream, settings: Settings) -> str:
+    host = (urlsplit(upstream.base_url).hostname or "").lower()
+    if any(host == entry or host.endswith("." + entry.lstrip(".")) for entry in _listed(settings.no_proxy)):
+        return ""
+    return settings.https_proxy if upstream.base_url.startswith("https://") else settings.http_proxy
+
+
+def _listed(text: str) -> list[str]:
+    return [entry.strip().lower() for entry in text.split(",") if entry.strip()]
 
 
 def _sandbox_spec(

@@ -72,6 +72,12 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, setti
         args += ["--sampling", json.dumps(request.sampling.sent())]
     if request.token_in == "auto":
         args.append("--token-in")
+    if upstream.return_token_ids is not None:
+        args += ["--return-token-ids", "on" if upstream.return_token_ids else "off"]
+    if upstream.template_check:
+        args.append("--template-check")
+    if settings.policy_version_header:
+        args += ["--policy-version-header", settings.policy_version_header]
     env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1", **upstream_proxy_env(settings)}
     return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 

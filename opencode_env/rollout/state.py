@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.sandbox.base import (
@@ -51,6 +51,8 @@ class RolloutState:
     spec: SandboxSpec
     settings: Settings
     instruction_path: str = ""
+    opencode_config: dict[str, Any] | None = None
+    """OpenCode's config as rendered for this rollout (its hash goes into the result's provenance)."""
 
     @property
     def workdir(self) -> str:

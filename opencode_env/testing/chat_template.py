@@ -21,6 +21,10 @@ EOS = IM_END
 
 _PIECE = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
 
+TemplateVariant = Literal["chatml", "chatml_colon"]
+"""chatml_colon renders a role header as `role:` rather than `role`: another template, so other prompt ids (the
+scripted model switches to it to show a template change between two calls of one rollout)."""
+
 SegmentKind = Literal["special", "text", "content", "reasoning", "tool_head", "tool_args", "tool_tail"]
 
 
@@ -75,7 +79,7 @@ def assistant_body(content: str, tool_calls: Sequence[tuple[str, str]], reasonin
     return segments
 
 
-def _message_segments(message: dict[str, Any]) -> list[Segment]:
+def _message_segments(message: dict[str, Any], variant: TemplateVariant = "chatml") -> list[Segment]:
     role = str(message.get("role", "user"))
     if role == "assistant":
         calls = [
@@ -87,23 +91,30 @@ def _message_segments(message: dict[str, Any]) -> list[Segment]:
         body = [Segment(_content_text(message.get("content")))]
     return [
         Segment(IM_START, "special"),
-        Segment(f"{role}\n"),
+        Segment(f"{role}:\n" if variant == "chatml_colon" else f"{role}\n"),
         *body,
         Segment(IM_END, "special"),
         Segment("\n"),
     ]
 
 
-def render_prompt(messages: Sequence[dict[str, Any]], *, generation_prompt: bool = True) -> list[Segment]:
+def render_prompt(
+    messages: Sequence[dict[str, Any]], *, generation_prompt: bool = True, variant: TemplateVariant = "chatml"
+) -> list[Segment]:
     """Like a thinking model's template: an earlier reply is rendered without its reasoning, so a reply the model
     sampled with reasoning is not a prefix of the next prompt."""
     segments: list[Segment] = []
     for message in messages:
-        segments.extend(_message_segments(message))
+        segments.extend(_message_segments(message, variant))
     if generation_prompt:
-        segments.extend([Segment(IM_START, "special"), Segment("assistant\n")])
+        segments.extend(
+            [Segment(IM_START, "special"), Segment("assistant:\n" if variant == "chatml_colon" else "assistant\n")]
+        )
     return segments
 
 
-def prompt_token_ids(messages: Sequence[dict[str, Any]], *, generation_prompt: bool = True) -> list[int]:
-    return [token for _, token, _ in tokenize_segments(render_prompt(messages, generation_prompt=generation_prompt))]
+def prompt_token_ids(
+    messages: Sequence[dict[str, Any]], *, generation_prompt: bool = True, variant: TemplateVariant = "chatml"
+) -> list[int]:
+    rendered = render_prompt(messages, generation_prompt=generation_prompt, variant=variant)
+    return [token for _, token, _ in tokenize_segments(rendered)]

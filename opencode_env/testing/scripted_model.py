@@ -14,18 +14,27 @@ import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from opencode_env.testing.chat_template import EOS, Segment, assistant_body, prompt_token_ids, token_id
+from opencode_env.proxy.fingerprint import PROBE_HEADER
+from opencode_env.testing.chat_template import (
+    EOS,
+    Segment,
+    TemplateVariant,
+    assistant_body,
+    prompt_token_ids,
+    token_id,
+)
 from opencode_env.testing.chat_template import tokenize_segments as _tokenize
-from opencode_env.testing.script import Script, Step
+from opencode_env.testing.script import Script, Step, ToolCallStep
 from opencode_env.testing.threaded_server import ThreadedServer
 
+POLICY_VERSION_HEADER = "x-policy-version"
 _ALTERNATIVES = [" the", " a", "(", "x", " return", "\n", " def", ".", "_", " and", " is", "0"]
 
 
@@ -121,6 +130,12 @@ class ScriptedModel:
         seed: int = 7,
         token_routes: bool = False,
         sub_script: Script | None = None,
+        tokenize: bool = True,
+        omit_token_ids: bool = False,
+        omit_logprobs: bool = False,
+        logprobs_mode: Literal["raw", "processed"] = "raw",
+        template_switch_after: int | None = None,
+        policy_version: str = "",
     ) -> None:
         self.script = script
         self.sub_script = sub_script
@@ -130,15 +145,27 @@ class ScriptedModel:
         self.exchanges: list[Exchange] = []
         self._cursors: dict[str, int] = {}
         self._seed = seed
+        self.omit_token_ids = omit_token_ids
+        """Like an OpenAI-compatible server without vLLM's `return_token_ids` (and without its token-id strings)."""
+        self.omit_logprobs = omit_logprobs
+        self.logprobs_mode = logprobs_mode
+        """raw: the logprobs ignore the temperature (vLLM's default); processed: they are scaled by it."""
+        self.template: TemplateVariant = "chatml"
+        self.template_switch_after = template_switch_after
+        """The template becomes chatml_colon once this many per-call template checks (the capture proxy's) came."""
+        self.template_checks = 0
+        self.policy_version = policy_version
+        """Sent in POLICY_VERSION_HEADER on every answer, as an engine that reports its weights' version does."""
+        self.probe_exchanges: list[Exchange] = []
+        """The endpoint probe's calls (PROBE_HEADER): answered without moving any script, kept apart."""
         routes = [
             Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ]
         if token_routes:
-            routes += [
-                Route("/v1/chat/completions/tokens", self._chat_completions, methods=["POST"]),
-                Route("/tokenize", self._tokenize, methods=["POST"]),
-            ]
+            routes.append(Route("/v1/chat/completions/tokens", self._chat_completions, methods=["POST"]))
+        if token_routes or tokenize:
+            routes.append(Route("/tokenize", self._tokenize, methods=["POST"]))
         self.tokenize_requests: list[dict[str, Any]] = []
         self.app = Starlette(routes=routes)
 
@@ -154,9 +181,15 @@ class ScriptedModel:
     async def _tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize for chat messages: the ids the template gives, with or without the generation prompt."""
         body = json.loads(await request.body())
-        self.tokenize_requests.append(body)
+        probe = request.headers.get(PROBE_HEADER)
+        if probe is None:
+            self.tokenize_requests.append(body)
+        elif probe == "template":
+            if self.template_switch_after is not None and self.template_checks >= self.template_switch_after:
+                self.template = "chatml_colon"
+            self.template_checks += 1
         generation_prompt = bool(body.get("add_generation_prompt", True))
-        tokens = prompt_token_ids(body.get("messages", []), generation_prompt=generation_prompt)
+        tokens = prompt_token_ids(body.get("messages", []), generation_prompt=generation_prompt, variant=self.template)
         return JSONResponse({"count": len(tokens), "max_model_len": 131_072, "tokens": tokens, "token_strs": None})
 
     async def _models(self, _: Request) -> Response:
@@ -165,26 +198,55 @@ class ScriptedModel:
     async def _chat_completions(self, request: Request) -> Response:
         body = json.loads(await request.body())
         headers = {key.lower(): value for key, value in request.headers.items()}
-        exchange = Exchange(serial=len(self.exchanges), request=body, headers=headers)
-        self.exchanges.append(exchange)
-        step = self._next_step(headers.get("x-session-id", "default"), body)
+        probing = PROBE_HEADER in headers
+        exchanges = self.probe_exchanges if probing else self.exchanges
+        exchange = Exchange(serial=len(exchanges), request=body, headers=headers)
+        exchanges.append(exchange)
+        if self.omit_token_ids:
+            body = {
+                key: value
+                for key, value in body.items()
+                if key not in ("return_token_ids", "return_tokens_as_token_ids")
+            }
+        if self.omit_logprobs:
+            body = {key: value for key, value in body.items() if key not in ("logprobs", "top_logprobs")}
+        step = _probe_step(body) if probing else self._next_step(headers.get("x-session-id", "default"), body)
         if step.stall_before_s:
             await asyncio.sleep(step.stall_before_s)
         if step.status != 200:
             return self._error(exchange, step)
         top_k = int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
-        rng = random.Random(self._seed * 1_000_003 + len(self.exchanges))
-        exchange.tokens = plan_tokens(step, rng, top_k=max(top_k, 1))
+        rng = random.Random(self._seed * 1_000_003 + (-1 if probing else len(self.exchanges)))
+        exchange.tokens = self._processed(plan_tokens(step, rng, top_k=max(top_k, 1)), body.get("temperature"))
         tokens = body.get("tokens")
         if request.url.path.endswith("/tokens"):
             if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
                 return JSONResponse({"error": {"message": "tokens: a list of token ids is required"}}, 400)
             exchange.prompt_token_ids = list(tokens)
         else:
-            exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []))
+            exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []), variant=self.template)
+        versioned = {POLICY_VERSION_HEADER: self.policy_version} if self.policy_version else {}
         if body.get("stream"):
-            return StreamingResponse(self._stream(exchange, step, body), media_type="text/event-stream")
-        return self._complete(exchange, step, body)
+            stream = self._stream(exchange, step, body)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=versioned)
+        answer = self._complete(exchange, step, body)
+        answer.headers.update(versioned)
+        return answer
+
+    def _processed(self, planned: list[PlannedToken], temperature: Any) -> list[PlannedToken]:
+        """Processed logprobs depend on the temperature (a toy scaling: what matters is that they change)."""
+        if self.logprobs_mode == "raw" or not isinstance(temperature, int | float) or temperature in (0, 1):
+            return planned
+        return [
+            PlannedToken(
+                token.text,
+                token.token_id,
+                token.logprob / temperature,
+                tuple((text, tid, logprob / temperature) for text, tid, logprob in token.alternatives),
+                token.segment,
+            )
+            for token in planned
+        ]
 
     def _error(self, exchange: Exchange, step: Step) -> Response:
         exchange.status = step.status
@@ -289,6 +351,15 @@ class ScriptedModel:
         exchange.sent.extend(content)
         exchange.finished = True
         return Response(content, media_type="application/json")
+
+
+def _probe_step(body: dict[str, Any]) -> Step:
+    """The endpoint probe's answer: a call of the first tool offered, else a short text."""
+    tools = body.get("tools") or []
+    if tools and isinstance(tools[0], dict):
+        name = str((tools[0].get("function") or {}).get("name", "tool"))
+        return Step(tool_calls=[ToolCallStep(name=name, arguments={"word": "ok"})])
+    return Step(content="ok")
 
 
 class ScriptedModelServer:

@@ -1,4 +1,4 @@
-"""Rollouts as rows for offline training (`opencode-env export --format trl|sequences|steps`).
+"""Rollouts as rows for offline training (`opencode-env export --format trl|sequences|steps|atif`).
 
 trl: one row per rollout (its root agent's final sequence; a failed rollout keeps a masked row, see formats.py).
 sequences: one row per training sequence of every session (forks and sub-agents give several), each with its

@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from opencode_env.training.coverage import SessionKind, agent_tokens_carried, is_root_agent_turn, is_trainable_turn
+from opencode_env.training.provenance_columns import ProvenanceColumns, provenance_columns
 from opencode_env.training.sequences import TrainingSequence, TrainingSequences, training_sequences
 from opencode_env.wire import RolloutResult, RolloutStatus, is_infrastructure_failure
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from openenv.core.harness import HarnessRolloutResult
 
 
-class TrainingRow(BaseModel):
+class TrainingRow(ProvenanceColumns):
     """One row of a trainer's batch (the JSONL line of `opencode-env export`)."""
 
     prompt_ids: list[int]
@@ -78,6 +79,9 @@ TRL_EXTRA_KEYS = (
     "agent_tokens",
     "covered_tokens",
     "unattributed_turns",
+    "policy_version",
+    "template_changed_turns",
+    "config_sha256",
     "forks",
     "rollout_index",
 )
@@ -108,6 +112,7 @@ def _row(
         "covered_tokens": covered_tokens,
     }
     if sequence is None:
+        common |= provenance_columns(result, agent_turns)
         first_prompt = next((t.prompt_token_ids for t in result.proxy_turns if t.prompt_token_ids), [])
         return TrainingRow(
             prompt_ids=list(first_prompt) or [filler_token_id],
@@ -136,6 +141,7 @@ def _row(
         turns=sequence.turns,
         dropped_turns=[t for t in agent_turns if t not in covered],
         **common,
+        **provenance_columns(result, sequence.turns),
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from opencode_env.training.coverage import (
     Coverage,
@@ -25,10 +25,11 @@ from opencode_env.training.coverage import (
     rollout_failure,
     session_key,
 )
+from opencode_env.training.provenance_columns import ProvenanceColumns, provenance_columns
 from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn
 
 
-class StepSample(BaseModel):
+class StepSample(ProvenanceColumns):
     """One model call as a training sample (the JSONL line of `opencode-env export --format steps`)."""
 
     prompt_ids: list[int] = Field(description="The engine's prompt ids of the call.")
@@ -98,4 +99,5 @@ def _step(
         usable=problem is None,
         problem=problem,
         rollout_index=rollout_index,
+        **provenance_columns(result, [turn.turn]),
     )

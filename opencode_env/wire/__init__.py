@@ -6,6 +6,13 @@ shared.py (the wire float, pinned versions, the package version, the access toke
 
 from __future__ import annotations
 
+from opencode_env.wire.provenance import (
+    Capture,
+    EndpointCapabilities,
+    EndpointProbe,
+    ModelIdentity,
+    Provenance,
+)
 from opencode_env.wire.request import (
     MAX_COMMAND_CHARS,
     MAX_COMMANDS,
@@ -123,12 +130,15 @@ __all__ = [
     "VERSION",
     "AttributionCheck",
     "CallUsage",
+    "Capture",
     "Command",
     "CommandResult",
     "Deadline",
     "DeadlineExceeded",
     "DeliveryRecord",
+    "EndpointCapabilities",
     "EndpointName",
+    "EndpointProbe",
     "EnvName",
     "EnvValue",
     "FilePath",
@@ -137,6 +147,7 @@ __all__ = [
     "LimitHit",
     "MessagesBase",
     "Mode",
+    "ModelIdentity",
     "Network",
     "NonFiniteName",
     "NonUtf8Path",
@@ -144,6 +155,7 @@ __all__ = [
     "PhaseTimings",
     "PromptBase",
     "PromptSource",
+    "Provenance",
     "RecordedOutcome",
     "ResultText",
     "RewardSource",

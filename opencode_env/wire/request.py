@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from opencode_env.wire.provenance import Capture
+
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
 Mode = Literal["transparent_proxy", "black_box"]
 Network = Literal["internet", "model_only"]
@@ -144,6 +146,16 @@ class RolloutRequest(BaseModel):
         "drop included) and one training sequence covers the session; off: the server renders every prompt from "
         "the messages (transparent_proxy mode).",
     )
+    capture: Capture | None = Field(
+        None,
+        description="What the endpoint must return, checked by a probe before any sandbox starts: tokens (completion "
+        "and prompt token ids and logprobs, for training), logprobs (logprobs only), text (the reward only, for "
+        "evals). An endpoint that cannot is refused with what is missing and how to fix it; None: tokens in "
+        "transparent_proxy mode, text in black_box mode.",
+    )
+    policy_version: str = Field(
+        "", max_length=256, description="Your label of the policy's weights for this rollout, recorded in provenance."
+    )
     agent_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Wall-clock limit for the agent run.")
     image: ImageRef = Field(
         "",
@@ -259,9 +271,17 @@ class RolloutRequest(BaseModel):
             raise ValueError("total_timeout_s must be at least 1 second")
         if self.sampling is not None and self.mode == "black_box":
             raise ValueError("sampling: set by the capture proxy, so transparent_proxy mode only (mode='black_box')")
+        if self.capture in ("tokens", "logprobs") and self.mode == "black_box":
+            raise ValueError(f"capture={self.capture!r}: black_box mode records no model call; use capture='text'")
         if self.token_in != "off" and self.mode == "black_box":
             raise ValueError("token_in: done by the capture proxy, so transparent_proxy mode only (mode='black_box')")
         return self
+
+    def wanted_capture(self) -> Capture:
+        """The capture this rollout needs: `capture`, or by default tokens through the proxy and text without it."""
+        if self.capture is not None:
+            return self.capture
+        return "text" if self.mode == "black_box" else "tokens"
 
 
 SANDBOX_MARGIN_S = 120.0

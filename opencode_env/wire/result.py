@@ -49,6 +49,7 @@ from pydantic import (
     model_validator,
 )
 
+from opencode_env.wire.provenance import Provenance
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
 from opencode_env.wire.turn import PromptBase, RolloutTurn, unpacked_turn
@@ -338,6 +339,11 @@ class RolloutResult(BaseModel):
         default_factory=list,
         description="What a trainer should know before using the data, e.g. logprobs that may not be those of the "
         "distribution that sampled (non-neutral top_p/top_k on a server that returns raw logprobs).",
+    )
+    provenance: Provenance | None = Field(
+        None,
+        description="Where the data came from: the endpoint probe, model identity, chat template fingerprint, policy "
+        "version and the agent configuration's hash; None for a result written before it existed.",
     )
     schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
 

@@ -154,6 +154,15 @@ class RolloutTurn(BaseModel):
     token_in_fallback: str | None = Field(
         None, description="token_in mode: why this turn's prompt was rendered by the server instead (first turn, ...)."
     )
+    template_fingerprint: str | None = Field(
+        None, description="The chat template's fingerprint the server showed at this call (see wire/provenance.py)."
+    )
+    template_changed: bool = Field(
+        False, description="This call's template fingerprint differs from the rollout's first: filter it out."
+    )
+    policy_version: str | None = Field(
+        None, description="The policy version the engine reported for this call (the operator's header)."
+    )
     packed: PackedTokens | None = Field(
         None,
         description="Wire only (schema_version 4): completion_token_ids, per_token_logps, completion_tokens and "
@@ -243,6 +252,8 @@ class TurnRecord(BaseModel):
     request: dict[str, Any] = Field(default_factory=dict)
     prompt_source: PromptSource = "chat_template"
     token_in_fallback: str | None = None
+    template_fingerprint: str | None = None
+    policy_version: str | None = None
     prompt_base: PromptBase | None = None
     prompt_token_ids: list[int] = Field(default_factory=list)
 

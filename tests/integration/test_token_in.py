@@ -157,7 +157,7 @@ async def test_without_token_in_the_thinking_template_forks_every_turn(tmp_path:
 
 async def test_a_server_without_the_token_route_falls_back_and_says_so(tmp_path: Path) -> None:
     with (
-        ScriptedModelServer(SCRIPT) as model,
+        ScriptedModelServer(SCRIPT, tokenize=False) as model,
         running_proxy(model.base_url, tmp_path, *VLLM, "--token-in") as proxy,
     ):
         await three_turns(proxy.url)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, demo_script, say
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind
 from tests.helpers import rollout
@@ -249,8 +252,9 @@ async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBacke
 
 
 async def test_a_no_ids_endpoint_gives_a_clear_reason(backend: LocalBackend, no_leaks: None) -> None:
-    outcome = await rollout(backend, demo_script(), endpoint="openai")
-    result = outcome.result
+    """An OpenAI-like server (no token ids; the probe sees it and the request asks only for logprobs)."""
+    with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
+        result = await run_rollout(demo_request(model.base_url, endpoint="openai", capture="logprobs"), backend)
     assert result.status == "completed", result.error
     found = training_sequences(result)
     assert found.sequences == []

@@ -10,9 +10,21 @@
     "proxy_turns", "files", "files_extra", "agent_log_tail", "proxy_log_tail", "error", "status", "failed_phase",
     "timings", "reward_source", "usage", "backend", "opencode_version", "upstream", "tool_calls", "agent_final_text",
     "request_tools", "oracle", "solution_results", "limits_hit", "enforcement", "schema_version", "files_non_utf8",
-    "task", "warnings",
+    "task", "warnings", "provenance",
   ]);
   const TOKENS_PER_CHUNK = 2000;
+  const provenanceText = (p) => {
+    const model = obj(obj(p.endpoint).model);
+    const bits = [
+      p.capture ? "capture " + p.capture : null,
+      model.root ? "weights " + model.root : null,
+      p.policy_version ? "policy " + p.policy_version : null,
+      p.template_fingerprint ? "template " + p.template_fingerprint : null,
+      arr(p.template_changed_turns).length ? "template changed at turns " + arr(p.template_changed_turns).join(", ") : null,
+      p.config_sha256 ? "config " + String(p.config_sha256).slice(0, 19) : null,
+    ];
+    return bits.filter(Boolean).join(" · ") || "–";
+  };
   let closePopup = () => {};
   document.addEventListener("keydown", (event) => { if (event.key === "Escape") closePopup(); });
   const MESSAGE_PREVIEW = 120;
@@ -116,6 +128,7 @@
       field("wall time", secs(result.wall_s)),
       field("limits hit", arr(result.limits_hit).join(", ") || "none"),
       field("isolation", Object.entries(obj(result.enforcement)).map(([k, v]) => k + ": " + v).join(" · ") || "–"),
+      field("provenance", provenanceText(obj(result.provenance))),
     );
     const parts = [grid];
     if (result.error) parts.push(el("p", { class: "error-text", id: "error", text: String(result.error) }));
@@ -406,6 +419,7 @@
     return el("div", { class: "turn-head" },
       el("span", { class: "turn-index", text: "#" + index }),
       el("span", { class: "badge", text: String(turn.kind || "agent") }),
+      turn.template_changed ? el("span", { class: "badge", text: "template changed" }) : null,
       el("span", { class: "badge " + (outcome === "complete" ? "ok" : "bad"), text: outcome }),
       el("span", { text: "finish: " + (turn.finish_reason || "–") }),
       el("span", { text: arr(turn.completion_tokens).length + " tokens" }),

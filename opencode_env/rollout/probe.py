@@ -1,0 +1,340 @@
+"""The endpoint probe: before any sandbox starts, a few small calls show what the model server can capture.
+
+It asks what the capture proxy will ask (the same request rewrite, the same stream fold), so what it sees is what
+capture gets: completion and prompt token ids, logprobs and the alternatives' ids; whether the logprobs are the
+sampler's (two temperatures compared); whether the model calls a tool; the model's identity (`/v1/models`) and the
+chat template's fingerprint (`/tokenize`). A request whose `capture` the endpoint cannot give is refused with what
+is missing and how to fix it; whatever is degraded becomes a warning. An endpoint that does not answer at all is
+not refused here (the agent's calls then fail the usual way): its rollout carries a warning that nothing was
+checked.
+
+Pure decision core (`decide`, `capabilities_of`, `logprobs_kind`) and a thin I/O shell (`probe_endpoint`), cached
+in-process per server, model and key for `PROBE_TTL_S`; probes of one endpoint that start together share one run.
+The key is sent by this process (the one that holds it) and never kept: the cache is keyed by its digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from opencode_env.proxy.capture import Fold, fold_stream
+from opencode_env.proxy.completions import server_root
+from opencode_env.proxy.fingerprint import PROBE_HEADER, fingerprint, tokenize_body
+from opencode_env.proxy.request import RewriteConfig, rewrite_request
+from opencode_env.rollout.endpoints import Upstream
+from opencode_env.wire.provenance import (
+    Capture,
+    EndpointCapabilities,
+    EndpointProbe,
+    LogprobsKind,
+    ModelIdentity,
+)
+
+PROBE_TTL_S = 600.0
+CALL_TIMEOUT_S = 30.0
+PROBE_MAX_TOKENS = 4
+HOT, COOL = 1.0, 0.5
+"""The two temperatures whose logprobs are compared: equal at both, the server returns the model's raw ones."""
+
+IDS_FIX = (
+    "for vLLM: use 0.10.2 or later (it answers `return_token_ids`, which the capture proxy asks for), or start it "
+    "with --return-tokens-as-token-ids (completion ids only); OpenAI and the Hugging Face router return no token "
+    "ids at all: use capture='logprobs' or capture='text'"
+)
+PROMPT_IDS_FIX = (
+    "for vLLM: use 0.10.2 or later (`return_token_ids` returns the prompt ids); without them no training sequence "
+    "can be built: use capture='logprobs' or capture='text'"
+)
+LOGPROBS_FIX = (
+    "for vLLM: start it with --max-logprobs at least the request's top_logprobs; OpenAI's reasoning models (o-series, "
+    "gpt-5) refuse logprobs: use another model, or capture='text'"
+)
+RAW_FIX = "start vLLM with --logprobs-mode processed_logprobs"
+TOOLS_FIX = "for vLLM: start it with --enable-auto-tool-choice and the model's --tool-call-parser"
+
+PROBE_MESSAGES = [{"role": "user", "content": "Reply with the single word: ok"}]
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_echo",
+        "description": "Echo a word back.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    },
+}
+TOOL_MESSAGES = [{"role": "user", "content": "Call the probe_echo tool with the word ok."}]
+
+
+def capabilities_of(fold: Fold, *, return_token_ids: bool) -> EndpointCapabilities:
+    """What one folded answer shows the endpoint returns."""
+    alternatives = [entry for position in fold.top_logprobs for entry in position]
+    return EndpointCapabilities(
+        completion_token_ids=bool(fold.ids()),
+        prompt_token_ids=bool(fold.prompt_token_ids),
+        logprobs=bool(fold.logprobs),
+        top_logprob_ids=bool(alternatives) and all(entry[2] is not None for entry in alternatives),
+        token_id_source=fold.token_id_source(),
+        return_token_ids=return_token_ids,
+    )
+
+
+def logprobs_kind(hot: Fold, cool: Fold) -> LogprobsKind:
+    """Raw or processed, from the first position's most likely token at two temperatures: a server that applies
+    the temperature to the logprobs it returns changes them, one that returns the model's own does not."""
+    if not hot.top_logprobs or not cool.top_logprobs or not hot.top_logprobs[0] or not cool.top_logprobs[0]:
+        return "unknown"
+    at_hot = {token: logprob for token, logprob, _ in hot.top_logprobs[0]}
+    at_cool = {token: logprob for token, logprob, _ in cool.top_logprobs[0]}
+    shared = [token for token in at_hot if token in at_cool]
+    if not shared:
+        return "unknown"
+    likeliest = max(shared, key=lambda token: at_hot[token])
+    if abs(at_hot[likeliest]) < 1e-6:
+        return "unknown"
+    return "raw" if abs(at_hot[likeliest] - at_cool[likeliest]) <= 1e-6 else "processed"
+
+
+@dataclass(frozen=True)
+class Decision:
+    refusal: str | None
+    warnings: list[str]
+
+
+def decide(probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_sampling: bool) -> Decision:
+    """Refuse the rollout when the endpoint cannot give what `capture` needs; warn of whatever else is degraded.
+    `shaped_sampling`: the request's sampling changes the distribution (where raw logprobs are not the sampler's)."""
+    if not probe.probed:
+        if capture == "text":
+            return Decision(None, [])
+        return Decision(None, [f"capture not checked before the rollout: {probe.problem}"])
+    if probe.problem is not None:
+        if capture == "text":
+            return Decision(None, [f"nothing can be captured: {probe.problem}"])
+        return Decision(f"capture={capture!r}: {probe.problem}; pass capture='text' to run for the reward only", [])
+    found = probe.capabilities
+    missing: list[str] = []
+    if capture in ("tokens", "logprobs") and not found.logprobs:
+        missing.append(f"per-token logprobs ({LOGPROBS_FIX})")
+    if capture == "tokens" and not found.completion_token_ids:
+        missing.append(f"completion token ids ({IDS_FIX})")
+    if capture == "tokens" and not found.prompt_token_ids:
+        missing.append(f"prompt token ids ({PROMPT_IDS_FIX})")
+    if missing:
+        return Decision(
+            f"capture={capture!r}: the endpoint returns no {'; no '.join(missing)}; or pass capture='text' to run "
+            "for the reward only",
+            [],
+        )
+    warnings = []
+    if not found.completion_token_ids and capture != "tokens" and probe.problem is None:
+        warnings.append(f"the endpoint returns no token ids: these turns cannot be trained on ({IDS_FIX})")
+    if not found.logprobs and capture == "text":
+        warnings.append(f"the endpoint returns no logprobs ({LOGPROBS_FIX})")
+    if found.logprobs_kind == "raw" and shaped_sampling:
+        warnings.append(f"the endpoint returns raw logprobs, not the sampler's, under non-neutral sampling: {RAW_FIX}")
+    if found.tool_calls == "no":
+        warnings.append(f"the model did not call a tool when asked to ({TOOLS_FIX})")
+    if probe.template_fingerprint is None and capture == "tokens":
+        warnings.append("the chat template cannot be fingerprinted (the server has no /tokenize): a change is not seen")
+    return Decision(None, warnings)
+
+
+@dataclass
+class _Cached:
+    probe: EndpointProbe
+    at: float
+
+
+_cache: dict[tuple[str, ...], _Cached] = {}
+_running: dict[tuple[str, ...], asyncio.Task[EndpointProbe]] = {}
+
+
+def cache_key(upstream: Upstream, top_logprobs: int) -> tuple[str, ...]:
+    key_digest = hashlib.sha256(upstream.api_key.encode()).hexdigest()[:16]
+    return (
+        upstream.base_url,
+        upstream.model,
+        upstream.endpoint,
+        upstream.connect_address,
+        str(upstream.disable_thinking),
+        str(min(top_logprobs, 1)),
+        key_digest,
+    )
+
+
+def forget_probes() -> None:
+    """Empty the cache (tests, and an operator who restarted a model server under the same URL)."""
+    _cache.clear()
+
+
+async def probe_endpoint(
+    upstream: Upstream,
+    *,
+    top_logprobs: int,
+    proxy: str = "",
+    clock: Callable[[], float] = time.time,
+    ttl_s: float = PROBE_TTL_S,
+) -> EndpointProbe:
+    """The endpoint's probe, from the cache while it is fresh; probes of one endpoint at once share one run. Only
+    a probe the endpoint answered is cached."""
+    key = cache_key(upstream, top_logprobs)
+    cached = _cache.get(key)
+    if cached is not None and clock() - cached.at < ttl_s:
+        return cached.probe.model_copy(update={"cached": True, "cost_s": 0.0})
+    running = _running.get(key)
+    if running is None or running.get_loop() is not asyncio.get_running_loop():
+        running = asyncio.ensure_future(_probe(upstream, top_logprobs, proxy, clock))
+        _running[key] = running
+        running.add_done_callback(lambda _: _running.pop(key, None) if _running.get(key) is running else None)
+        joined = False
+    else:
+        joined = True
+    probe = await asyncio.shield(running)
+    if probe.probed:
+        _cache[key] = _Cached(probe, probe.probed_at)
+    return probe.model_copy(update={"cached": True, "cost_s": 0.0}) if joined else probe
+
+
+class _Client:
+    """httpx toward the one vetted address: a caller's host name is never resolved again (see upstream_policy)."""
+
+    def __init__(self, upstream: Upstream, proxy: str) -> None:
+        self.upstream = upstream
+        self.http = httpx.AsyncClient(timeout=CALL_TIMEOUT_S, trust_env=False, proxy=proxy or None)
+
+    def _target(self, url: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+        headers = {PROBE_HEADER: "1"}
+        if self.upstream.api_key:
+            headers["authorization"] = f"Bearer {self.upstream.api_key}"
+        address = self.upstream.connect_address
+        if not address:
+            return url, headers, {}
+        parts = urlsplit(url)
+        literal = f"[{address}]" if ":" in address else address
+        netloc = literal + (f":{parts.port}" if parts.port else "")
+        headers["host"] = parts.netloc
+        extensions = {"sni_hostname": parts.hostname or ""} if parts.scheme == "https" else {}
+        return urlunsplit(parts._replace(netloc=netloc)), headers, extensions
+
+    async def get(self, url: str) -> httpx.Response:
+        target, headers, extensions = self._target(url)
+        return await self.http.get(target, headers=headers, extensions=extensions)
+
+    async def post(self, url: str, body: dict[str, Any]) -> httpx.Response:
+        target, headers, extensions = self._target(url)
+        return await self.http.post(target, json=body, headers=headers, extensions=extensions)
+
+
+def _chat_body(upstream: Upstream, top_logprobs: int, temperature: float, *, ids: bool, tools: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": upstream.model,
+        "messages": TOOL_MESSAGES if tools else PROBE_MESSAGES,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 64 if tools else PROBE_MAX_TOKENS,
+        "temperature": temperature,
+        "seed": 0,
+    }
+    if tools:
+        body["tools"] = [PROBE_TOOL]
+    config = RewriteConfig(
+        endpoint_kind=upstream.endpoint,
+        model_override=upstream.model,
+        top_logprobs=max(top_logprobs, 2),
+        max_tokens_cap=body["max_tokens"],
+        disable_thinking=upstream.disable_thinking,
+        return_token_ids=ids,
+    )
+    return rewrite_request(body, config)
+
+
+def _refused(response: httpx.Response) -> str:
+    text = response.text[:300].replace("\n", " ")
+    return f"HTTP {response.status_code}: {text}"
+
+
+async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Callable[[], float]) -> EndpointProbe:
+    started = time.monotonic()
+    client = _Client(upstream, proxy)
+    chat = f"{upstream.base_url}/chat/completions"
+    try:
+        identity, template = await asyncio.gather(_identity(client), _template(client))
+        asks_ids = True
+        answer = await client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=True, tools=False))
+        if answer.status_code in (400, 422):
+            asks_ids = False
+            answer = await client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=False, tools=False))
+        if answer.status_code != 200:
+            problem = f"the endpoint refused the probe's capture request: {_refused(answer)}"
+            return _unprobed(problem, clock, started) if answer.status_code >= 500 else _refusing(problem, clock)
+        hot = fold_stream(answer.content)
+        cool_answer, tool_answer = await asyncio.gather(
+            client.post(chat, _chat_body(upstream, top_logprobs, COOL, ids=asks_ids, tools=False)),
+            client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=asks_ids, tools=True)),
+        )
+    except httpx.HTTPError as error:
+        return _unprobed(f"the endpoint did not answer the probe: {type(error).__name__}: {error}", clock, started)
+    finally:
+        await client.http.aclose()
+    found = capabilities_of(hot, return_token_ids=asks_ids)
+    if cool_answer.status_code == 200:
+        found.logprobs_kind = logprobs_kind(hot, fold_stream(cool_answer.content))
+    if tool_answer.status_code == 200:
+        found.tool_calls = "yes" if fold_stream(tool_answer.content).tool_calls else "no"
+    return EndpointProbe(
+        probed=True,
+        capabilities=found,
+        model=identity,
+        template_fingerprint=template,
+        probed_at=clock(),
+        cost_s=round(time.monotonic() - started, 4),
+    )
+
+
+def _unprobed(problem: str, clock: Callable[[], float], started: float) -> EndpointProbe:
+    return EndpointProbe(probed=False, problem=problem, probed_at=clock(), cost_s=round(time.monotonic() - started, 4))
+
+
+def _refusing(problem: str, clock: Callable[[], float]) -> EndpointProbe:
+    """The endpoint answered, and refused what capture asks of every call: nothing can be captured."""
+    return EndpointProbe(probed=True, problem=problem, probed_at=clock())
+
+
+async def _identity(client: _Client) -> ModelIdentity | None:
+    try:
+        answer = await client.get(f"{client.upstream.base_url}/models")
+        listed = answer.json().get("data") if answer.status_code == 200 else None
+    except (httpx.HTTPError, json.JSONDecodeError, AttributeError):
+        return None
+    for entry in listed if isinstance(listed, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == client.upstream.model:
+            length = entry.get("max_model_len")
+            root, owner = entry.get("root"), entry.get("owned_by")
+            return ModelIdentity(
+                id=str(entry["id"]),
+                root=str(root) if root is not None else None,
+                max_model_len=length if type(length) is int else None,
+                owned_by=str(owner) if owner is not None else None,
+            )
+    return None
+
+
+async def _template(client: _Client) -> str | None:
+    root = urlsplit(client.upstream.base_url)
+    url = urlunsplit(root._replace(path=server_root(root.path.rstrip("/")) + "/tokenize"))
+    try:
+        answer = await client.post(url, tokenize_body(client.upstream.model))
+        tokens = answer.json().get("tokens") if answer.status_code == 200 else None
+    except (httpx.HTTPError, json.JSONDecodeError, AttributeError):
+        return None
+    if isinstance(tokens, list) and tokens and all(type(token) is int for token in tokens):
+        return fingerprint(tokens)
+    return None

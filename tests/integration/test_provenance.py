@@ -1,0 +1,212 @@
+"""Fail-closed capture and provenance: the endpoint probe before any sandbox, the template checked on every call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.probe import decide, forget_probes, probe_endpoint
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.proxy_process import running_proxy
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire.provenance import EndpointCapabilities, EndpointProbe
+
+CALL = {
+    "model": "policy",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "messages": [{"role": "user", "content": "list the files"}],
+    "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_probes() -> Iterator[None]:
+    forget_probes()
+    yield
+    forget_probes()
+
+
+def readme_request(base_url: str, **fields: object) -> RolloutRequest:
+    """The README's 'base_url + model directly': no endpoint name."""
+    return demo_request(base_url, endpoint="", **fields)
+
+
+def upstream(base_url: str) -> Upstream:
+    return Upstream("", base_url, "sk-probe-key", "scripted-policy", disable_thinking=False)
+
+
+async def test_an_endpoint_without_token_ids_is_refused_before_any_sandbox_with_the_fix() -> None:
+    backend = StubBackend()
+    with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
+        result = await run_rollout(readme_request(model.base_url), backend)
+        assert model.exchanges == []
+    assert (result.status, result.failed_phase) == ("invalid_request", "validate")
+    assert result.sandbox_id == ""
+    assert "completion token ids" in (result.error or "")
+    assert "--return-tokens-as-token-ids" in (result.error or "")
+    assert "capture='text'" in (result.error or "")
+    assert result.provenance is not None
+    assert result.provenance.endpoint is not None
+    assert result.provenance.endpoint.capabilities.logprobs
+    assert not result.provenance.endpoint.capabilities.completion_token_ids
+
+
+async def test_an_endpoint_without_logprobs_is_refused_in_logprobs_mode() -> None:
+    with ScriptedModelServer(demo_script(), omit_token_ids=True, omit_logprobs=True) as model:
+        result = await run_rollout(readme_request(model.base_url, capture="logprobs"), StubBackend())
+    assert result.status == "invalid_request"
+    assert "per-token logprobs" in (result.error or "")
+    assert "--max-logprobs" in (result.error or "")
+
+
+async def test_the_key_goes_to_the_endpoint_and_nowhere_in_the_result() -> None:
+    with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
+        result = await run_rollout(readme_request(model.base_url, api_key="sk-probe-secret"), StubBackend())
+        sent = {exchange.headers.get("authorization") for exchange in model.model.probe_exchanges}
+    assert sent == {"Bearer sk-probe-secret"}
+    assert "sk-probe-secret" not in result.model_dump_json()
+
+
+async def test_the_probe_tells_raw_from_processed_logprobs_and_sees_tool_calls() -> None:
+    with ScriptedModelServer(demo_script(), logprobs_mode="raw") as raw_model:
+        raw = await probe_endpoint(upstream(raw_model.base_url), top_logprobs=5)
+    with ScriptedModelServer(demo_script(), logprobs_mode="processed") as processed_model:
+        processed = await probe_endpoint(upstream(processed_model.base_url), top_logprobs=5)
+    assert (raw.capabilities.logprobs_kind, processed.capabilities.logprobs_kind) == ("raw", "processed")
+    assert raw.capabilities.tool_calls == "yes"
+    assert raw.capabilities.completion_token_ids
+    assert raw.capabilities.prompt_token_ids
+    assert raw.model is not None
+    assert raw.model.id == "scripted-policy"
+    assert raw.template_fingerprint is not None
+    assert raw.template_fingerprint.startswith("sha256:")
+    assert raw_model.exchanges == []
+
+
+async def test_the_probe_is_cached_per_endpoint_and_an_unreachable_one_is_not() -> None:
+    with ScriptedModelServer(demo_script()) as model:
+        first = await probe_endpoint(upstream(model.base_url), top_logprobs=5)
+        calls = len(model.model.probe_exchanges)
+        again = await probe_endpoint(upstream(model.base_url), top_logprobs=5)
+        assert len(model.model.probe_exchanges) == calls
+    assert (first.cached, again.cached) == (False, True)
+    assert again.template_fingerprint == first.template_fingerprint
+    dead = await probe_endpoint(upstream("http://127.0.0.1:9/v1"), top_logprobs=5)
+    assert not dead.probed
+    assert "did not answer" in (dead.problem or "")
+    assert not (await probe_endpoint(upstream("http://127.0.0.1:9/v1"), top_logprobs=5)).cached
+
+
+def test_the_decision_names_what_is_missing_and_warns_of_the_rest() -> None:
+    openai_like = EndpointProbe(probed=True, capabilities=EndpointCapabilities(logprobs=True, logprobs_kind="raw"))
+    refused = decide(openai_like, "tokens", top_logprobs=5, shaped_sampling=False)
+    assert refused.refusal is not None
+    assert "prompt token ids" in refused.refusal
+    accepted = decide(openai_like, "logprobs", top_logprobs=5, shaped_sampling=True)
+    assert accepted.refusal is None
+    assert any("no token ids" in warning for warning in accepted.warnings)
+    assert any("processed_logprobs" in warning for warning in accepted.warnings)
+    unprobed = EndpointProbe(probed=False, problem="the endpoint did not answer the probe: ConnectError")
+    assert decide(unprobed, "tokens", top_logprobs=5, shaped_sampling=False).warnings == [
+        "capture not checked before the rollout: the endpoint did not answer the probe: ConnectError"
+    ]
+
+
+def test_black_box_asks_for_text_and_refuses_tokens() -> None:
+    assert RolloutRequest(instruction="x", mode="black_box").wanted_capture() == "text"
+    with pytest.raises(ValueError, match="black_box mode records no model call"):
+        RolloutRequest(instruction="x", mode="black_box", capture="tokens")
+
+
+def test_a_result_written_before_provenance_still_parses() -> None:
+    old = RolloutResult.model_validate_json('{"task_id": "t", "proxy_turns": [{"turn": 0}], "schema_version": 3}')
+    assert old.provenance is None
+    assert (old.proxy_turns[0].template_fingerprint, old.proxy_turns[0].template_changed) == (None, False)
+
+
+async def test_the_readme_path_captures_token_ids_and_the_fingerprint_is_stable_across_rollouts(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    with ScriptedModelServer(demo_script()) as model:
+        first = await run_rollout(readme_request(model.base_url, policy_version="step-40"), backend)
+        second = await run_rollout(readme_request(model.base_url), backend)
+    for result in (first, second):
+        assert result.status == "completed", result.error
+        agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
+        assert agent
+        assert all(turn.completion_token_ids and turn.prompt_token_ids for turn in agent)
+        assert not any(turn.template_changed for turn in result.proxy_turns)
+        assert not any("template" in warning for warning in result.warnings)
+    assert first.provenance is not None
+    assert second.provenance is not None
+    assert first.provenance.policy_version == "step-40"
+    assert first.provenance.template_fingerprint is not None
+    assert first.provenance.template_fingerprint == second.provenance.template_fingerprint
+    assert all(turn.template_fingerprint == first.provenance.template_fingerprint for turn in first.proxy_turns)
+    assert second.provenance.endpoint is not None
+    assert second.provenance.endpoint.cached
+    assert first.provenance.config_sha256 is not None
+    assert first.provenance.config_sha256 == second.provenance.config_sha256
+    assert set(first.provenance.config_parts) == {"config", "system_prompts", "tools"}
+
+
+async def test_a_template_change_between_two_calls_is_flagged_on_the_turn_and_in_the_warnings(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    with ScriptedModelServer(demo_script(), template_switch_after=2) as model:
+        result = await run_rollout(readme_request(model.base_url), backend)
+    assert result.status == "completed", result.error
+    changed = [turn.turn for turn in result.proxy_turns if turn.template_changed]
+    assert changed
+    assert len(changed) < len(result.proxy_turns)
+    assert result.provenance is not None
+    assert result.provenance.template_changed_turns == changed
+    [warning] = [warning for warning in result.warnings if "chat template changed during" in warning]
+    assert ", ".join(map(str, changed)) in warning
+    again = RolloutResult.model_validate_json(result.model_dump_json())
+    assert [turn.template_changed for turn in again.proxy_turns] == [t.template_changed for t in result.proxy_turns]
+
+
+async def test_text_mode_accepts_an_endpoint_without_token_ids_and_says_so(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
+        result = await run_rollout(readme_request(model.base_url, capture="text"), backend)
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    assert any("returns no token ids" in warning for warning in result.warnings)
+    assert all(not turn.completion_token_ids for turn in result.proxy_turns)
+
+
+async def test_the_proxy_fingerprints_every_call_and_records_the_engines_policy_version(tmp_path: Path) -> None:
+    """The proxy alone, as a real process: the template switches after the first call's check."""
+    args = ("--endpoint-kind", "", "--model-override", "scripted-policy", "--return-token-ids", "on")
+    with (
+        ScriptedModelServer(demo_script(), template_switch_after=1, policy_version="ckpt-7") as model,
+        running_proxy(
+            model.base_url, tmp_path, *args, "--template-check", "--policy-version-header", "X-Policy-Version"
+        ) as proxy,
+    ):
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(2):
+                answer = await client.post(f"{proxy.url}/chat/completions", json=CALL, headers={"x-session-id": "s"})
+                assert answer.status_code == 200, answer.text
+        turns = proxy.wait_for_turns(2).turns
+        checks = model.model.template_checks
+    first, second = (turn.template_fingerprint for turn in turns)
+    assert first is not None
+    assert second is not None
+    assert first != second
+    assert checks == 2
+    assert [turn.policy_version for turn in turns] == ["ckpt-7", "ckpt-7"]
+    assert all(turn.completion_token_ids for turn in turns)
