@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.integrity import Listing
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     RolloutSandbox,
@@ -50,6 +51,8 @@ class RolloutState:
     spec: SandboxSpec
     settings: Settings
     instruction_path: str = ""
+    grader_files: Listing | None = None
+    """The work dir's grader configuration as setup left it (integrity.py), put back before verify."""
 
     @property
     def workdir(self) -> str:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from opencode_env.training.coverage import SessionKind, agent_tokens_carried, is_root_agent_turn, is_trainable_turn
 from opencode_env.training.sequences import TrainingSequence, TrainingSequences, training_sequences
+from opencode_env.wire.grading import tampering
 from opencode_env.wire.models import RolloutResult, RolloutStatus, is_infrastructure_failure
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ class TrainingRow(BaseModel):
         description="Calls of the rollout not tied to OpenCode's session: in no row, listed so coverage adds up.",
     )
     forks: int = 0
+    grader_tampering: list[str] = Field(
+        default_factory=list,
+        description="Kinds of grader configuration the agent created, changed or deleted (the result's integrity "
+        "findings, routine bytecode left out): a reward-hacking attempt a trainer can penalise.",
+    )
 
 
 TRL_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")
@@ -80,6 +86,7 @@ TRL_EXTRA_KEYS = (
     "unattributed_turns",
     "forks",
     "rollout_index",
+    "grader_tampering",
 )
 
 
@@ -106,6 +113,7 @@ def _row(
         "unattributed_turns": found.unattributed,
         "agent_tokens": agent_tokens,
         "covered_tokens": covered_tokens,
+        "grader_tampering": tampering(result.integrity),
     }
     if sequence is None:
         first_prompt = next((t.prompt_token_ids for t in result.proxy_turns if t.prompt_token_ids), [])
@@ -223,6 +231,7 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
             "agent_tokens": row.agent_tokens,
             "covered_tokens": row.covered_tokens,
             "unattributed_turns": row.unattributed_turns,
+            "grader_tampering": row.grader_tampering,
         },
         prompt_ids=row.prompt_ids if has_sequence else [],
         completion_ids=row.completion_ids if has_sequence else [],

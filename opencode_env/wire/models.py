@@ -34,6 +34,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, WithJsonSchema, field_serializer, model_validator
 
+from opencode_env.wire.grading import IntegrityFinding
 from opencode_env.wire.prompt_compaction import (
     COMPACTION_WINDOW,
     common_prefix_length,
@@ -252,6 +253,11 @@ class RolloutResult(BaseModel):
     )
     attribution: AttributionCheck | None = Field(
         None, description="How the model calls were tied to OpenCode's sessions, and the check against its store."
+    )
+    integrity: list[IntegrityFinding] = Field(
+        default_factory=list,
+        description="Files that configure the grader (test config, conftest.py, bytecode, start-up hooks, git "
+        "config) the agent created, changed or deleted, and what the grader did about each before verify.",
     )
     warnings: list[str] = Field(
         default_factory=list,

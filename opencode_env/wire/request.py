@@ -167,6 +167,14 @@ class RolloutRequest(BaseModel):
         "replacing whatever the agent left at those paths; the agent never sees them. Keyed like `files` (Harbor's "
         f"tests go to /tests; no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
     )
+    solution_files: list[FilePath] = Field(
+        default_factory=list,
+        max_length=MAX_FILES,
+        description="Paths (relative to the work dir) of files the task asks the agent to write that would "
+        "otherwise count as grader configuration (a pyproject.toml, a conftest.py, a .pth): kept as the agent left "
+        "them; every other test config, conftest.py, bytecode, start-up hook and git config the agent created or "
+        "changed is removed or restored before verify, and recorded in the result's `integrity`.",
+    )
     verify_sandbox: VerifySandbox = Field(
         "same",
         description="same: verify runs in the agent's sandbox, under a grader identity with a fresh HOME and /tmp; "

@@ -3,6 +3,7 @@ the MCP tool result's text block, which carries this instead of the whole result
 
 from __future__ import annotations
 
+from opencode_env.wire.grading import findings_summary
 from opencode_env.wire.models import RolloutResult
 
 WHERE_THE_REST_IS = (
@@ -25,6 +26,8 @@ def result_summary(result: RolloutResult) -> str:
         f"timings:    {phases}; wall {result.wall_s:.2f}s",
         f"sandbox:    {result.backend} {result.sandbox_id}, OpenCode {result.opencode_version}",
     ]
+    if result.integrity:
+        lines.insert(5, f"integrity:  {findings_summary(result.integrity)}")
     return "\n".join(lines)
 
 
