@@ -41,6 +41,7 @@ STARTUP_NAMES = ("sitecustomize.py", "usercustomize.py", "sitecustomize", "userc
 SHADOW_NAMES = ("pytest", "_pytest", "pluggy", "iniconfig", "unittest", "doctest", "py")
 """Packages (or modules, NAME.py) a grader imports; `py` as py.py only (pytest's shim)."""
 BYTECODE_DIR = "__pycache__"
+GRADER_CONFIG_NAMES = frozenset({*CONFIG_NAMES, *STARTUP_NAMES})
 METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 GIT_FILES = (".git/config", ".git/config.worktree", ".git/info/attributes", ".git/hooks")
 
