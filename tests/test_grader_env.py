@@ -175,3 +175,21 @@ def test_a_task_handing_its_tests_over_gets_no_warning() -> None:
 def test_old_results_without_findings_still_parse() -> None:
     finding = IntegrityFinding(path="conftest.py", kind="conftest", act="created", response="removed")
     assert IntegrityFinding.model_validate_json(finding.model_dump_json()) == finding
+
+
+def test_junit_names_and_the_reward_by_id() -> None:
+    from opencode_env.rollout.graded_tests import grade, junit_key
+    from opencode_env.wire.grading import GradedTests
+
+    assert junit_key("a/test_b.py::C::t[1]") == ("a.test_b.C", "t[1]")
+    spec = GradedTests(files={"t.py": ""}, fail_to_pass=["t.py::a", "t.py::b"], pass_to_pass=["t.py::c"])
+    report = (
+        b'<testsuites><testsuite><testcase classname="t" name="a"/>'
+        b'<testcase classname="t" name="b"><failure message="x"/></testcase></testsuite></testsuites>'
+    )
+    graded = grade(spec, report)
+    assert [test.outcome for test in graded.outcomes] == ["passed", "failed", "missing"]
+    assert graded.reward == 0.0
+    assert grade(spec.model_copy(update={"scoring": "fraction"}), report).reward == pytest.approx(1 / 3)
+    assert grade(spec, None).reward == 0.0
+    assert grade(spec, b"<not xml").reward == 0.0

@@ -213,3 +213,64 @@ async def test_a_full_disk_still_lets_the_grader_run(
     assert "IFree" in result.solution_results[-1].stdout
     assert " 0 " in result.solution_results[-1].stdout.splitlines()[-1], result.solution_results[-1].stdout
     assert result.reward == (1.0 if answer == ADD else 0.0), result.verify_results
+
+
+TEST_CALC = """\
+from add import add
+
+
+def test_add():
+    assert add(2, 3) == 5
+
+
+class TestZero:
+    def test_zero(self):
+        assert add(0, 0) == 0
+"""
+GRADED = {
+    "files": {"test_calc.py": TEST_CALC},
+    "fail_to_pass": ["test_calc.py::test_add"],
+    "pass_to_pass": ["test_calc.py::TestZero::test_zero"],
+}
+EXITS_AT_IMPORT = "import os\nos._exit(0)\n"
+TEST_GRADER_TRICKS = {
+    "the solution exits 0 when imported": [shell_file(f"{WORKDIR}/add.py", EXITS_AT_IMPORT)],
+    "conftest in the tests' directory": [
+        shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
+        shell_file(f"{WORKDIR}/.opencode-env-tests/conftest.py", MAKEREPORT),
+    ],
+    "pytest.ini --co": wrong_with("pytest.ini --co"),
+    "makereport hookwrapper": wrong_with("makereport hookwrapper"),
+}
+
+
+def graded_task(image: str, solution: list[str], **fields: object) -> RolloutRequest:
+    return task(image, solution, verify=[], verify_files={}, setup=[], tests=GRADED, **fields)
+
+
+async def test_the_test_grader_grades_by_test_id(backend: LocalBackend, no_leaks: None, image: str) -> None:
+    result = await graded(graded_task(image, [shell_file(f"{WORKDIR}/add.py", ADD)]), backend)
+    assert (result.reward, result.reward_source) == (1.0, "tests"), result.verify_results
+    assert [(test.test_id, test.expected, test.outcome) for test in result.test_outcomes] == [
+        ("test_calc.py::test_add", "fail_to_pass", "passed"),
+        ("test_calc.py::TestZero::test_zero", "pass_to_pass", "passed"),
+    ]
+    fraction = await graded(graded_task(image, [shell_file(f"{WORKDIR}/add.py", WRONG_ADD)]), backend)
+    assert [test.outcome for test in fraction.test_outcomes] == ["failed", "passed"]
+    assert fraction.reward == 0.0
+
+
+@pytest.mark.parametrize("trick", sorted(TEST_GRADER_TRICKS))
+async def test_the_test_grader_trusts_no_exit_code(
+    backend: LocalBackend, no_leaks: None, image: str, trick: str
+) -> None:
+    result = await graded(graded_task(image, TEST_GRADER_TRICKS[trick]), backend)
+    assert result.reward == 0.0, (result.verify_results, result.test_outcomes)
+    assert "passed" not in {test.outcome for test in result.test_outcomes if test.expected == "fail_to_pass"}
+
+
+async def test_an_exit_at_import_beats_an_exit_code_grader(backend: LocalBackend, no_leaks: None, image: str) -> None:
+    """Why the test grader exists: the README's exit-code pattern cannot see a solution that exits 0 when the tests
+    import it (no file of the grader's configuration is involved)."""
+    result = await graded(task(image, TEST_GRADER_TRICKS["the solution exits 0 when imported"]), backend)
+    assert result.reward == 1.0

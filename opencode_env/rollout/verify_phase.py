@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from opencode_env.rollout import integrity
+from opencode_env.rollout import graded_tests, integrity
 from opencode_env.rollout.commands import INSTALL_TIMEOUT_S, run_commands
 from opencode_env.rollout.grader_env import verify_environment
 from opencode_env.rollout.reward import read_reward
@@ -19,6 +19,7 @@ from opencode_env.sandbox.base import (
     Sandbox,
     SandboxError,
 )
+from opencode_env.wire.grading import GradedTests
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
@@ -154,13 +155,44 @@ async def close_quietly(sandbox: Sandbox) -> None:
         log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
 
 
-async def grade(rollout: RolloutState, sandbox: Sandbox) -> None:
+async def grade(rollout: RolloutState, sandbox: RolloutSandbox) -> None:
     request, result = rollout.request, rollout.result
     env = verify_environment(request.env, rollout.workdir)
     result.verify_results = await run_commands(
         rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env
     )
+    if request.tests is not None:
+        await run_graded_tests(rollout, sandbox, request.tests, env)
+        return
     reward = await read_reward(sandbox, result.verify_results)
     result.reward, result.reward_source = reward.value, reward.source
     if reward.problem:
         log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+
+
+async def run_graded_tests(
+    rollout: RolloutState, sandbox: RolloutSandbox, spec: GradedTests, env: Mapping[str, str]
+) -> None:
+    """After the verify commands (whose processes are gone with them): the tests' directory emptied and written
+    afresh, pytest run hardened, the reward from the JUnit report the host reads (graded_tests.py)."""
+    request, result = rollout.request, rollout.result
+    workdir = rollout.workdir
+    timeout_s = rollout.budget("verify", request.verify_timeout_s)
+    await sandbox.run(graded_tests.clear_command(workdir), timeout_s=timeout_s, identity="grader", cwd=workdir)
+    if not await hand_over(rollout, sandbox, {**graded_tests.handed_files(spec), **request.verify_files}):
+        return
+    ran = await sandbox.run(
+        graded_tests.pytest_command(spec, workdir),
+        timeout_s=rollout.budget("verify", request.verify_timeout_s),
+        env=env,
+        cwd=workdir,
+        identity="grader",
+    )
+    result.verify_results.append(ran)
+    try:
+        report: bytes | None = await sandbox.read_file(graded_tests.JUNIT)
+    except FileNotFoundError:
+        report = None
+    graded = graded_tests.grade(spec, report)
+    result.reward, result.reward_source = graded.reward, "tests"
+    result.test_outcomes = graded.outcomes

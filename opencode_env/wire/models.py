@@ -34,7 +34,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, WithJsonSchema, field_serializer, model_validator
 
-from opencode_env.wire.grading import IntegrityFinding
+from opencode_env.wire.grading import GradedTest, IntegrityFinding
 from opencode_env.wire.prompt_compaction import (
     COMPACTION_WINDOW,
     common_prefix_length,
@@ -253,6 +253,9 @@ class RolloutResult(BaseModel):
     )
     attribution: AttributionCheck | None = Field(
         None, description="How the model calls were tied to OpenCode's sessions, and the check against its store."
+    )
+    test_outcomes: list[GradedTest] = Field(
+        default_factory=list, description="The test grader's per-test outcomes (request.tests), expected ids only."
     )
     integrity: list[IntegrityFinding] = Field(
         default_factory=list,

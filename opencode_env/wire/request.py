@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from opencode_env.wire.grading import GradedTests
+
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
 Mode = Literal["transparent_proxy", "black_box"]
 Network = Literal["internet", "model_only"]
@@ -174,6 +176,12 @@ class RolloutRequest(BaseModel):
         "otherwise count as grader configuration (a pyproject.toml, a conftest.py, a .pth): kept as the agent left "
         "them; every other test config, conftest.py, bytecode, start-up hook and git config the agent created or "
         "changed is removed or restored before verify, and recorded in the result's `integrity`.",
+    )
+    tests: GradedTests | None = Field(
+        None,
+        description="A test grader: test files and the ids that must pass, run by the product itself (tests from "
+        "a directory the agent never wrote, the work dir last on sys.path, a JUnit report read by the host); the "
+        "reward comes from which expected ids passed, never from an exit code. `verify` commands still run first.",
     )
     verify_sandbox: VerifySandbox = Field(
         "same",

@@ -32,5 +32,5 @@ def is_infrastructure_failure(status: RolloutStatus) -> bool:
     return status in INFRASTRUCTURE_FAILURES
 
 
-RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
+RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "tests", "none"]
 LimitHit = Literal["memory", "processes", "disk"]
