@@ -4,6 +4,7 @@ under the variables verify gets, and the diff is a pure function."""
 from __future__ import annotations
 
 import os
+import py_compile
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from opencode_env.rollout.check_task import task_warnings
+from opencode_env.rollout.graded_tests import grade, junit_key
 from opencode_env.rollout.grader_env import verify_environment
 from opencode_env.rollout.integrity import Entry, Listing, parse_listing, removal_command, repair, scan_command
 from opencode_env.sandbox import grader_python
-from opencode_env.wire.grading import IntegrityFinding, tampering
-from opencode_env.wire.models import RolloutRequest
+from opencode_env.wire.grading import GradedTest, GradedTests, IntegrityFinding, tampering
+from opencode_env.wire.models import RolloutRequest, RolloutResult
+from opencode_env.wire.summary import result_summary
 
 
 def grader_env(tmp_path: Path, workdir: Path) -> dict[str, str]:
@@ -60,8 +63,6 @@ def test_an_unchecked_hash_pyc_beside_a_source_is_never_read(tmp_path: Path) -> 
     (workdir / "helper.py").write_text("VALUE = 'source'\n")
     forged = workdir / "forged.py"
     forged.write_text("VALUE = 'forged'\n")
-    import py_compile
-
     py_compile.compile(
         str(forged),
         cfile=str(workdir / "__pycache__" / f"helper.{sys.implementation.cache_tag}.pyc"),
@@ -178,9 +179,6 @@ def test_old_results_without_findings_still_parse() -> None:
 
 
 def test_junit_names_and_the_reward_by_id() -> None:
-    from opencode_env.rollout.graded_tests import grade, junit_key
-    from opencode_env.wire.grading import GradedTests
-
     assert junit_key("a/test_b.py::C::t[1]") == ("a.test_b.C", "t[1]")
     spec = GradedTests(files={"t.py": ""}, fail_to_pass=["t.py::a", "t.py::b"], pass_to_pass=["t.py::c"])
     report = (
@@ -193,3 +191,30 @@ def test_junit_names_and_the_reward_by_id() -> None:
     assert grade(spec.model_copy(update={"scoring": "fraction"}), report).reward == pytest.approx(1 / 3)
     assert grade(spec, None).reward == 0.0
     assert grade(spec, b"<not xml").reward == 0.0
+
+
+def test_a_sitecustomize_in_the_work_dir_is_not_the_images(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "sitecustomize.py").write_text("raise SystemExit('the agent ran first')\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "print('graded')"],
+        cwd=workdir,
+        env=grader_env(tmp_path, workdir),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "graded\n"), done.stderr
+
+
+def test_the_summary_names_the_findings_and_the_tests() -> None:
+    result = RolloutResult(
+        integrity=[IntegrityFinding(path="conftest.py", kind="conftest", act="created", response="removed")],
+        test_outcomes=[GradedTest(test_id="t.py::a", expected="fail_to_pass", outcome="failed")],
+    )
+    summary = result_summary(result)
+    assert "integrity:  1 (conftest.py created->removed)" in summary
+    assert "tests:      0/1 expected ids passed" in summary
+    assert RolloutResult.model_validate_json(result.model_dump_json()) == result
+    assert RolloutResult.model_validate_json("{}").integrity == []

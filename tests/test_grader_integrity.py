@@ -15,7 +15,9 @@ import pytest
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.testing.script import Script, bash, say
 from opencode_env.wire.models import RolloutRequest, RolloutResult
+from tests.helpers import rollout
 
 WORKDIR = "/home/user/workdir"
 REWARD = "/home/user/logs/verifier/reward.txt"
@@ -274,3 +276,30 @@ async def test_an_exit_at_import_beats_an_exit_code_grader(backend: LocalBackend
     import it (no file of the grader's configuration is involved)."""
     result = await graded(task(image, TEST_GRADER_TRICKS["the solution exits 0 when imported"]), backend)
     assert result.reward == 1.0
+
+
+async def test_through_opencode_a_planted_conftest_and_a_full_disk_move_nothing(
+    backend: LocalBackend, no_leaks: None, image: str
+) -> None:
+    """The real OpenCode's bash tool writes the wrong add.py, a conftest.py that exits 0, a pytest.ini with --co,
+    then uses up every inode of a small disk: the grade is still the wrong answer's."""
+    attack = " && ".join(
+        [
+            shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
+            shell_file(f"{WORKDIR}/conftest.py", EXIT_EARLY),
+            shell_file(f"{WORKDIR}/pytest.ini", "[pytest]\naddopts = --co\n"),
+            FILL_INODES,
+        ]
+    )
+    script = Script(steps=[bash(attack), say("done")])
+    verify_files = {"tests/test_add.py": TEST_ADD, "tests/helper.py": HELPER}
+    outcome = await rollout(
+        backend, script, image=image, verify=[VERIFY], verify_files=verify_files, disk_mb=64, task_id="through"
+    )
+    result = outcome.result
+    assert result.status == "completed", (result.error, result.verify_results)
+    assert result.reward == 0.0, result.verify_results
+    assert {("conftest.py", "created", "removed"), ("pytest.ini", "created", "removed")} <= {
+        (finding.path, finding.act, finding.response) for finding in result.integrity
+    }
+    assert result.usage.llm_calls >= 2

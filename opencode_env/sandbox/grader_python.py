@@ -2,9 +2,9 @@
 
 Verify runs with PYTHONSAFEPATH, so Python no longer puts the script's directory (or the current one, for `-c` and
 `-m`) first on sys.path, where a work dir's `pytest/` or `json.py` would shadow what the grader imports. This file,
-found through PYTHONPATH as `sitecustomize`, puts that directory back at the END of sys.path (tests still import the
-agent's solution from the work dir, which now shadows nothing installed), then runs the image's own sitecustomize if
-it has one. It lives where only the host and the grader can write, made afresh at each hand-over.
+found through PYTHONPATH as `sitecustomize`, runs the image's own sitecustomize if it has one (never one in that
+directory, nor the current one), then puts that directory back at the END of sys.path (tests still import the
+agent's solution from the work dir, which now shadows nothing installed). It lives where only the host and the grader can write, made afresh at each hand-over.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def _entry_directory():
     return os.path.dirname(os.path.abspath(first))
 
 
-def _image_sitecustomize(here):
-    others = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
+def _image_sitecustomize(here, entry):
+    skipped = {here, os.path.abspath(entry or ".")}
+    others = [path for path in sys.path if path and os.path.abspath(path) not in skipped]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
     if spec is None or spec.loader is None:
         return
@@ -44,9 +45,9 @@ def _start():
         entry = _entry_directory()
     except OSError:
         entry = None
+    _image_sitecustomize(here, entry)
     if entry and entry not in sys.path:
         sys.path.append(entry)
-    _image_sitecustomize(here)
 
 
 _start()

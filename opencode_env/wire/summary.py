@@ -26,6 +26,9 @@ def result_summary(result: RolloutResult) -> str:
         f"timings:    {phases}; wall {result.wall_s:.2f}s",
         f"sandbox:    {result.backend} {result.sandbox_id}, OpenCode {result.opencode_version}",
     ]
+    if result.test_outcomes:
+        passed = sum(1 for test in result.test_outcomes if test.outcome == "passed")
+        lines.insert(5, f"tests:      {passed}/{len(result.test_outcomes)} expected ids passed")
     if result.integrity:
         lines.insert(5, f"integrity:  {findings_summary(result.integrity)}")
     return "\n".join(lines)
