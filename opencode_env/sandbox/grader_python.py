@@ -4,7 +4,8 @@ Verify runs with PYTHONSAFEPATH, so Python no longer puts the script's directory
 `-m`) first on sys.path, where a work dir's `pytest/` or `json.py` would shadow what the grader imports. This file,
 found through PYTHONPATH as `sitecustomize`, runs the image's own sitecustomize if it has one (never one in that
 directory, nor the current one), then puts that directory back at the END of sys.path (tests still import the
-agent's solution from the work dir, which now shadows nothing installed). It lives where only the host and the grader can write, made afresh at each hand-over.
+agent's solution from the work dir, which now shadows nothing installed). It lives where only the host and the
+grader can write, made afresh at each hand-over.
 """
 
 from __future__ import annotations
