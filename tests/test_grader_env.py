@@ -104,7 +104,9 @@ def listing(entries: dict[str, tuple[str, bytes | None]]) -> Listing:
 
 
 def test_the_diff_removes_what_the_agent_made_and_restores_what_it_changed() -> None:
-    before = listing({"pytest.ini": ("f", b"[pytest]\n"), "conftest.py": ("f", b"x = 1\n")})
+    before = listing(
+        {"pytest.ini": ("f", b"[pytest]\n"), "conftest.py": ("f", b"x = 1\n"), "lib/x.cpython-311.pyc": ("f", None)}
+    )
     after = listing(
         {
             "pytest.ini": ("f", b"[pytest]\naddopts = --co\n"),
@@ -114,11 +116,12 @@ def test_the_diff_removes_what_the_agent_made_and_restores_what_it_changed() -> 
             "pyproject.toml": ("f", b"[project]\n"),
             "tests/__pycache__": ("d", None),
             "tests/__pycache__/helper.cpython-311.pyc": ("f", None),
+            "lib/x.cpython-311.pyc": ("f", None),
         }
     )
     plan = repair(before, after, ["pyproject.toml"])
     assert plan.restore == {"pytest.ini": "[pytest]\n", "conftest.py": "x = 1\n"}
-    assert sorted(plan.remove) == ["pytest", "tests/__pycache__", "tests/conftest.py"]
+    assert sorted(plan.remove) == ["lib/x.cpython-311.pyc", "pytest", "tests/__pycache__", "tests/conftest.py"]
     acts = {(f.path, f.kind, f.act, f.response) for f in plan.findings}
     assert acts == {
         ("conftest.py", "conftest", "deleted", "restored"),

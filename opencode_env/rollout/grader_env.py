@@ -1,7 +1,8 @@
 """Verify's environment: what no file in the work dir can steer, whatever command the task gives.
 
-- Python reads and writes bytecode only under the grader's own fresh directory (PYTHONPYCACHEPREFIX: a `.pyc` the
-  agent left beside a source, unchecked-hash or forged, is never read; pytest's assertion-rewrite cache follows it);
+- No bytecode of the agent's is read: the work dir's is all removed before verify (integrity.py) and verify writes
+  none; when the work dir could not be listed, Python reads and writes bytecode only under the grader's own fresh
+  directory (PYTHONPYCACHEPREFIX, which pytest's assertion-rewrite cache follows);
   PYTHONSAFEPATH keeps the work dir from coming first on sys.path (the grader's sitecustomize puts it last);
   no user site.
 - git takes every setting that runs a program from the command-line level (GIT_CONFIG_COUNT, which beats any
@@ -37,11 +38,17 @@ empty clears the list). `diff.external` has no harmless value (empty makes `git 
 `.git/config` removes the agent's."""
 
 
-def verify_environment(task_env: Mapping[str, str], workdir: str) -> dict[str, str]:
-    """The variables verify's commands run with: the task's, then the grader's, which win."""
+def verify_environment(task_env: Mapping[str, str], workdir: str, *, bytecode_removed: bool = False) -> dict[str, str]:
+    """The variables verify's commands run with: the task's, then the grader's, which win. `bytecode_removed`: the
+    work dir holds no bytecode (integrity.py removed it all): Python keeps the image's own (no recompiling every
+    installed module, 2 s of CPU per rollout for pytest alone) and writes none; else every module's bytecode comes
+    from the grader's own directory."""
     env = dict(task_env)
+    if bytecode_removed:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env["PYTHONPYCACHEPREFIX"] = GRADER_PYCACHE_DIR
     env.update(
-        PYTHONPYCACHEPREFIX=GRADER_PYCACHE_DIR,
         PYTHONSAFEPATH="1",
         PYTHONPATH=GRADER_PYTHON_DIR,
         PYTHONNOUSERSITE="1",

@@ -167,14 +167,18 @@ def _same(before: Listing, after: Listing, path: str) -> bool:
 
 
 def repair(before: Listing, after: Listing, solution_files: Iterable[str]) -> Repair:
-    """What the agent did to the grader's configuration, and what to write back and remove (pure)."""
+    """What the agent did to the grader's configuration, and what to write back and remove (pure). All bytecode
+    goes, the task's too (a cache, and one whose size and mtime an agent can keep while changing it); a finding is
+    made only for what the agent created or changed."""
     wanted = [posixpath.normpath(path) for path in solution_files]
     plan = Repair()
     for path in sorted(set(before.entries) | set(after.entries)):
-        if path in before.entries and path in after.entries and _same(before, after, path):
-            continue
         kind = finding_kind(path)
         parent_removed = any(parent in plan.remove for parent in _parents(path))
+        if path in before.entries and path in after.entries and _same(before, after, path):
+            if kind == "bytecode" and not parent_removed and not _kept_by_task(path, wanted):
+                plan.remove.append(path)
+            continue
         act = "created" if path not in before.entries else "deleted" if path not in after.entries else "changed"
         if _kept_by_task(path, wanted):
             plan.findings.append(IntegrityFinding(path=_shown(path), kind=kind, act=act, response="kept"))

@@ -157,7 +157,7 @@ async def close_quietly(sandbox: Sandbox) -> None:
 
 async def grade(rollout: RolloutState, sandbox: RolloutSandbox) -> None:
     request, result = rollout.request, rollout.result
-    env = verify_environment(request.env, rollout.workdir)
+    env = verify_environment(request.env, rollout.workdir, bytecode_removed=rollout.grader_files is not None)
     result.verify_results = await run_commands(
         rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env
     )
