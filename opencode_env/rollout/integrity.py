@@ -77,6 +77,8 @@ def scan_command(workdir: str) -> str:
     small regular files among them (bytecode excepted). Unreadable entries are left out, never a failure."""
     records, small = _matches(f"-printf '{RECORD}'"), _matches(f"{SMALL_FILE} -print0")
     return (
+        "find / -maxdepth 0 -printf '' 2>/dev/null && command -v tar >/dev/null && printf '' | base64 -w 0 "
+        "|| { echo 'this image lacks GNU find, tar or base64' >&2; exit 3; }\n"
         f"cd {shlex.quote(workdir)} 2>/dev/null || exit 0\n"
         f"{records} | base64 -w 0; echo\n"
         f"{small} "
