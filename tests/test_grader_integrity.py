@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -278,11 +279,13 @@ async def test_an_exit_at_import_beats_an_exit_code_grader(backend: LocalBackend
     assert result.reward == 1.0
 
 
+@pytest.mark.timeout(240)
 async def test_through_opencode_a_planted_conftest_and_a_full_disk_move_nothing(
     backend: LocalBackend, no_leaks: None, image: str
 ) -> None:
     """The real OpenCode's bash tool writes the wrong add.py, a conftest.py that exits 0, a pytest.ini with --co,
-    then uses up every inode of a small disk: the grade is still the wrong answer's."""
+    then uses up every inode of a small disk (OpenCode's own store is on it too, so it may not get to finish: the
+    agent deadline ends it): the grade is still the wrong answer's, under a policy status."""
     attack = " && ".join(
         [
             shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
@@ -294,12 +297,30 @@ async def test_through_opencode_a_planted_conftest_and_a_full_disk_move_nothing(
     script = Script(steps=[bash(attack), say("done")])
     verify_files = {"tests/test_add.py": TEST_ADD, "tests/helper.py": HELPER}
     outcome = await rollout(
-        backend, script, image=image, verify=[VERIFY], verify_files=verify_files, disk_mb=64, task_id="through"
+        backend,
+        script,
+        image=image,
+        verify=[VERIFY],
+        verify_files=verify_files,
+        disk_mb=64,
+        agent_timeout_s=30.0,
+        task_id="through",
     )
     result = outcome.result
-    assert result.status == "completed", (result.error, result.verify_results)
+    assert result.status in ("completed", "agent_timeout"), (result.error, result.verify_results)
     assert result.reward == 0.0, result.verify_results
     assert {("conftest.py", "created", "removed"), ("pytest.ini", "created", "removed")} <= {
         (finding.path, finding.act, finding.response) for finding in result.integrity
     }
-    assert result.usage.llm_calls >= 2
+    assert result.usage.llm_calls >= 1
+
+
+async def test_the_examples_test_grader_task_is_solvable_and_not_free(
+    backend: LocalBackend, no_leaks: None, image: str
+) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "task_add_tests.json"
+    request = RolloutRequest.model_validate_json(example.read_text()).model_copy(update={"image": image})
+    solved = await graded(request, backend)
+    nothing = await graded(request.model_copy(update={"solution": []}), backend)
+    assert (solved.reward, solved.reward_source) == (1.0, "tests")
+    assert (nothing.reward, {test.outcome for test in nothing.test_outcomes}) == (0.0, {"missing"})
