@@ -323,4 +323,5 @@ async def test_the_examples_test_grader_task_is_solvable_and_not_free(
     solved = await graded(request, backend)
     nothing = await graded(request.model_copy(update={"solution": []}), backend)
     assert (solved.reward, solved.reward_source) == (1.0, "tests")
-    assert (nothing.reward, {test.outcome for test in nothing.test_outcomes}) == (0.0, {"missing"})
+    assert nothing.reward == 0.0
+    assert "passed" not in {test.outcome for test in nothing.test_outcomes}
