@@ -279,7 +279,7 @@ async def test_an_exit_at_import_beats_an_exit_code_grader(backend: LocalBackend
     assert result.reward == 1.0
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 async def test_through_opencode_a_planted_conftest_and_a_full_disk_move_nothing(
     backend: LocalBackend, no_leaks: None, image: str
 ) -> None:
@@ -303,15 +303,19 @@ async def test_through_opencode_a_planted_conftest_and_a_full_disk_move_nothing(
         verify=[VERIFY],
         verify_files=verify_files,
         disk_mb=64,
-        agent_timeout_s=30.0,
+        agent_timeout_s=90.0,
         task_id="through",
     )
     result = outcome.result
+    assert [call.tool for call in result.tool_calls][:1] == ["bash"], result.error
     assert result.status in ("completed", "agent_timeout"), (result.error, result.verify_results)
     assert result.reward == 0.0, result.verify_results
-    assert {("conftest.py", "created", "removed"), ("pytest.ini", "created", "removed")} <= {
-        (finding.path, finding.act, finding.response) for finding in result.integrity
-    }
+    acts = {(finding.path, finding.act, finding.response) for finding in result.integrity}
+    assert {("conftest.py", "created", "removed"), ("pytest.ini", "created", "removed")} <= acts, (
+        result.warnings,
+        result.tool_calls,
+        sorted(result.files),
+    )
     assert result.usage.llm_calls >= 1
 
 
