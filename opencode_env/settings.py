@@ -114,6 +114,13 @@ class Settings(BaseSettings):
     local_image: str = _setting(
         "", "OPENCODE_ENV_LOCAL_IMAGE", "local backend", "The default image ('host': the host's own system)."
     )
+    image_archive_dir: str = _setting(
+        "",
+        "OPENCODE_ENV_IMAGE_ARCHIVE_DIR",
+        "local backend",
+        "The only directory whose files a request may name as an image archive (oci-archive:/docker-archive:); "
+        "unset: archives are refused.",
+    )
     memory_overcommit: float = _setting(
         4.0,
         "OPENCODE_ENV_MEMORY_OVERCOMMIT",

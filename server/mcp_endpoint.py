@@ -140,7 +140,7 @@ def invalid_params_answer(message: dict[str, object]) -> bytes | None:
 def _json_object(body: bytes) -> dict[str, object] | None:
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return message if isinstance(message, dict) else None
 

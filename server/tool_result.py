@@ -22,6 +22,7 @@ from mcp_types import ResourceLink, TextContent
 from opencode_env.training.sequences import sequences_coverage
 from opencode_env.wire import VERSION, ResultText, RolloutResult, result_summary
 from opencode_env.wire.answer import (
+    ANSWER_LIST_MAX,
     INLINE_MAX_BYTES,
     PART_BYTES,
     RESULT_PATH,
@@ -71,6 +72,10 @@ def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str = ""
         ),
         warnings=result.warnings,
         coverage=sequences_coverage(result).text(),
+        integrity=result.integrity[:ANSWER_LIST_MAX],
+        integrity_total=len(result.integrity),
+        test_outcomes=result.test_outcomes[:ANSWER_LIST_MAX],
+        test_outcomes_total=len(result.test_outcomes),
         schema_version=result.schema_version,
         result_ref=ref,
         result=result if len(result_json) <= INLINE_MAX_BYTES else None,

@@ -60,6 +60,8 @@ def _cmd_check_task(args: argparse.Namespace) -> int:
     print(_line("oracle:", check.oracle))
     print(_line("do-nothing:", check.nothing))
     print(f"{'verdict:':<12}{check.verdict}: {check.reason}")
+    for warning in check.warnings:
+        print(f"{'warning:':<12}{warning}")
     return EXIT_CODES[check.verdict]
 
 

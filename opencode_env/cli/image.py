@@ -5,13 +5,14 @@ The cache is the operator's (OPENCODE_ENV_CACHE): the command line passes down h
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from opencode_env.sandbox.local.base_image import MIRROR, SUITE, BaseImageError, build_base_image
-from opencode_env.sandbox.local.images import BASE_IMAGE, ImageStore
+from opencode_env.sandbox.local.images import ARCHIVE_PREFIXES, BASE_IMAGE, ImageStore, archive_dir_of
 
 
 def _say(message: str) -> None:
@@ -31,9 +32,18 @@ def _cmd_build_base(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    prepared = ImageStore(args.cache_dir() / "images").prepare(args.image)
+    store = ImageStore(args.cache_dir() / "images", archive_dir=archive_dir_of(args.image))
+    prepared = store.prepare(_operator_ref(args.image))
     print(f"{prepared.ref}: {prepared.image_id[:19]} unpacked at {prepared.rootfs} (workdir {prepared.workdir or '/'})")
     return 0
+
+
+def _operator_ref(ref: str) -> str:
+    """The operator's archive path made absolute (the store takes no relative path)."""
+    for prefix in ARCHIVE_PREFIXES:
+        if ref.startswith(prefix):
+            return prefix + os.path.abspath(ref.removeprefix(prefix))
+    return ref
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:

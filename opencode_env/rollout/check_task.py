@@ -4,9 +4,11 @@ scores below 1.0)? A task file is a RolloutRequest in JSON whose `solution` hold
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from typing import Literal
 
+from opencode_env.rollout.integrity import GRADER_CONFIG_NAMES
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.wire import RolloutRequest, RolloutResult, is_infrastructure_failure
@@ -21,6 +23,33 @@ class TaskCheck:
     nothing: RolloutResult
     verdict: Verdict
     reason: str
+    warnings: tuple[str, ...] = ()
+
+
+TEST_FILE = re.compile(r"(^|/)(test_[^/]*\.py|[^/]*_test\.py|conftest\.py)$")
+RUNS_PYTEST = re.compile(r"(^|[\s/;&|(])(py\.test|pytest)(\s|$)|-m\s+pytest")
+
+
+def task_warnings(request: RolloutRequest) -> list[str]:
+    """What lets an agent move its grade without solving the task, as far as the request shows it: tests it can
+    edit (written before it runs and not handed over again), grader configuration the task lets it keep."""
+    warnings = []
+    runs_pytest = any(RUNS_PYTEST.search(command) for command in request.verify)
+    if runs_pytest and not request.verify_files:
+        warnings.append(
+            "verify runs pytest but hands over no protected tests (verify_files): the agent can edit the tests it "
+            "is graded by; hand them over in verify_files (written in just before verify, replacing the agent's)"
+        )
+    for path in sorted(request.files):
+        if TEST_FILE.search(path) and path not in request.verify_files:
+            warnings.append(
+                f"{path} is written before the agent runs and not handed over again in verify_files: the agent can "
+                "change what verify runs"
+            )
+    for path in request.solution_files:
+        if TEST_FILE.search(path) or path.rsplit("/", 1)[-1] in GRADER_CONFIG_NAMES:
+            warnings.append(f"solution_files names {path}: the agent's version of it configures the grader, unchecked")
+    return warnings
 
 
 def judge(oracle: RolloutResult, nothing: RolloutResult) -> tuple[Verdict, str]:
@@ -47,4 +76,4 @@ async def check_task(request: RolloutRequest, backend: SandboxBackend) -> TaskCh
         run_rollout(request.model_copy(update={"solution": []}), backend),
     )
     verdict, reason = judge(oracle, nothing)
-    return TaskCheck(oracle, nothing, verdict, reason)
+    return TaskCheck(oracle, nothing, verdict, reason, tuple(task_warnings(request)))

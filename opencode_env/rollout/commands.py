@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+from collections.abc import Mapping
 
 from opencode_env.rollout import opencode
 from opencode_env.rollout.state import PhaseFailure, RolloutState
@@ -78,14 +79,16 @@ async def run_commands(
     *,
     sandbox: Sandbox | None = None,
     identity: Identity = "user",
+    env: Mapping[str, str] | None = None,
 ) -> list[CommandResult]:
+    """`env`: the variables the commands get (the request's env when None)."""
     results: list[CommandResult] = []
     for index, cmd in enumerate(commands, start=1):
         await rollout.report(phase, f"{phase} command {index}/{len(commands)}")
         result = await (sandbox or rollout.sandbox).run(
             cmd,
             timeout_s=rollout.budget(phase, timeout_s),
-            env=rollout.request.env,
+            env=rollout.request.env if env is None else env,
             cwd=rollout.workdir,
             keep_background=phase == "setup",
             identity=identity,

@@ -25,7 +25,7 @@ from opencode_env.rollout.probe import decide, probe_endpoint
 from opencode_env.rollout.sampling import non_neutral_fields, sampling_warnings
 from opencode_env.rollout.state import PhaseFailure, ProgressCallback, RolloutState, cancelling
 from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_problem
-from opencode_env.rollout.verify_phase import close_quietly, verify
+from opencode_env.rollout.verify_phase import close_quietly, snapshot_grader_files, verify
 from opencode_env.sandbox.base import (
     WORKDIR,
     ProxyHandle,
@@ -245,7 +245,7 @@ async def _in_sandbox(rollout: RolloutState) -> None:
         return
     opencode_path = await rollout.timed("install", install(rollout))
     await rollout.timed("prepare", prepare(rollout))
-    await rollout.timed("setup", setup(rollout))
+    await rollout.timed("setup", _setup(rollout))
     proxy = await rollout.timed("proxy", start_capture(rollout))
     agent_failure: PhaseFailure | None = None
     collected, proxy_died = False, False
@@ -280,10 +280,16 @@ async def _salvage_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
         rollout.result.warnings.append(f"the turns captured before the cancellation could not be read: {error!r}")
 
 
+async def _setup(rollout: RolloutState) -> None:
+    """The task's setup, then a snapshot of the grader's files as the task left them."""
+    await setup(rollout)
+    await snapshot_grader_files(rollout)
+
+
 async def _oracle(rollout: RolloutState, solution: list[str]) -> None:
     """The task's own solution in place of the agent (no model, no proxy, no OpenCode): is the task solvable?"""
     await rollout.timed("prepare", prepare(rollout))
-    await rollout.timed("setup", setup(rollout))
+    await rollout.timed("setup", _setup(rollout))
     timeout_s = rollout.request.agent_timeout_s
     results = await rollout.timed("agent", run_commands(rollout, "agent", solution, timeout_s, stop_on_failure=True))
     rollout.result.solution_results = results

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.integrity import Listing
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     RolloutSandbox,
@@ -53,6 +54,8 @@ class RolloutState:
     instruction_path: str = ""
     opencode_config: dict[str, Any] | None = None
     """OpenCode's config as rendered for this rollout (its hash goes into the result's provenance)."""
+    grader_files: Listing | None = None
+    """The work dir's grader configuration as setup left it (integrity.py), put back before verify."""
 
     @property
     def workdir(self) -> str:

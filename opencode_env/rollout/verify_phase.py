@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+from collections.abc import Mapping
 
+from opencode_env.rollout import graded_tests, integrity
 from opencode_env.rollout.commands import INSTALL_TIMEOUT_S, run_commands
+from opencode_env.rollout.grader_env import verify_environment
 from opencode_env.rollout.reward import read_reward
 from opencode_env.rollout.state import PhaseFailure, RolloutState
 from opencode_env.rollout.workdir_copy import copy_workdir
 from opencode_env.sandbox.base import (
+    RolloutSandbox,
     Sandbox,
     SandboxError,
 )
+from opencode_env.wire.grading import GradedTests
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
 WORKDIR_COPY_LIMIT = 256 * 2**20
 CLOSE_TIMEOUT_S = 30.0
+AGENT_CAUSED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMLINK, errno.ENAMETOOLONG, errno.ELOOP})
+AGENT_CAUSED_SIGNS = ("No space left on device", "Disk quota exceeded", "Too many links", "File name too long")
+"""What a cloud hand-over's script prints when the agent's acts made it fail."""
 
 
 async def verify(rollout: RolloutState) -> None:
@@ -27,8 +37,74 @@ async def verify(rollout: RolloutState) -> None:
     if rollout.request.verify_sandbox == "fresh":
         await fresh_verify(rollout)
         return
-    await rollout.sandbox.hand_to_grader(rollout.request.verify_files)
-    await grade(rollout, rollout.sandbox)
+    if not await hand_over(rollout, rollout.sandbox, rollout.request.verify_files):
+        return
+    if await put_grader_files_back(rollout, rollout.sandbox):
+        await grade(rollout, rollout.sandbox)
+
+
+async def hand_over(rollout: RolloutState, sandbox: RolloutSandbox, protected: Mapping[str, str]) -> bool:
+    """The work dir to the grader; False (graded 0, a policy status) when it failed for a reason only the agent
+    can have caused: its disk full (blocks or inodes), names or links past the system's limits."""
+    try:
+        await sandbox.hand_to_grader(protected)
+    except OSError as error:
+        if error.errno not in AGENT_CAUSED_ERRNOS:
+            raise
+        refuse(rollout, f"{os.strerror(error.errno or 0)} ({error.filename or 'the work dir'})")
+        return False
+    except SandboxError as error:
+        if not any(sign in str(error) for sign in AGENT_CAUSED_SIGNS):
+            raise
+        refuse(rollout, str(error)[-300:])
+        return False
+    return True
+
+
+def refuse(rollout: RolloutState, why: str) -> None:
+    """Verify cannot run because of what the agent did to its own sandbox: reward 0, and the status says so."""
+    result = rollout.result
+    result.reward, result.reward_source = 0.0, "verify_pass_rate"
+    result.status, result.failed_phase = "agent_error", "verify"
+    result.error = f"the agent's sandbox left the grader unable to run verify (graded 0): {why}"
+
+
+async def snapshot_grader_files(rollout: RolloutState) -> None:
+    """After setup, before the agent: the work dir's grader configuration as the task left it (integrity.py). An
+    image without the tools to list it (find, tar, base64) keeps verify's hardened environment alone, with a
+    warning."""
+    try:
+        rollout.grader_files = await integrity.scan(
+            rollout.sandbox, rollout.workdir, "root", rollout.budget("setup", integrity.SCAN_TIMEOUT_S)
+        )
+    except ValueError as error:
+        rollout.result.warnings.append(f"grader files not snapshotted, so not restored before verify: {error}")
+
+
+async def put_grader_files_back(rollout: RolloutState, sandbox: RolloutSandbox) -> bool:
+    """The task's grader configuration back in `sandbox`'s work dir (the grader's already), the agent's removed,
+    each act a finding. False when verify cannot run (graded 0 already): the work dir cannot even be listed (only
+    the agent can have made it so: millions of bytecode files, say), or the hand-over failed for the agent's acts."""
+    request, result = rollout.request, rollout.result
+    if rollout.grader_files is None:
+        return True
+    timeout_s = rollout.budget("verify", integrity.SCAN_TIMEOUT_S)
+    try:
+        plan = await integrity.check(
+            sandbox,
+            workdir=rollout.workdir,
+            before=rollout.grader_files,
+            solution_files=request.solution_files,
+            timeout_s=timeout_s,
+        )
+    except ValueError as error:
+        refuse(rollout, f"its work dir's grader files could not be checked: {error}")
+        return False
+    result.integrity = plan.findings
+    if plan.restore and not await hand_over(rollout, sandbox, {**plan.restore, **request.verify_files}):
+        return False
+    await integrity.remove(sandbox, plan.remove, workdir=rollout.workdir, timeout_s=timeout_s)
+    return True
 
 
 async def fresh_verify(rollout: RolloutState) -> None:
@@ -36,7 +112,8 @@ async def fresh_verify(rollout: RolloutState) -> None:
     the grader packed it) replaces its work dir, then the protected files, then verify. Nothing else of the agent's
     sandbox (HOME, /tmp, processes, planted hooks outside the work dir) exists there."""
     request, result = rollout.request, rollout.result
-    await rollout.sandbox.hand_to_grader({})
+    if not await hand_over(rollout, rollout.sandbox, {}):
+        return
     await rollout.report("verify", f"creating a fresh {rollout.backend.name} sandbox for verify")
     try:
         fresh = await asyncio.wait_for(
@@ -63,8 +140,10 @@ async def fresh_verify(rollout: RolloutState) -> None:
             result.reward, result.reward_source = 0.0, "verify_pass_rate"
             return
         result.enforcement["verify"] += f", work dir copied in ({copied.stdout}, {copied.duration_s} s)"
-        await fresh.hand_to_grader(request.verify_files)
-        await grade(rollout, fresh)
+        if not await hand_over(rollout, fresh, request.verify_files):
+            return
+        if await put_grader_files_back(rollout, fresh):
+            await grade(rollout, fresh)
     finally:
         await close_quietly(fresh)
 
@@ -76,12 +155,44 @@ async def close_quietly(sandbox: Sandbox) -> None:
         log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
 
 
-async def grade(rollout: RolloutState, sandbox: Sandbox) -> None:
+async def grade(rollout: RolloutState, sandbox: RolloutSandbox) -> None:
     request, result = rollout.request, rollout.result
+    env = verify_environment(request.env, rollout.workdir, bytecode_removed=rollout.grader_files is not None)
     result.verify_results = await run_commands(
-        rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader"
+        rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env
     )
+    if request.tests is not None:
+        await run_graded_tests(rollout, sandbox, request.tests, env)
+        return
     reward = await read_reward(sandbox, result.verify_results)
     result.reward, result.reward_source = reward.value, reward.source
     if reward.problem:
         log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+
+
+async def run_graded_tests(
+    rollout: RolloutState, sandbox: RolloutSandbox, spec: GradedTests, env: Mapping[str, str]
+) -> None:
+    """After the verify commands (whose processes are gone with them): the tests' directory emptied and written
+    afresh, pytest run hardened, the reward from the JUnit report the host reads (graded_tests.py)."""
+    request, result = rollout.request, rollout.result
+    workdir = rollout.workdir
+    timeout_s = rollout.budget("verify", request.verify_timeout_s)
+    await sandbox.run(graded_tests.clear_command(workdir), timeout_s=timeout_s, identity="grader", cwd=workdir)
+    if not await hand_over(rollout, sandbox, {**graded_tests.handed_files(spec), **request.verify_files}):
+        return
+    ran = await sandbox.run(
+        graded_tests.pytest_command(spec, workdir),
+        timeout_s=rollout.budget("verify", request.verify_timeout_s),
+        env=env,
+        cwd=workdir,
+        identity="grader",
+    )
+    result.verify_results.append(ran)
+    try:
+        report: bytes | None = await sandbox.read_file(graded_tests.JUNIT)
+    except FileNotFoundError:
+        report = None
+    graded = graded_tests.grade(spec, report)
+    result.reward, result.reward_source = graded.reward, "tests"
+    result.test_outcomes = graded.outcomes

@@ -16,6 +16,7 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
@@ -102,6 +103,7 @@ def _build_local(settings: Settings) -> SandboxBackend:
         memory_overcommit=settings.memory_overcommit,
         egress_trusted_hosts=parse_trusted_hosts(settings.egress_trusted_hosts),
         cache_dir=cache,
+        image_archive_dir=Path(settings.image_archive_dir) if settings.image_archive_dir else None,
     )
 
 

@@ -33,6 +33,7 @@ from opencode_env.training.coverage import SessionKind, agent_tokens_carried, is
 from opencode_env.training.provenance_columns import ProvenanceColumns, provenance_columns
 from opencode_env.training.sequences import TrainingSequence, TrainingSequences, training_sequences
 from opencode_env.wire import RolloutResult, RolloutStatus, is_infrastructure_failure
+from opencode_env.wire.grading import tampering
 
 if TYPE_CHECKING:
     from openenv.core.harness import HarnessRolloutResult
@@ -66,6 +67,11 @@ class TrainingRow(ProvenanceColumns):
         description="Calls of the rollout not tied to OpenCode's session: in no row, listed so coverage adds up.",
     )
     forks: int = 0
+    grader_tampering: list[str] = Field(
+        default_factory=list,
+        description="Kinds of grader configuration the agent created, changed or deleted (the result's integrity "
+        "findings, routine bytecode left out): a reward-hacking attempt a trainer can penalise.",
+    )
 
 
 TRL_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")
@@ -84,6 +90,7 @@ TRL_EXTRA_KEYS = (
     "config_sha256",
     "forks",
     "rollout_index",
+    "grader_tampering",
 )
 
 
@@ -110,6 +117,7 @@ def _row(
         "unattributed_turns": found.unattributed,
         "agent_tokens": agent_tokens,
         "covered_tokens": covered_tokens,
+        "grader_tampering": tampering(result.integrity),
     }
     if sequence is None:
         common |= provenance_columns(result, agent_turns)
@@ -229,6 +237,7 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
             "agent_tokens": row.agent_tokens,
             "covered_tokens": row.covered_tokens,
             "unattributed_turns": row.unattributed_turns,
+            "grader_tampering": row.grader_tampering,
         },
         prompt_ids=row.prompt_ids if has_sequence else [],
         completion_ids=row.completion_ids if has_sequence else [],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from opencode_env.wire.grading import GradedTest, IntegrityFinding
 from opencode_env.wire.result import Phase, PhaseTimings, RewardSource, RolloutResult, RolloutStatus, TokenUsage
 from opencode_env.wire.shared import WireFloat
 
@@ -54,6 +55,10 @@ class ResultRef(BaseModel):
     expires_at: float = Field(description="When it is deleted, seconds since the epoch (UTC).")
 
 
+ANSWER_LIST_MAX = 100
+"""At most this many integrity findings and test outcomes in the answer; the whole lists are in the result."""
+
+
 class RolloutAnswer(BaseModel):
     """run_rollout's structured content over MCP: the rollout's summary, and where its whole result is."""
 
@@ -72,6 +77,18 @@ class RolloutAnswer(BaseModel):
     sampled_tokens: int = Field(0, description="Completion tokens over every captured call.")
     warnings: list[str] = Field(default_factory=list, description="What a trainer should know about the data.")
     coverage: str = Field("", description="How many agent tokens a training export carries (training.coverage).")
+    integrity: list[IntegrityFinding] = Field(
+        default_factory=list,
+        description=f"Grader files the agent created, changed or deleted (result.integrity): the first "
+        f"{ANSWER_LIST_MAX}, so that an agent that plants a million files cannot push the answer past a client's "
+        "limit; integrity_total counts them all.",
+    )
+    integrity_total: int = Field(0, ge=0, description="len(result.integrity).")
+    test_outcomes: list[GradedTest] = Field(
+        default_factory=list,
+        description=f"The test grader's per-test outcomes (result.test_outcomes), the first {ANSWER_LIST_MAX}.",
+    )
+    test_outcomes_total: int = Field(0, ge=0, description="len(result.test_outcomes).")
     schema_version: int = Field(description="The RolloutResult's wire shape.")
     result_ref: ResultRef | None = Field(None, description="Where the whole RolloutResult is; None if not kept.")
     result: RolloutResult | None = Field(

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from opencode_env.wire.grading import GradedTests
 from opencode_env.wire.provenance import Capture
 
 EndpointName = Literal["", "vllm", "openai", "hf_router"]
@@ -184,6 +185,20 @@ class RolloutRequest(BaseModel):
         description="Protected files (tests, fixtures) the host writes into the work dir right before verify, "
         "replacing whatever the agent left at those paths; the agent never sees them. Keyed like `files` (Harbor's "
         f"tests go to /tests; no '..', at most {MAX_FILES} files, {MAX_FILES_TOTAL_CHARS} characters in all).",
+    )
+    solution_files: list[FilePath] = Field(
+        default_factory=list,
+        max_length=MAX_FILES,
+        description="Paths (relative to the work dir) of files the task asks the agent to write that would "
+        "otherwise count as grader configuration (a pyproject.toml, a conftest.py, a .pth): kept as the agent left "
+        "them; every other test config, conftest.py, bytecode, start-up hook and git config the agent created or "
+        "changed is removed or restored before verify, and recorded in the result's `integrity`.",
+    )
+    tests: GradedTests | None = Field(
+        None,
+        description="A test grader: test files and the ids that must pass, run by the product itself (tests from "
+        "a directory the agent never wrote, the work dir last on sys.path, a JUnit report read by the host); the "
+        "reward comes from which expected ids passed, never from an exit code. `verify` commands still run first.",
     )
     verify_sandbox: VerifySandbox = Field(
         "same",

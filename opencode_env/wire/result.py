@@ -49,6 +49,7 @@ from pydantic import (
     model_validator,
 )
 
+from opencode_env.wire.grading import GradedTest, IntegrityFinding, findings_summary
 from opencode_env.wire.provenance import Provenance
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
@@ -82,7 +83,7 @@ def is_infrastructure_failure(status: RolloutStatus) -> bool:
     return status in INFRASTRUCTURE_FAILURES
 
 
-RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "none"]
+RewardSource = Literal["reward_json", "reward_txt", "verify_pass_rate", "tests", "none"]
 LimitHit = Literal["memory", "processes", "disk"]
 
 
@@ -335,6 +336,14 @@ class RolloutResult(BaseModel):
     attribution: AttributionCheck | None = Field(
         None, description="How the model calls were tied to OpenCode's sessions, and the check against its store."
     )
+    test_outcomes: list[GradedTest] = Field(
+        default_factory=list, description="The test grader's per-test outcomes (request.tests), expected ids only."
+    )
+    integrity: list[IntegrityFinding] = Field(
+        default_factory=list,
+        description="Files that configure the grader (test config, conftest.py, bytecode, start-up hooks, git "
+        "config) the agent created, changed or deleted, and what the grader did about each before verify.",
+    )
     warnings: list[str] = Field(
         default_factory=list,
         description="What a trainer should know before using the data, e.g. logprobs that may not be those of the "
@@ -457,6 +466,11 @@ def result_summary(result: RolloutResult) -> str:
         f"timings:    {phases}; wall {result.wall_s:.2f}s",
         f"sandbox:    {result.backend} {result.sandbox_id}, OpenCode {result.opencode_version}",
     ]
+    if result.test_outcomes:
+        passed = sum(1 for test in result.test_outcomes if test.outcome == "passed")
+        lines.insert(5, f"tests:      {passed}/{len(result.test_outcomes)} expected ids passed")
+    if result.integrity:
+        lines.insert(5, f"integrity:  {findings_summary(result.integrity)}")
     return "\n".join(lines)
 
 

@@ -134,3 +134,18 @@ def test_each_violation_names_the_field(
     result = call_tool(url, arguments)["result"]
     assert result["isError"]
     assert named in result["content"][0]["text"]
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/mcp/stream"])
+def test_a_body_nested_200000_deep_is_a_client_error(stub_server: tuple[str, StubBackend], path: str) -> None:
+    url, _ = stub_server
+    deep = "[" * 200_000 + "]" * 200_000
+    for body in (deep, '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + deep + "}"):
+        response = httpx.post(
+            f"{url}{path}",
+            content=body,
+            headers={"content-type": "application/json", "accept": "application/json, text/event-stream"},
+            timeout=60,
+        )
+        assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.sandbox.local.host_ids import UID_BASE
@@ -238,12 +238,23 @@ async def test_agent_runs_in_an_image_without_libc(backend: LocalBackend, busybo
     assert {(call.tool, call.status) for call in result.tool_calls} == {("write", "completed"), ("bash", "completed")}
 
 
-async def test_image_from_an_oci_archive(backend: LocalBackend, busybox_image: str, tmp_path: Path) -> None:
+async def test_image_from_an_oci_archive(sandbox_base: Path, busybox_image: str, tmp_path: Path) -> None:
+    """From the operator's archive directory only; a caller's other path gets one answer, whether a file is there
+    or not, and nothing is loaded."""
     archive = tmp_path / "busybox.oci.tar"
     saved = await asyncio.create_subprocess_exec(
         "podman", "save", "--quiet", "--format", "oci-archive", "-o", str(archive), busybox_image
     )
     assert await saved.wait() == 0
+    refusing = LocalBackend(cached_tools, base_dir=sandbox_base)
+    backend = LocalBackend(cached_tools, base_dir=sandbox_base, image_archive_dir=tmp_path)
+    answers = set()
+    for named, by in [(archive, refusing), ("/etc/passwd", backend), ("/no/such.tar", backend), ("x.tar", backend)]:
+        with pytest.raises(SandboxError) as refused:
+            await by.create(SandboxSpec(image=f"oci-archive:{named}"))
+        answers.add(str(refused.value))
+    assert len(answers) == 1, answers
+    assert "/etc/passwd" not in answers.pop()
     sandbox = await backend.create(SandboxSpec(image=f"oci-archive:{archive}"))
     try:
         assert await _sh(sandbox, "busybox echo from-the-archive") == "from-the-archive"

@@ -325,3 +325,13 @@ async def test_the_proxy_connects_to_the_vetted_address_and_names_the_host_it_wa
             response, _ = await post(proxy.url, body(stream=False))
     assert response.status_code == 200
     assert model.exchanges[0].headers["host"] == named.removeprefix("http://").split("/")[0]
+
+
+async def test_a_body_nested_200000_deep_is_a_400(tmp_path: Path) -> None:
+    deep = b'{"model": "m", "messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with running_proxy("http://127.0.0.1:9/v1", tmp_path) as proxy:
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{proxy.url}/chat/completions", content=deep)
+            health = (await client.get(proxy.url.removesuffix("/v1") + "/healthz")).json()
+    assert response.status_code == 400
+    assert health["ok"] is True

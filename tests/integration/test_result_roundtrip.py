@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from jsonschema import validators  # type: ignore[import-untyped]
 from pydantic import BaseModel
@@ -26,7 +27,8 @@ from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.backend import LocalSandbox
 from opencode_env.wire import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
-from opencode_env.wire.answer import RolloutAnswer
+from opencode_env.wire.answer import ANSWER_LIST_MAX, RolloutAnswer
+from opencode_env.wire.grading import IntegrityFinding
 from server.result_store import ResultStore
 from server.tool_result import mcp_tool_result, session_tool_result, whole_result_data
 
@@ -226,3 +228,19 @@ def test_javascript_reads_the_result_and_sees_named_non_finite_numbers() -> None
     as_sent, as_numbers = json.loads(out)
     assert as_sent == ["-Infinity", "NaN", "Infinity", -9999.0, -0.5]
     assert as_numbers == ["-Infinity", "NaN", "Infinity", "-9999", "-0.5"]
+
+
+def test_the_answer_carries_the_first_integrity_findings_and_counts_them_all() -> None:
+    """An agent that plants a file per name cannot push the MCP answer past a client's limit: the answer lists the
+    first findings and counts them all; the whole list is in the result by reference."""
+    planted = [
+        IntegrityFinding(path=f"pkg{n}/conftest.py", kind="conftest", act="created", response="removed")
+        for n in range(20_000)
+    ]
+    result = RolloutResult(task_id="planted", integrity=planted)
+    store = ResultStore(Path(tempfile.mkdtemp(prefix="planted-")))
+    tool = mcp_tool_result(result, store)
+    answer = RolloutAnswer.model_validate(tool.structured_content)
+    assert answer.integrity_total == 20_000
+    assert [finding.path for finding in answer.integrity] == [finding.path for finding in planted[:ANSWER_LIST_MAX]]
+    assert len(orjson.dumps(tool.structured_content)) < 256 * 1024

@@ -36,16 +36,28 @@ except urllib.error.HTTPError as error:
 TABLE = (
     b"  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
     b"   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0\n"
-    b"   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000 2001001 0 2 1 0\n"
-    b"   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0\n"
+    b"   1: 0200007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000 2001002 0 4 1 0\n"
+    b"   2: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000 2001001 0 2 1 0\n"
+    b"   3: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0\n"
+    b"   4: 0100007F:AAAA 0100007F:1F90 01 00000000:00000000 00:00000000 00000000 2001001 0 5 1 0\n"
+    b"   5: 0100007F:AAAA 0100007F:1F90 06 00000000:00000000 00:00000000 00000000 2001002 0 6 1 0\n"
 )
+LOOPBACK = "127.0.0.1"
 
 
-def test_the_socket_table_names_the_callers_uid() -> None:
-    assert socket_owner(TABLE, 0xD431, 8080) == 2001001
-    assert socket_owner(TABLE, 8080, 0xD431) == 0
-    assert socket_owner(TABLE, 0xD432, 8080) is None
-    assert socket_owner(b"", 1, 2) is None
+def test_the_socket_table_names_the_callers_uid_by_the_whole_connection() -> None:
+    """Row 1 is a tool that bound 127.0.0.2 with OpenCode's client port (0xD431): by ports alone it is OpenCode's
+    connection; by both ends it is its own, and OpenCode's stays OpenCode's. Two owners of one connection (rows 4
+    and 5) is ambiguity: nobody."""
+    proxy = (LOOPBACK, 8080)
+    assert socket_owner(TABLE, (LOOPBACK, 0xD431), proxy) == 2001001
+    assert socket_owner(TABLE, ("127.0.0.2", 0xD431), proxy) == 2001002
+    assert socket_owner(TABLE, ("::ffff:127.0.0.1", 0xD431), proxy) == 2001001
+    assert socket_owner(TABLE, proxy, (LOOPBACK, 0xD431)) == 0
+    assert socket_owner(TABLE, (LOOPBACK, 0xD432), proxy) is None
+    assert socket_owner(TABLE, (LOOPBACK, 0xD431), ("127.0.0.2", 8080)) is None
+    assert socket_owner(TABLE, (LOOPBACK, 0xAAAA), proxy) is None
+    assert socket_owner(b"", (LOOPBACK, 1), proxy) is None
 
 
 @contextmanager

@@ -10,11 +10,13 @@ the verifier directory are the grader's they can no longer change either.
 
 from __future__ import annotations
 
+import base64
 import posixpath
 import shlex
 from collections.abc import Iterable
 
 from opencode_env.sandbox.base import HOME, LOGS_DIR, VERIFIER_DIR, WORKDIR, task_path
+from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
 
 GRADER_USER = "grader"
 GRADER_UID = 1001
@@ -26,6 +28,8 @@ GRADER_ENV = {
     "LOGNAME": GRADER_USER,
     "PYTHONNOUSERSITE": "1",
 }
+
+_STARTUP_B64 = base64.b64encode(SITECUSTOMIZE_SOURCE.encode("utf-8")).decode("ascii")
 
 
 def _plain_dir(path: str) -> str:
@@ -46,6 +50,8 @@ def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
         f"mkdir -p -m 0700 {GRADER_ROOT}",
         f"find {GRADER_ROOT} -mindepth 1 -delete",
         f"mkdir -m 0700 {GRADER_ROOT}/home {GRADER_ROOT}/tmp",
+        f"mkdir -m 0755 {GRADER_PYTHON_DIR}",
+        f"echo {_STARTUP_B64} | base64 -d > {GRADER_PYTHON_DIR}/{SITECUSTOMIZE}",
         f"chown -R {grader} {GRADER_ROOT}",
     ]
     # Root owns HOME and the logs directory from here on: a process the agent left behind can no longer rename

@@ -220,12 +220,14 @@ class LocalBackend:
         memory_overcommit: float = DEFAULT_OVERCOMMIT,
         egress_trusted_hosts: frozenset[str] = frozenset(),
         cache_dir: Path | None = None,
+        image_archive_dir: Path | None = None,
     ) -> None:
         """`image`: what a request naming none runs on (images.default_image: '' is the base image once built, else
         the host's root). `memory_overcommit`: the rollouts' memory limits may add up to this many times the
         machine's memory (admission.py), unless `admission` is given. `egress_trusted_hosts`: names the egress
         proxy lets through even on private addresses. `cache_dir`: where unpacked images are kept (default
-        tools.cache_root()).
+        tools.cache_root()). `image_archive_dir`: the operator's directory of image archives a request may name
+        (`oci-archive:`/`docker-archive:`); None refuses them.
 
         `share_host_network=True` runs every sandbox in the host's network namespace, as a cloud VM has a network
         of its own: no egress policy and no loopback isolation (a sandbox reaches whatever the host reaches, the
@@ -239,7 +241,7 @@ class LocalBackend:
         self._extra_path = extra_path
         self._open = OpenSandboxes()
         self._base_dir = base_dir
-        self._images = ImageStore((cache_dir or cache_root()) / "images")
+        self._images = ImageStore((cache_dir or cache_root()) / "images", archive_dir=image_archive_dir)
         self._configured_image = image
         self._default_image: str | None = None
         self._memory_overcommit = memory_overcommit

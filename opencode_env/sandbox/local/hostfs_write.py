@@ -304,3 +304,20 @@ def remove_tree(path: Path) -> None:
         os.close(top)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(path)
+
+
+def reserve_inodes(directory: Path, count: int) -> None:
+    """`count` empty files in a new directory only the host's root can open."""
+    directory.mkdir(mode=0o700)
+    for index in range(count):
+        os.close(os.open(directory / str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+
+
+def release_inodes(directory: Path) -> int:
+    """The reserve's files removed (their inodes free again); how many there were."""
+    released = 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            os.unlink(entry.path)
+            released += 1
+    return released

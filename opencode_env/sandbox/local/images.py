@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -60,6 +61,14 @@ def _run_podman(*args: str, timeout_s: float = PODMAN_TIMEOUT_S) -> subprocess.C
     return subprocess.run([podman, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
+def archive_dir_of(ref: str) -> Path | None:
+    """For the operator's own command line: the directory of the archive `ref` names (None for a storage name)."""
+    prefix = next((p for p in ARCHIVE_PREFIXES if ref.startswith(p)), None)
+    if prefix is None:
+        return None
+    return Path(os.path.abspath(ref.removeprefix(prefix))).parent.resolve()
+
+
 def image_exists(ref: str) -> bool:
     """Whether podman's storage holds `ref` (False when podman is not installed)."""
     return _podman() is not None and _run_podman("image", "exists", ref, timeout_s=60).returncode == 0
@@ -68,8 +77,11 @@ def image_exists(ref: str) -> bool:
 class ImageStore:
     """The cache of unpacked images, one directory per image id; concurrent preparers wait on a file lock."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, archive_dir: Path | None = None) -> None:
+        """`archive_dir`: the only directory an `oci-archive:`/`docker-archive:` ref may name a file in (the
+        operator's); None refuses archives (a caller naming a host path would have root load it)."""
         self.root = root
+        self.archive_dir = archive_dir
         self._resolved: dict[str, tuple[int, dict[str, object]]] = {}
 
     def prepare(self, ref: str) -> PreparedImage:
@@ -93,11 +105,9 @@ class ImageStore:
         prefix = next((p for p in ARCHIVE_PREFIXES if ref.startswith(p)), None)
         if prefix is None:
             return ref
-        archive = Path(ref.removeprefix(prefix)).resolve()
-        if not archive.is_file():
-            raise SandboxError(f"image {ref}: no archive at {archive}")
-        stat = archive.stat()
-        key = f"{archive}:{stat.st_size}:{stat.st_mtime_ns}"
+        archive = self._allowed_archive(ref.removeprefix(prefix))
+        info = archive.stat()
+        key = f"{archive}:{info.st_size}:{info.st_mtime_ns}"
         loaded = self.root / "loaded.json"
         known = json.loads(loaded.read_text()) if loaded.is_file() else {}
         if key in known and image_exists(known[key]):
@@ -111,6 +121,30 @@ class ImageStore:
         self.root.mkdir(parents=True, exist_ok=True)
         _write_atomically(loaded, json.dumps(known))
         return name
+
+    def _allowed_archive(self, named: str) -> Path:
+        """The archive file `named`, when it is one in the operator's directory; one answer for every other path,
+        existing or not, so a refusal tells nothing about the host's files."""
+        refused = SandboxError(
+            "image: an archive must be a file in the operator's archive directory "
+            "(OPENCODE_ENV_IMAGE_ARCHIVE_DIR; archives are refused when it is unset)"
+        )
+        if self.archive_dir is None or not named.startswith("/"):
+            raise refused
+        base = self.archive_dir.resolve()
+        archive = Path(os.path.normpath(named))
+        if archive.parent != base:
+            raise refused
+        try:
+            opened = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise refused from error
+        try:
+            if not stat.S_ISREG(os.fstat(opened).st_mode):
+                raise refused
+        finally:
+            os.close(opened)
+        return archive
 
     def _inspect(self, ref: str) -> dict[str, object]:
         """podman's description of an image in storage, kept while the storage's image list is unchanged."""

@@ -91,6 +91,12 @@ class Layout:
         return self.fs / "grader"
 
     @property
+    def inode_reserve(self) -> Path:
+        """Empty files of the host's on the rollout's disk, outside every view of the sandbox: removed at the
+        hand-over, they give back the inodes the grader's files need, however many the agent used up."""
+        return self.fs / "inode-reserve"
+
+    @property
     def control(self) -> Path:
         return self.root / "control"
 

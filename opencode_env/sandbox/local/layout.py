@@ -152,6 +152,11 @@ def _mount_disk(layout: Layout, disk_mb: int) -> None:
     shutil.rmtree(layout.fs / "lost+found", ignore_errors=True)
 
 
+RESERVED_INODES = 256
+"""Inodes kept for the hand-over and verify (the protected files, the verifier directory, the grader's HOME, its
+bytecode): ext4 keeps blocks for root (-m 1) but no inodes."""
+
+
 def own_tree(layout: Layout, ids: HostIds) -> None:
     user, root = ids.user, ids.root
     for sub in (WORKDIR, VERIFIER_DIR, AGENT_LOG_DIR, OPENCODE_CONFIG_DIR):
@@ -161,6 +166,7 @@ def own_tree(layout: Layout, ids: HostIds) -> None:
     layout.grader_dir.mkdir(mode=0o700)
     os.chown(layout.grader_dir, ids.grader, ids.grader)
     hostfs_write.make_dirs(layout.fs, "tmp", owner=(user, user))
+    hostfs_write.reserve_inodes(layout.inode_reserve, RESERVED_INODES)
     (layout.tmp).chmod(0o1777)
     layout.sockets.mkdir(parents=True, mode=0o700)
     for private in (layout.private, layout.sockets):

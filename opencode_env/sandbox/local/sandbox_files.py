@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,10 +19,11 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
     task_path,
 )
+from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
 from opencode_env.sandbox.local import hostfs, hostfs_write
 from opencode_env.sandbox.local.host_ids import HostIds
 from opencode_env.sandbox.local.images import PreparedImage
-from opencode_env.sandbox.local.isolation import AGENT_HOME, CONTROL_MOUNT, HARBOR_LOGS, Layout
+from opencode_env.sandbox.local.isolation import AGENT_HOME, CONTROL_MOUNT, GRADER_DIR, HARBOR_LOGS, Layout
 
 MAX_READ_BYTES = 64 * 1024 * 1024
 
@@ -90,11 +92,16 @@ class SandboxFiles:
         verifier directory an empty one of the grader's, and each protected file is written in, replacing whatever
         the agent left at its path (a directory in the way of one is replaced too)."""
         grader = (self._ids.grader, self._ids.grader)
+        if self.layout.inode_reserve.is_dir():
+            await asyncio.to_thread(hostfs_write.release_inodes, self.layout.inode_reserve)
         home = self.layout.home
         workdir = self._spec.workdir
         await asyncio.to_thread(hostfs_write.chown_tree, *self._relative(workdir), owner=grader)
         await asyncio.to_thread(hostfs_write.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
         await asyncio.to_thread(hostfs_write.reset_dir, self.layout.grader_dir, "home", owner=grader, mode=0o700)
+        startup = posixpath.join(posixpath.relpath(GRADER_PYTHON_DIR, GRADER_DIR), SITECUSTOMIZE)
+        source = SITECUSTOMIZE_SOURCE.encode("utf-8")
+        await asyncio.to_thread(hostfs_write.place_file, self.layout.grader_dir, startup, source, owner=grader)
         for path, text in protected.items():
             base, relative = self._relative(task_path(path, workdir))
             await asyncio.to_thread(hostfs_write.place_file, base, relative, text.encode("utf-8"), owner=grader)

@@ -10,7 +10,7 @@
     "proxy_turns", "files", "files_extra", "agent_log_tail", "proxy_log_tail", "error", "status", "failed_phase",
     "timings", "reward_source", "usage", "backend", "opencode_version", "upstream", "tool_calls", "agent_final_text",
     "request_tools", "oracle", "solution_results", "limits_hit", "enforcement", "schema_version", "files_non_utf8",
-    "task", "warnings", "provenance",
+    "task", "warnings", "provenance", "integrity", "test_outcomes",
   ]);
   const TOKENS_PER_CHUNK = 2000;
   const provenanceText = (p) => {
@@ -132,6 +132,10 @@
     );
     const parts = [grid];
     if (result.error) parts.push(el("p", { class: "error-text", id: "error", text: String(result.error) }));
+    const tests = arr(result.test_outcomes);
+    if (tests.length) parts.push(el("ul", { class: "test-outcomes", id: "test-outcomes" }, tests.map((t) => el("li", { text: text(obj(t).outcome) + " · " + text(obj(t).test_id) + " (" + text(obj(t).expected) + ")" }))));
+    const findings = arr(result.integrity);
+    if (findings.length) parts.push(el("ul", { class: "warnings", id: "integrity" }, findings.map((f) => el("li", { text: "grader file " + text(obj(f).path) + ": " + text(obj(f).kind) + " " + text(obj(f).act) + " by the agent, " + text(obj(f).response) + " before verify" }))));
     const warnings = arr(result.warnings);
     if (warnings.length) parts.push(el("ul", { class: "warnings", id: "warnings" }, warnings.map((w) => el("li", { text: "warning: " + text(w) }))));
     return parts;

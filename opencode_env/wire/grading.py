@@ -1,0 +1,94 @@
+"""What the grader found the agent did to the files that configure it, rather than form the solution.
+
+Each finding is a signal a trainer can penalise (a reward-hacking attempt), and the grader's answer to it: the file
+is removed (the agent made it), restored (the agent changed or deleted the task's), or kept (the task names it in
+`solution_files`, or there was nothing to restore it from).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, StringConstraints, model_validator
+
+MAX_TEST_IDS = 10_000
+TestId = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00\n]+$")]
+TestPath = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9._/-]+$")]
+GradedOutcome = Literal["passed", "failed", "error", "skipped", "missing"]
+
+FindingKind = Literal[
+    "test_config",
+    "conftest",
+    "bytecode",
+    "startup_hook",
+    "shadow_module",
+    "package_metadata",
+    "git_config",
+    "git_hook",
+]
+AgentAct = Literal["created", "changed", "deleted"]
+GraderResponse = Literal["removed", "restored", "kept"]
+
+
+class IntegrityFinding(BaseModel):
+    path: str = Field(description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes).")
+    kind: FindingKind = Field(description="What the file configures in the grader.")
+    act: AgentAct = Field(description="What the agent did to it, against the snapshot taken before the agent ran.")
+    response: GraderResponse = Field(description="What the grader did before verify ran.")
+
+
+ROUTINE_KINDS: frozenset[FindingKind] = frozenset({"bytecode"})
+"""Kinds an honest agent leaves too (running Python writes `__pycache__`); the grader removes them all the same and
+never reads bytecode from the work dir anyway."""
+
+
+def tampering(findings: list[IntegrityFinding]) -> list[str]:
+    """The kinds of grader configuration the agent changed against the task's wishes: the column a trainer can
+    penalise (routine bytecode and the task's `solution_files` left out)."""
+    return sorted({item.kind for item in findings if item.kind not in ROUTINE_KINDS and item.response != "kept"})
+
+
+def findings_summary(findings: list[IntegrityFinding]) -> str:
+    """One line: `3 (conftest created->removed, ...)`, or '' when there are none."""
+    if not findings:
+        return ""
+    shown = ", ".join(f"{item.path} {item.act}->{item.response}" for item in findings[:5])
+    more = f", +{len(findings) - 5} more" if len(findings) > 5 else ""
+    return f"{len(findings)} ({shown}{more})"
+
+
+class GradedTests(BaseModel):
+    """Tests the product runs itself, hardened, and grades by test id (SWE-bench's FAIL_TO_PASS / PASS_TO_PASS)."""
+
+    files: dict[TestPath, str] = Field(
+        max_length=256,
+        description="The test files (and their conftest.py, fixtures), keyed by path under the tests' own directory "
+        "(the grader's, written in just before verify, emptied of anything else first).",
+    )
+    fail_to_pass: list[TestId] = Field(
+        default_factory=list,
+        max_length=MAX_TEST_IDS,
+        description="pytest node ids that must pass after the agent's change, relative to the tests' directory "
+        "(`test_add.py::test_add`, `test_calc.py::TestAdd::test_neg[2]`).",
+    )
+    pass_to_pass: list[TestId] = Field(
+        default_factory=list, max_length=MAX_TEST_IDS, description="Node ids that must keep passing."
+    )
+    scoring: Literal["all", "fraction"] = Field(
+        "all", description="all: reward 1.0 only when every expected id passed, else 0.0; fraction: the share passed."
+    )
+
+    @model_validator(mode="after")
+    def _names_some_test(self) -> GradedTests:
+        if not self.fail_to_pass and not self.pass_to_pass:
+            raise ValueError("tests: name at least one test id in fail_to_pass or pass_to_pass")
+        for path in self.files:
+            if ".." in path.split("/") or path.startswith("/"):
+                raise ValueError(f"tests.files: {path[:80]!r} must be relative, with no '..'")
+        return self
+
+
+class GradedTest(BaseModel):
+    test_id: str
+    expected: Literal["fail_to_pass", "pass_to_pass"]
+    outcome: GradedOutcome = Field(description="From the JUnit report; missing: not in it (not run, or no report).")
