@@ -46,6 +46,10 @@ def host_secret(tmp_path: Path) -> Path:
     return secret
 
 
+def _read_whole_task(task: Path) -> None:
+    HarborTask.from_dir(task).solution_files()
+
+
 @pytest.mark.parametrize(
     "link",
     [
@@ -69,8 +73,7 @@ def test_a_link_anywhere_in_the_task_dir_is_refused_and_named(tmp_path: Path, ho
         target.unlink(missing_ok=True)
     target.symlink_to(host_secret if link in ("tests", "solution", "environment") else host_secret / "key")
     with pytest.raises(TaskFormatError, match="a symbolic link") as error:
-        task_of = HarborTask.from_dir(task)
-        task_of.solution_files()
+        _read_whole_task(task)
     assert str(target) in str(error.value)
     assert SECRET not in str(error.value)
 
@@ -160,14 +163,16 @@ def _assert_nothing_got_out(evidence: str, marker: Path, witness: _LoopbackWitne
     assert SECRET not in evidence
     assert not marker.exists()
     assert witness.connections == 0
-    assert "raw-socket-refused" in evidence and "loopback-refused" in evidence, evidence
+    assert "raw-socket-refused" in evidence, evidence
+    assert "loopback-refused" in evidence, evidence
 
 
 async def test_a_hostile_dockerfile_through_run_task(
     tmp_path: Path, host_secret: Path, witness: _LoopbackWitness, sandbox_base: Path
 ) -> None:
     marker = tmp_path / "written-by-the-build"
-    task = _task(tmp_path, f"hostile-run-{os.getpid()}", dockerfile=_hostile_dockerfile(host_secret, marker, witness.port))
+    dockerfile = _hostile_dockerfile(host_secret, marker, witness.port)
+    task = _task(tmp_path, f"hostile-run-{os.getpid()}", dockerfile=dockerfile)
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "opencode_env.cli", "run", "--task", str(task), "--oracle"),
         stdout=asyncio.subprocess.PIPE,
