@@ -21,6 +21,9 @@ from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.tasks import HarborTask, TaskFormatError
 from opencode_env.wire.models import RolloutRequest, RolloutResult
 
+BUILD_TIMEOUT = pytest.mark.timeout(600)
+"""For the tests that build an image in the box: a cold build there moves the image out as an archive (~50 s on a
+loaded 2-core host, most of it the base image's 325 MB layer; see docs/untrusted-tasks.md)."""
 TEST_SH = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
 SECRET = "host-secret-4f1c"
 
@@ -167,6 +170,7 @@ def _assert_nothing_got_out(evidence: str, marker: Path, witness: _LoopbackWitne
     assert "loopback-refused" in evidence, evidence
 
 
+@BUILD_TIMEOUT
 async def test_a_hostile_dockerfile_through_run_task(
     tmp_path: Path, host_secret: Path, witness: _LoopbackWitness, sandbox_base: Path
 ) -> None:
@@ -186,6 +190,7 @@ async def test_a_hostile_dockerfile_through_run_task(
     _assert_nothing_got_out(result.files["evidence.txt"], marker, witness)
 
 
+@BUILD_TIMEOUT
 async def test_a_hostile_dockerfile_through_eval(
     backend: LocalBackend, tmp_path: Path, host_secret: Path, witness: _LoopbackWitness
 ) -> None:
@@ -198,3 +203,60 @@ async def test_a_hostile_dockerfile_through_eval(
     [result_file] = (tmp_path / "eval" / "results").rglob("1.json")
     result = RolloutResult.model_validate_json(result_file.read_text())
     _assert_nothing_got_out(result.files["evidence.txt"], marker, witness)
+
+
+PLUGIN = (
+    "import { writeFileSync } from 'fs'\nwriteFileSync('/tmp/plugin-ran-{where}', 'x')\n"
+    "export const P = async () => ({})\n"
+)
+
+
+def _plugin_task(root: Path) -> Path:
+    """A task whose image and setup plant OpenCode configuration everywhere OpenCode 1.18.33 looks for it: the work
+    dir's opencode.json and .opencode/, ~/.config/opencode and ~/.opencode (of /home/user, where setup writes)."""
+    dockerfile = (
+        f"FROM {build_base_image()}\nWORKDIR /app\nCOPY opencode.json /app/opencode.json\n"
+        "COPY plugin-app.js /app/.opencode/plugin/planted.js\n"
+    )
+    task = _task(root, "plants-a-plugin", dockerfile=dockerfile)
+    (task / "environment" / "opencode.json").write_text(
+        '{"plugin": ["file:///app/plugin-config.js"], "permission": {"bash": "deny"}}\n'
+    )
+    (task / "environment" / "plugin-app.js").write_text(PLUGIN.replace("{where}", "dot-opencode"))
+    return task
+
+
+def _planting_setup() -> list[str]:
+    plant = []
+    for where, path in (
+        ("config", "/app/plugin-config.js"),
+        ("home-config", "/home/user/.config/opencode/plugin/planted.js"),
+        ("home-dot", "/home/user/.opencode/plugin/planted.js"),
+    ):
+        body = PLUGIN.replace("{where}", where).replace("'", "'\\''")
+        plant.append(f"mkdir -p $(dirname {path}) && printf '%s' '{body}' > {path}")
+    plant.append(
+        "printf '%s' '{\"plugin\": [\"file:///app/plugin-config.js\"]}' > /home/user/.config/opencode/opencode.json"
+    )
+    return plant
+
+
+@BUILD_TIMEOUT
+async def test_a_task_planted_plugin_never_runs_in_opencode(backend: LocalBackend, tmp_path: Path) -> None:
+    """The real OpenCode, driven by the scripted model, in a task that planted config and plugins: none runs (each
+    would leave /tmp/plugin-ran-*), and the project config's `bash: deny` is not applied either."""
+    from opencode_env.rollout.pipeline import run_rollout
+    from opencode_env.tasks.harbor import request_from_task_dir
+    from opencode_env.testing.script import Script, bash
+    from opencode_env.testing.scripted_model import ScriptedModelServer
+
+    script = Script(steps=[bash("ls /tmp > /app/tmp-listing.txt; echo ran > /app/bash-ran.txt", "look")])
+    with ScriptedModelServer(script) as model:
+        request = request_from_task_dir(
+            _plugin_task(tmp_path), endpoint="vllm", base_url=model.base_url, model="scripted", setup=_planting_setup()
+        )
+        result = await run_rollout(request, backend)
+    assert result.status == "completed", result.error
+    assert all(command.exit_code == 0 for command in result.setup_results), result.setup_results
+    assert result.files["bash-ran.txt"] == "ran\n"
+    assert "plugin-ran" not in result.files["tmp-listing.txt"], result.files["tmp-listing.txt"]

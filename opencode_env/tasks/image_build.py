@@ -189,7 +189,9 @@ class ImageBuilder:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ImageBuildError(f"{archive}: the build box's image archive is not a regular file")
-            completed = run_group([self.podman, "load"], COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
+            # -i /proc/self/fd/0: podman reads our descriptor in place (from a pipe-like stdin it copies it first)
+            argv = [self.podman, "load", "-i", "/proc/self/fd/0"]
+            completed = run_group(argv, COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
         finally:
             os.close(fd)
         if completed.returncode != 0 or not self.image_exists(ref):
