@@ -273,6 +273,9 @@ def _config_deps_binds(config_deps: str | None) -> list[str]:
     binds: list[str] = []
     for name in ("node_modules", "package.json", "package-lock.json"):
         binds += ["--ro-bind", f"{config_deps}/{name}", f"{AGENT_CONFIG_DIR}/{name}"]
+    # bubblewrap makes the directories leading to the binds 0700 (root's): OpenCode must be able to cross them
+    for directory in (os.path.dirname(AGENT_CONFIG_DIR), AGENT_CONFIG_DIR):
+        binds += ["--chmod", "0755", directory]
     return binds
 
 
