@@ -65,6 +65,7 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
         max_tokens_cap=request.max_tokens_cap,
         model_options=_model_options(rollout),
         sub_agents=request.sub_agents,
+        store_dir=rollout.sandbox.opencode_data_dir,
     )
     rollout.opencode_config = config
     config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))

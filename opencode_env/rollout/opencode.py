@@ -40,11 +40,23 @@ def install_commands(tools: ProvidedTools, *, proxy: bool) -> list[InstallStep]:
 
 
 def render_config(
-    *, base_url: str, model_id: str, max_tokens_cap: int, model_options: Mapping[str, Any], sub_agents: bool = False
+    *,
+    base_url: str,
+    model_id: str,
+    max_tokens_cap: int,
+    model_options: Mapping[str, Any],
+    sub_agents: bool = False,
+    store_dir: str = "",
 ) -> dict[str, Any]:
     """The OpenCode config for one rollout; the API key is referenced by env var, never written here. With
-    `sub_agents`, the task tool is allowed (its child sessions' calls are attributed through OpenCode's store)."""
+    `sub_agents`, the task tool is allowed (its child sessions' calls are attributed through OpenCode's store).
+    `store_dir` (OpenCode's data dir) is denied to OpenCode's own file tools (read, write, edit run in its process,
+    as its identity): the model cannot name its session store."""
     denied = [tool for tool in DENIED_TOOLS if not (sub_agents and tool == "task")]
+    permission: dict[str, Any] = {"*": "allow", **dict.fromkeys(denied, "deny")}
+    if store_dir:
+        store = store_dir.rstrip("/")
+        permission["external_directory"] = {"*": "allow", store: "deny", f"{store}/*": "deny"}
     model: dict[str, Any] = {"name": model_id, "limit": {"context": 262_144, "output": max_tokens_cap}}
     if model_options:
         model["options"] = dict(model_options)
@@ -60,7 +72,7 @@ def render_config(
         },
         "model": f"{PROVIDER_ID}/{model_id}",
         "small_model": f"{PROVIDER_ID}/{model_id}",
-        "permission": {"*": "allow", **dict.fromkeys(denied, "deny")},
+        "permission": permission,
         "autoupdate": False,
         "share": "disabled",
         "snapshot": False,

@@ -10,7 +10,6 @@ raises `TaskFormatError`. The task.toml schema is in task_toml.py.
 from __future__ import annotations
 
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.tasks.image_build import ImageBuilder, ImageBuildError
+from opencode_env.tasks.task_files import TaskDir, TaskFormatError
 from opencode_env.tasks.task_toml import TaskConfig, deviations
 from opencode_env.wire import (
     MAX_FILE_CHARS,
@@ -30,10 +30,8 @@ from opencode_env.wire import (
 VERIFY_COMMAND = "bash /tests/test.sh"
 SOLUTION_COMMAND = "bash /solution/solve.sh"
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
-
-
-class TaskFormatError(ValueError):
-    """A task directory that cannot be read as a Harbor task; the message names the file and the field."""
+MAX_TOML_BYTES = 1 << 20
+__all__ = ["HarborTask", "TaskFormatError", "request_from_task_dir"]
 
 
 class HarborTask(BaseModel):
@@ -53,23 +51,24 @@ class HarborTask(BaseModel):
     def from_dir(cls, path: Path) -> HarborTask:
         if not path.is_dir():
             raise TaskFormatError(f"{path}: not a directory")
-        config = _read_config(path / "task.toml")
-        verify_files, executables = _read_tree(path / "tests", "/tests")
+        task_dir = TaskDir(path)
+        config = _read_config(task_dir)
+        verify_files, executables = _read_tree(task_dir, "tests")
         if "/tests/test.sh" not in verify_files:
             raise TaskFormatError(f"{path / 'tests' / 'test.sh'}: missing (the verifier Harbor runs)")
         return cls(
             path=path,
             task_id=task_id_of(path),
-            instruction=_read_instruction(path / "instruction.md"),
+            instruction=_read_instruction(task_dir),
             config=config,
             verify_files=verify_files,
-            dockerfile=_environment_dockerfile(path / "environment", config.environment.docker_image),
+            dockerfile=_environment_dockerfile(task_dir, config.environment.docker_image),
             unsupported=deviations(config) + _executable_notes(executables, keep={"/tests/test.sh"}),
         )
 
     @property
     def has_solution(self) -> bool:
-        return (self.path / "solution" / "solve.sh").is_file()
+        return TaskDir(self.path).kind("solution/solve.sh") == "file"
 
     def require_solution(self) -> None:
         if not self.has_solution:
@@ -78,7 +77,7 @@ class HarborTask(BaseModel):
     def solution_files(self) -> dict[str, str]:
         """solution/, keyed /solution/<relative path> (read on demand: only an oracle run needs it)."""
         self.require_solution()
-        return _read_tree(self.path / "solution", "/solution")[0]
+        return _read_tree(TaskDir(self.path), "solution")[0]
 
     def to_request(self, image: str, workdir: str, *, oracle: bool = False, **overrides: Any) -> RolloutRequest:
         """The rollout of this task in `image`, the agent working in `workdir` ('' or '/': our default); oracle
@@ -153,11 +152,12 @@ def agent_workdir(image_workdir: str) -> str:
     return "" if stripped in ("", "/") else stripped.rstrip("/")
 
 
-def _read_config(path: Path) -> TaskConfig:
-    if not path.is_file():
+def _read_config(task_dir: TaskDir) -> TaskConfig:
+    path = task_dir.path / "task.toml"
+    if task_dir.kind("task.toml") != "file":
         raise TaskFormatError(f"{path}: missing")
     try:
-        data = tomllib.loads(_read_text(path))
+        data = tomllib.loads(_read_text(task_dir, "task.toml", MAX_TOML_BYTES))
     except tomllib.TOMLDecodeError as error:
         raise TaskFormatError(f"{path}: not valid TOML: {error}") from error
     try:
@@ -175,10 +175,11 @@ def _config_problems(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def _read_instruction(path: Path) -> str:
-    if not path.is_file():
+def _read_instruction(task_dir: TaskDir) -> str:
+    path = task_dir.path / "instruction.md"
+    if task_dir.kind("instruction.md") != "file":
         raise TaskFormatError(f"{path}: missing (the agent's instruction)")
-    instruction = _read_text(path)
+    instruction = _read_text(task_dir, "instruction.md", 4 * MAX_INSTRUCTION_CHARS)
     if not instruction.strip():
         raise TaskFormatError(f"{path}: empty")
     if len(instruction) > MAX_INSTRUCTION_CHARS:
@@ -186,9 +187,10 @@ def _read_instruction(path: Path) -> str:
     return instruction
 
 
-def _read_text(path: Path) -> str:
+def _read_text(task_dir: TaskDir, relative: str, limit: int) -> str:
     """The file's text exactly as written (no newline translation); binary content is refused."""
-    data = path.read_bytes()
+    path = task_dir.path / relative
+    data = task_dir.read_bytes(relative, limit)
     nul = data.find(b"\x00")
     if nul >= 0:
         raise _binary_file(path, f"a NUL byte at byte {nul}")
@@ -204,58 +206,47 @@ def _binary_file(path: Path, why: str) -> TaskFormatError:
     )
 
 
-def _read_tree(root: Path, mount: str) -> tuple[dict[str, str], list[str]]:
-    """Every file under root as {mount/relative path: text}, and the keys of executable files."""
-    if not root.is_dir():
+def _read_tree(task_dir: TaskDir, name: str) -> tuple[dict[str, str], list[str]]:
+    """Every file under the task's directory `name` as {/name/relative path: text}, and the keys of executables."""
+    root = task_dir.path / name
+    if task_dir.kind(name) != "dir":
         raise TaskFormatError(f"{root}: missing directory")
     files: dict[str, str] = {}
     executables: list[str] = []
     total = 0
-    for path in sorted(_files_under(root)):
+    for relative in task_dir.files_under(name):
+        path = task_dir.path / relative
         if len(files) == MAX_FILES:
             raise TaskFormatError(f"{root}: more than {MAX_FILES} files (the limit of a request)")
-        text = _read_text(path)
+        text = _read_text(task_dir, relative, 4 * MAX_FILE_CHARS)
         if len(text) > MAX_FILE_CHARS:
             raise TaskFormatError(f"{path}: {len(text)} characters, over the limit of {MAX_FILE_CHARS} per file")
         total += len(text)
         if total > MAX_FILES_TOTAL_CHARS:
             raise TaskFormatError(f"{root}: over {MAX_FILES_TOTAL_CHARS} characters in all (at {path})")
-        key = f"{mount}/{path.relative_to(root).as_posix()}"
+        key = f"/{relative}"
         files[key] = text
-        if path.stat().st_mode & stat.S_IXUSR:
+        if task_dir.is_executable(relative):
             executables.append(key)
     return files, executables
 
 
-def _files_under(root: Path) -> list[Path]:
-    found: list[Path] = []
-    pending = [root]
-    while pending:
-        for child in pending.pop().iterdir():
-            if child.is_symlink():
-                raise TaskFormatError(f"{child}: a symbolic link (not supported: copy the file in its place)")
-            if child.is_dir():
-                pending.append(child)
-            elif child.is_file():
-                found.append(child)
-            else:
-                raise TaskFormatError(f"{child}: not a regular file")
-    return found
-
-
-def _environment_dockerfile(environment: Path, docker_image: str | None) -> Path | None:
-    for name in COMPOSE_FILES:
-        if (environment / name).exists():
-            raise TaskFormatError(
-                f"{environment / name}: docker-compose environments are not supported (one container per "
-                "rollout: give the task an environment/Dockerfile or a docker_image)"
-            )
-    dockerfile = environment / "Dockerfile"
-    if dockerfile.is_file():
-        return dockerfile
+def _environment_dockerfile(task_dir: TaskDir, docker_image: str | None) -> Path | None:
+    """environment/Dockerfile, when there is one; environment/ is walked whole, so a link anywhere in the build
+    context is refused here, before any build."""
+    environment = task_dir.path / "environment"
+    if task_dir.kind("environment") == "dir":
+        for relative, _ in task_dir.walk("environment"):
+            if relative.removeprefix("environment/") in COMPOSE_FILES:
+                raise TaskFormatError(
+                    f"{task_dir.path / relative}: docker-compose environments are not supported (one container per "
+                    "rollout: give the task an environment/Dockerfile or a docker_image)"
+                )
+        if task_dir.kind("environment/Dockerfile") == "file":
+            return environment / "Dockerfile"
     if docker_image:
         return None
-    raise TaskFormatError(f"{dockerfile}: missing, and task.toml sets no [environment] docker_image")
+    raise TaskFormatError(f"{environment / 'Dockerfile'}: missing, and task.toml sets no [environment] docker_image")
 
 
 def _executable_notes(executables: list[str], *, keep: set[str]) -> list[str]:

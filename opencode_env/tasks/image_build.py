@@ -1,17 +1,17 @@
-"""Task images built with podman from a build context, offline (never pulled) and cached by content.
+"""Task images built from a build context, offline (never pulled), in a box (build_box.py), and cached by content.
 
 A context's image is tagged `localhost/opencode-env-task/<name>:<sha256 of the context>`, so a context built once is
-found again by its tag and never rebuilt; a changed file gives a new tag.
+found again by its tag and never rebuilt; a changed file gives a new tag. The context is copied (task_files.py: no
+link followed, none allowed) into the box's work directory and built there; the image is then loaded into this
+machine's container storage, where the local backend takes its images from.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -19,13 +19,33 @@ from pathlib import Path
 
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.settings import Settings
+from opencode_env.tasks.build_box import (
+    CAP_DROP,
+    DEFAULT_ROOT,
+    MAX_BUILD_TIMEOUT_S,
+    MAX_CONTEXT_BYTES,
+    BoxError,
+    BuildBox,
+    base_images,
+    run_group,
+    tail,
+)
+from opencode_env.tasks.task_files import TaskDir
 
 TAG_REPOSITORY = "localhost/opencode-env-task"
-TERMINATE_GRACE_S = 10.0
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
 QUERY_TIMEOUT_S = 60.0
-STDERR_TAIL_CHARS = 4000
-_HASH_FORMAT = b"opencode-env task image context v1\n"
+COPY_TIMEOUT_S = 600.0
+_HASH_FORMAT = b"opencode-env task image context v2 (built in the box)\n"
+IMAGE_REFERENCE = re.compile(
+    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+"""An image reference as OCI distribution spells it (registry host, path, tag, digest); nothing that starts with '-'."""
+
+
+def is_image_reference(text: str) -> bool:
+    return len(text) <= 512 and IMAGE_REFERENCE.match(text) is not None
 
 
 class ImageBuildError(RuntimeError):
@@ -103,34 +123,82 @@ def _podman_env() -> dict[str, str]:
     return env
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= STDERR_TAIL_CHARS else "..." + text[-STDERR_TAIL_CHARS:]
-
-
 class ImageBuilder:
     """Builds and inspects images in this machine's container storage with podman; never pulls."""
 
-    def __init__(self, podman: str | None = None) -> None:
+    def __init__(self, podman: str | None = None, box_root: Path | None = None) -> None:
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
         self.podman = found
+        self.box_root = box_root or DEFAULT_ROOT
 
     def build(self, context_dir: Path, *, name: str, timeout_s: float) -> BuiltImage:
-        """The image of `context_dir` (its Dockerfile), built unless its content's tag is already present."""
-        dockerfile = context_dir / "Dockerfile"
-        if not dockerfile.is_file():
-            raise ImageBuildError(f"{dockerfile}: no Dockerfile in the build context")
+        """The image of `context_dir` (its Dockerfile), built in the box unless its content's tag is already
+        present; `timeout_s` is capped at MAX_BUILD_TIMEOUT_S."""
+        context = TaskDir(context_dir.parent)
+        if context.kind(f"{context_dir.name}/Dockerfile") != "file":
+            raise ImageBuildError(f"{context_dir / 'Dockerfile'}: no Dockerfile in the build context")
         ref = f"{TAG_REPOSITORY}/{repository_name(name)}:{context_hash(context_dir)}"
         cached = self.image_exists(ref)
         if not cached:
-            argv = ["build", "--pull=never", "--network", "host", "-t", ref, "-f", str(dockerfile), str(context_dir)]
-            self._run(argv, timeout_s, what=f"building {context_dir}")
+            try:
+                self._build_in_box(context, context_dir.name, ref, min(timeout_s, MAX_BUILD_TIMEOUT_S))
+            except BoxError as error:
+                raise ImageBuildError(str(error)) from None
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
+    def _build_in_box(self, context: TaskDir, relative: str, ref: str, timeout_s: float) -> None:
+        box = BuildBox(self.box_root, self.podman)
+        box.prepare()
+        work = box.work_dir(f"{ref.rsplit(':', 1)[1][:32]}-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            context.copy_tree(relative, work, limit_bytes=MAX_CONTEXT_BYTES)
+            box.hand_over(work)
+            dockerfile = (work / "Dockerfile").read_text(errors="replace")
+            for image in base_images(dockerfile):
+                self._copy_into_box(box, image, work.name)
+            inside = f"/box/work/{work.name}"
+            build = ["build", "--pull=never", "--isolation", "chroot", "--network", "host", "--cap-drop", CAP_DROP]
+            build += ["-t", ref, "-f", f"{inside}/Dockerfile", "--", inside]
+            box.run(build, timeout_s, what=f"building {context.path / relative}")
+            archive = f"/box/work/{work.name}.image.tar"
+            box.run(["save", "--format", "docker-archive", "-o", archive, "--", ref], COPY_TIMEOUT_S, what="saving")
+            self._load_from_box(box.root / "work" / f"{work.name}.image.tar", ref)
+            box.run(["rmi", "--", ref], QUERY_TIMEOUT_S, what=f"removing {ref} from the build box")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            (box.root / "work" / f"{work.name}.image.tar").unlink(missing_ok=True)
+
+    def _copy_into_box(self, box: BuildBox, image: str, work: str) -> None:
+        """The base image `image` from this machine's storage into the box's (once: the box keeps it)."""
+        if box.has_image(image) or not self.image_exists(image):
+            return  # present, or the build fails with podman's own message for it: images are never pulled
+        archive = box.root / "work" / f"{work}.base.tar"
+        try:
+            self._run(["save", "--format", "docker-archive", "-o", str(archive), "--", image], COPY_TIMEOUT_S, what="")
+            box.hand_over(archive)
+            inside = f"/box/work/{archive.name}"
+            box.run(["load", "-i", inside], COPY_TIMEOUT_S, what=f"copying {image} into the build box")
+        finally:
+            archive.unlink(missing_ok=True)
+
+    def _load_from_box(self, archive: Path, ref: str) -> None:
+        """The box's archive of `ref` into this machine's storage, opened here without following a link."""
+        fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ImageBuildError(f"{archive}: the build box's image archive is not a regular file")
+            # -i /proc/self/fd/0: podman reads our descriptor in place (from a pipe-like stdin it copies it first)
+            argv = [self.podman, "load", "-i", "/proc/self/fd/0"]
+            completed = run_group(argv, COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
+        finally:
+            os.close(fd)
+        if completed.returncode != 0 or not self.image_exists(ref):
+            raise ImageBuildError(f"loading {ref} from the build box failed: {tail(completed.stderr)}")
+
     def image_exists(self, ref: str) -> bool:
-        completed = self._run(["image", "exists", ref], QUERY_TIMEOUT_S, what=f"looking up {ref}", ok=(0, 1))
+        completed = self._run(["image", "exists", "--", ref], QUERY_TIMEOUT_S, what=f"looking up {ref}", ok=(0, 1))
         return completed.returncode == 0
 
     def image_workdir(self, ref: str) -> str:
@@ -140,48 +208,16 @@ class ImageBuilder:
         return self._inspect(ref, "{{.Id}}")
 
     def _inspect(self, ref: str, template: str) -> str:
-        argv = ["image", "inspect", "--format", template, ref]
+        argv = ["image", "inspect", "--format", template, "--", ref]
         return self._run(argv, QUERY_TIMEOUT_S, what=f"inspecting {ref}").stdout.strip()
 
     def _run(
         self, argv: list[str], timeout_s: float, *, what: str, ok: tuple[int, ...] = (0,)
     ) -> subprocess.CompletedProcess[str]:
-        completed = _run_group([self.podman, *argv], timeout_s, env=_podman_env(), what=what)
+        try:
+            completed = run_group([self.podman, *argv], timeout_s, env=_podman_env(), what=what)
+        except BoxError as error:
+            raise ImageBuildError(str(error)) from None
         if completed.returncode not in ok:
-            raise ImageBuildError(f"{what}: podman {argv[0]} exited {completed.returncode}: {_tail(completed.stderr)}")
+            raise ImageBuildError(f"{what}: podman {argv[0]} exited {completed.returncode}: {tail(completed.stderr)}")
         return completed
-
-
-def _run_group(
-    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str
-) -> subprocess.CompletedProcess[str]:
-    """Run argv in its own process group, which is stopped whole on timeout (podman build leaves children): SIGTERM
-    first so podman can remove its build container, then SIGKILL."""
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        env=env,
-        start_new_session=True,
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stderr = _stop_group(process)
-            raise ImageBuildError(f"{what}: podman timed out after {timeout_s:g} s: {_tail(stderr)}") from None
-    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-
-
-def _stop_group(process: subprocess.Popen[str]) -> str:
-    """podman's stderr after SIGTERM, then SIGKILL, to its process group."""
-    for signal_number in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):  # the group is already gone: what we wanted
-            os.killpg(process.pid, signal_number)
-        try:
-            return process.communicate(timeout=TERMINATE_GRACE_S)[1]
-        except subprocess.TimeoutExpired:
-            continue
-    return "(no output: a process outside podman's group holds its pipes)"

@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from opencode_env.wire import RESERVED_ENV, Network, VerifyAs
+from opencode_env.tasks.build_box import MAX_BUILD_TIMEOUT_S
+from opencode_env.tasks.image_build import is_image_reference
+from opencode_env.wire import RESERVED_ENV, Network, VerifyAs, loader_env_names
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])I?B?\s*$", re.IGNORECASE)
@@ -32,6 +34,19 @@ class _Table(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _checked_env(env: dict[str, str]) -> dict[str, str]:
+    reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("OPENCODE"))
+    if reserved:
+        raise ValueError(f"{', '.join(reserved)}: reserved by opencode-env (PATH, HOME, USER, TMPDIR, ...)")
+    unsafe = loader_env_names(env)
+    if unsafe:
+        raise ValueError(
+            f"{', '.join(unsafe)}: refused (variables the loader, a shell or an interpreter reads at start-up: "
+            "LD_*, BASH_ENV, ENV, PYTHONSTARTUP, PERL5OPT, NODE_OPTIONS, ...)"
+        )
+    return env
+
+
 class TaskInfo(_Table):
     name: str = ""
     description: str = ""
@@ -48,11 +63,8 @@ class VerifierConfig(_Table):
 
     @field_validator("env")
     @classmethod
-    def _names_are_not_reserved(cls, env: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("OPENCODE"))
-        if reserved:
-            raise ValueError(f"{', '.join(reserved)}: reserved by opencode-env (PATH, HOME, USER, TMPDIR, ...)")
-        return env
+    def _names_are_safe(cls, env: dict[str, str]) -> dict[str, str]:
+        return _checked_env(env)
 
 
 class AgentConfig(_Table):
@@ -63,7 +75,7 @@ class AgentConfig(_Table):
 
 
 class EnvironmentConfig(_Table):
-    build_timeout_sec: float = Field(600.0, gt=0)
+    build_timeout_sec: float = Field(600.0, gt=0, le=MAX_BUILD_TIMEOUT_S)
     docker_image: str | None = None
     cpus: float = Field(1, gt=0)
     memory_mb: int = Field(2048, gt=0)
@@ -74,6 +86,13 @@ class EnvironmentConfig(_Table):
     allow_internet: bool = True
     network_mode: HarborNetworkMode | None = None
     allowed_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("docker_image")
+    @classmethod
+    def _an_image_reference(cls, image: str | None) -> str | None:
+        if image is not None and not is_image_reference(image):
+            raise ValueError(f"{image[:80]!r} is not an image reference (like 'debian:bookworm' or 'ghcr.io/o/n:tag')")
+        return image
 
     @field_validator("memory", "storage", mode="before")
     @classmethod
@@ -91,6 +110,11 @@ class EnvironmentConfig(_Table):
 
 class SolutionConfig(_Table):
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _names_are_safe(cls, env: dict[str, str]) -> dict[str, str]:
+        return _checked_env(env)
 
 
 class TaskConfig(_Table):

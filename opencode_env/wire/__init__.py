@@ -43,6 +43,7 @@ from opencode_env.wire.request import (
     TokenIn,
     VerifyAs,
     VerifySandbox,
+    loader_env_names,
     request_problems,
     total_budget_s,
 )
@@ -184,6 +185,7 @@ __all__ = [
     "common_prefix_length",
     "compact_prompts",
     "is_infrastructure_failure",
+    "loader_env_names",
     "request_problems",
     "result_summary",
     "tool_text",

@@ -8,6 +8,7 @@ verify command's timeout, and the agent's.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,9 +43,29 @@ MAX_FILES_TOTAL_CHARS = 8_000_000
 MAX_ENV_VARS = 64
 MAX_ENV_VALUE_CHARS = 32_000
 RESERVED_ENV = frozenset({"PATH", "HOME", "USER", "TMPDIR", "PYTHONPATH"})
+LOADER_ENV = frozenset(
+    {
+        "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS", "GLOBIGNORE", "CDPATH",
+        "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE", "PYTHONINSPECT",
+        "PYTHONBREAKPOINT", "PYTHONWARNINGS", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
+        "PERL5OPT", "PERL5LIB", "PERLLIB", "PERL5DB", "RUBYOPT", "RUBYLIB", "NODE_OPTIONS", "NODE_PATH",
+        "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "GCONV_PATH", "HOSTALIASES", "LOCPATH",
+        "GIT_EXEC_PATH", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "GIT_PAGER", "GIT_EDITOR", "GIT_TEMPLATE_DIR",
+    }
+)  # fmt: skip
+LOADER_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "DYLD_", "GIT_CONFIG")
+"""Variables the dynamic loader, a shell or an interpreter reads at start-up to run code of the setter's choice (a
+preloaded library, a start-up file, an option): refused in every env a request or a task sets, since that env
+reaches every process of the rollout, OpenCode's own included."""
+
+
+def loader_env_names(names: Iterable[str]) -> list[str]:
+    """The names among `names` that change how a program starts (LOADER_ENV, LOADER_ENV_PREFIXES), sorted."""
+    return sorted(name for name in names if name in LOADER_ENV or name.startswith(LOADER_ENV_PREFIXES))
+
 
 Command = Annotated[str, StringConstraints(min_length=1, max_length=MAX_COMMAND_CHARS)]
-ImageRef = Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z0-9._:@/+-]*$")]
+ImageRef = Annotated[str, StringConstraints(max_length=512, pattern=r"^(?:[A-Za-z0-9._:@/+][A-Za-z0-9._:@/+-]*)?$")]
 SandboxPath = Annotated[str, StringConstraints(max_length=512, pattern=r"^(/[A-Za-z0-9._@+-]+)*/?$")]
 TaskId = Annotated[str, StringConstraints(max_length=256, pattern=r"^[A-Za-z0-9._:@+/-]*$")]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -278,6 +299,9 @@ class RolloutRequest(BaseModel):
         reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("OPENCODE"))
         if reserved:
             raise ValueError(f"env: {', '.join(reserved)} reserved (PATH, HOME, USER, TMPDIR, PYTHONPATH, OPENCODE_*)")
+        unsafe = loader_env_names(env)
+        if unsafe:
+            raise ValueError(f"env: {', '.join(unsafe)} refused (loader and shell start-up variables: LD_*, BASH_ENV)")
         return env
 
     @model_validator(mode="after")

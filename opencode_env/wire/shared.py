@@ -50,6 +50,11 @@ AGENT_ENV = {
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
     "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
     "OPENCODE_DISABLE_SHARE": "1",
+    # OpenCode reads only the configuration we give it: no opencode.json / .opencode found up from the work dir, no
+    # Claude Code files or skills from the home or the project (the task's files and setup can write all of these).
+    "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+    "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
 }
 
 

@@ -71,7 +71,7 @@ def archive_dir_of(ref: str) -> Path | None:
 
 def image_exists(ref: str) -> bool:
     """Whether podman's storage holds `ref` (False when podman is not installed)."""
-    return _podman() is not None and _run_podman("image", "exists", ref, timeout_s=60).returncode == 0
+    return _podman() is not None and _run_podman("image", "exists", "--", ref, timeout_s=60).returncode == 0
 
 
 class ImageStore:
@@ -152,7 +152,7 @@ class ImageStore:
         cached = self._resolved.get(ref)
         if cached is not None and cached[0] == stamp and stamp != 0:
             return cached[1]
-        completed = _run_podman("image", "inspect", "--format", "json", ref, timeout_s=60)
+        completed = _run_podman("image", "inspect", "--format", "json", "--", ref, timeout_s=60)
         if completed.returncode != 0:
             raise SandboxError(
                 f"image {ref} is not in this machine's container storage: build it (podman build) or load it "
@@ -223,7 +223,7 @@ def _storage_stamp() -> int:
 
 
 def _copy_image_tree(image_id: str, target: Path) -> None:
-    mounted = _run_podman("image", "mount", image_id)
+    mounted = _run_podman("image", "mount", "--", image_id)
     if mounted.returncode != 0:
         raise SandboxError(f"podman image mount {image_id[:19]} failed: {mounted.stderr.strip()[-500:]}")
     try:
@@ -237,7 +237,7 @@ def _copy_image_tree(image_id: str, target: Path) -> None:
         if copied.returncode != 0:
             raise SandboxError(f"copying image {image_id[:19]} failed: {copied.stderr.strip()[-500:]}")
     finally:
-        _run_podman("image", "unmount", image_id)
+        _run_podman("image", "unmount", "--", image_id)
 
 
 def _add_accounts(rootfs: Path) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencode_env.sandbox.base import LOGS_DIR, OPENCODE_CONFIG_DIR
+from opencode_env.sandbox.base import LOGS_DIR
 from opencode_env.sandbox.local.host_ids import HostIds
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HOST_ROOT, HostRuntime
 
@@ -40,7 +40,13 @@ GROUP = "root:x:0:\nuser:x:1000:\ngrader:x:1001:\n"
 GRADER_DIR = "/home/grader"
 GRADER_HOME = f"{GRADER_DIR}/home"
 AGENT_HOME = "/home/opencode"
+AGENT_CONFIG_DIR = f"{AGENT_HOME}/config/opencode"
+"""OpenCode's global config dir (its ~/.config/opencode): under its own home, which no sandbox process can write;
+only our read-only dependency install is mounted there."""
 AGENT_ONLY_ENV = {
+    "XDG_CONFIG_HOME": f"{AGENT_HOME}/config",
+    # OpenCode's ~ for ~/.opencode (a config and plugin dir it always reads): its own home, not /home/user.
+    "OPENCODE_TEST_HOME": AGENT_HOME,
     "XDG_DATA_HOME": f"{AGENT_HOME}/data",
     "XDG_STATE_HOME": f"{AGENT_HOME}/state",
     "XDG_CACHE_HOME": f"{AGENT_HOME}/cache",
@@ -272,7 +278,10 @@ def _config_deps_binds(config_deps: str | None) -> list[str]:
         return []
     binds: list[str] = []
     for name in ("node_modules", "package.json", "package-lock.json"):
-        binds += ["--ro-bind", f"{config_deps}/{name}", f"{OPENCODE_CONFIG_DIR}/{name}"]
+        binds += ["--ro-bind", f"{config_deps}/{name}", f"{AGENT_CONFIG_DIR}/{name}"]
+    # bubblewrap makes the directories leading to the binds 0700 (root's): OpenCode must be able to cross them
+    for directory in (os.path.dirname(AGENT_CONFIG_DIR), AGENT_CONFIG_DIR):
+        binds += ["--chmod", "0755", directory]
     return binds
 
 

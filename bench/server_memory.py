@@ -1,0 +1,130 @@
+"""The server's memory over model-driven rollouts: the real server (`server.app`, local backend) in a process of its
+own, N rollouts through it one after another, each the real OpenCode driven by the scripted model (one bash step
+and an answer); the server's RSS printed at 0, N/2 and N rollouts, and with --trace the Python allocations that grew
+most between N/2 and N (tracemalloc in the server).
+
+    python -m bench.server_memory [N] [--trace]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import tempfile
+import tracemalloc
+from pathlib import Path
+
+from opencode_env import OpenCodeEnv
+from opencode_env.testing.script import Script, bash, say
+from opencode_env.testing.scripted_model import ScriptedModelServer
+
+TRACE_FRAMES = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _listening(port: int, timeout_s: float = 300.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+            continue
+        writer.close()
+        return
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _serve(dump: str) -> None:
+    """The server; the first SIGUSR1 starts tracemalloc (tracing from the start would slow every import), each later
+    one writes the allocations that grew most since the one before to `dump`."""
+    from server.app import main
+
+    previous: list[tracemalloc.Snapshot] = []
+
+    def snapshot(_signal: int, _frame: object) -> None:
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(TRACE_FRAMES)
+        current = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        if previous:
+            stats = current.compare_to(previous[0], "traceback")[:10]
+            with open(dump, "a") as out:
+                for stat in stats:
+                    out.write(f"{stat.size_diff / 2**20:+.1f} MiB in {stat.count_diff:+d} blocks\n")
+                    out.write("".join(f"    {line}\n" for line in stat.traceback.format()[-TRACE_FRAMES * 2 :]))
+        previous[:] = [current]
+
+    signal.signal(signal.SIGUSR1, snapshot)
+    main(host="127.0.0.1")
+
+
+async def _run(count: int, trace: bool) -> None:
+    port = _free_port()
+    dump = Path(tempfile.mkdtemp()) / "growth.txt"
+    script = Script(steps=[bash("echo hello > hello.txt", "write a file"), say("done")])
+    with ScriptedModelServer(script) as model:
+        env = {
+            **os.environ,
+            "PORT": str(port),
+            "OPENCODE_ENV_BACKEND": "local",
+            "OPENCODE_ENV_UPSTREAM_ALLOW": f"127.0.0.1:{model.port}",
+        }
+        argv = [sys.executable, "-m", "bench.server_memory", "--serve", str(dump)] if trace else None
+        program = argv or [sys.executable, "-m", "server.app"]
+        server = await asyncio.create_subprocess_exec(*program, env=env, stderr=asyncio.subprocess.DEVNULL)
+        try:
+            await _listening(port)
+            async with OpenCodeEnv(f"http://127.0.0.1:{port}", ready_timeout_s=300) as client:
+                marks = {0: _rss_mb(server.pid)}
+                for done in range(1, count + 1):
+                    result = await client.run_rollout(
+                        instruction="Write hello.txt.", base_url=model.base_url, model="scripted", endpoint="vllm"
+                    )
+                    if result.status != "completed":
+                        print(f"rollout {done}: {result.status} {result.error}", file=sys.stderr)
+                    if trace and done in (1, count // 2, count):
+                        server.send_signal(signal.SIGUSR1)
+                        await asyncio.sleep(2)
+                    if done in (count // 2, count):
+                        marks[done] = _rss_mb(server.pid)
+        finally:
+            server.terminate()
+            await asyncio.wait_for(server.wait(), 60)
+    print(" ".join(f"RSS after {done}: {rss:.0f} MB;" for done, rss in marks.items()))
+    first, half, last = marks[0], marks[count // 2], marks[count]
+    print(
+        f"per rollout: first half {(half - first) / max(count // 2, 1):.1f} MB, second half "
+        f"{(last - half) / max(count - count // 2, 1):.1f} MB"
+    )
+    if trace and dump.exists():
+        print("largest growth between N/2 and N (tracemalloc):")
+        print(dump.read_text())
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--serve"]:
+        _serve(sys.argv[2])
+        return
+    args = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    asyncio.run(_run(int(args[0]) if args else 6, "--trace" in sys.argv))
+
+
+if __name__ == "__main__":
+    main()

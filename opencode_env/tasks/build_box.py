@@ -1,0 +1,222 @@
+"""The box a task image is built in: podman itself (not only the RUN steps) runs as the root of a user namespace that
+maps to unprivileged host uids, in its own mount, network, pid, ipc and uts namespaces, with its own container
+storage, inside a cgroup with memory, process and CPU limits and a file size limit.
+
+Why podman itself: the CVE-2024-1753 class (`RUN --mount=type=bind,source=<link>` followed on the host; podman up
+to 4.9.3 / buildah up to 1.35.0, Debian bookworm's 4.3.1 included; also reachable with `from=<stage>` and a link
+the earlier stage made, which no check of the context can see) is a link resolved by the podman process. In the box
+that process sees only the host's system directories read-only (SYSTEM_DIRS), an empty /tmp, /run and /var, and the
+box's own directory; it has no capability over any host file (its uid 0 is BUILD_UID on the host) and no network but
+its own loopback. So a followed link reaches the box's view, never the host's / or its loopback.
+
+Images cross the box's edge as archives only: a base image the Dockerfile names (FROM) is copied in from the host's
+storage (once: the box keeps it), the built image is copied out with `podman load` reading a descriptor the host
+opened without following links.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from opencode_env.sandbox.local import cgroup, userns
+from opencode_env.sandbox.local.host_ids import UID_BASE
+from opencode_env.sandbox.local.isolation import SYSTEM_DIRS
+
+BUILD_UID = UID_BASE - (1 << 17)
+"""The host uid of the box's root; the box maps BUILD_IDS uids from here, none of them any sandbox's (those start at
+UID_BASE) or a real account's."""
+BUILD_IDS = 1 << 16
+MAX_BUILD_TIMEOUT_S = 3600.0
+BUILD_LIMITS = cgroup.Limits(memory_bytes=4 << 30, max_processes=1024, cpus=2.0)
+MAX_FILE_BYTES = 8 << 30
+"""RLIMIT_FSIZE of everything in the box: no one file (a layer, a RUN step's output) larger than this."""
+MAX_CONTEXT_BYTES = 512 << 20
+CAP_DROP = "NET_RAW,NET_ADMIN,MKNOD,AUDIT_WRITE,SYS_CHROOT,SYS_PTRACE,SYS_ADMIN,SETFCAP"
+"""Dropped from RUN steps on top of podman's defaults: a build installs packages and chowns files, and needs no raw
+socket, device node, chroot, tracing or mount."""
+TERMINATE_GRACE_S = 10.0
+STDERR_TAIL_CHARS = 4000
+BOX = "/box"
+DEFAULT_ROOT = Path("/var/lib/opencode-env/build-box")
+"""Every directory leading here must be open to the box's root (an unprivileged uid), which binds it: not under a
+0700 home."""
+CONTAINERS_CONF = (
+    '[containers]\ndefault_ulimits = []\ncgroups = "disabled"\n'
+    '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "none"\n'
+)
+STORAGE_CONF = (
+    f'[storage]\ndriver = "overlay"\ngraphroot = "{BOX}/storage"\nrunroot = "{BOX}/run"\n'
+    '[storage.options.overlay]\nmount_program = ""\nmountopt = "nodev"\n'
+)
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
+_IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
+
+
+class BoxError(RuntimeError):
+    """A call in the build box failed or timed out (the message carries the tail of podman's stderr)."""
+
+
+@dataclass(frozen=True)
+class BuildBox:
+    """One directory on the host holds the box: `conf/` (ours, read-only inside), `storage/`, `run/`, `work/`, `tmp/`
+    (the box's, owned by BUILD_UID)."""
+
+    root: Path
+    podman: str
+
+    def prepare(self) -> None:
+        self.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o755, exist_ok=True)
+        os.chown(self.root, 0, 0)
+        self.root.chmod(0o755)
+        conf = self.root / "conf"
+        conf.mkdir(mode=0o755, exist_ok=True)
+        for name, text in (("containers.conf", CONTAINERS_CONF), ("storage.conf", STORAGE_CONF)):
+            if not (conf / name).is_file() or (conf / name).read_text() != text:
+                staging = conf / f".{name}.{os.getpid()}"
+                staging.write_text(text)
+                staging.chmod(0o644)
+                staging.replace(conf / name)
+        for name in ("storage", "run", "work", "tmp"):
+            directory = self.root / name
+            directory.mkdir(mode=0o700, exist_ok=True)
+            os.lchown(directory, BUILD_UID, BUILD_UID)
+
+    def work_dir(self, name: str) -> Path:
+        """A fresh directory under work/ for one build's context, the box's to read."""
+        return self.root / "work" / name
+
+    def hand_over(self, path: Path) -> None:
+        """Give a tree we staged under work/ to the box's root."""
+        for directory, dirs, files in os.walk(path):
+            os.lchown(directory, BUILD_UID, BUILD_UID)
+            for name in [*dirs, *files]:
+                os.lchown(os.path.join(directory, name), BUILD_UID, BUILD_UID)
+
+    def has_image(self, image: str) -> bool:
+        completed = self.run(["image", "exists", "--", image], 60.0, what=f"looking up {image} in the box", ok=(0, 1))
+        return completed.returncode == 0
+
+    def run(
+        self,
+        args: list[str],
+        timeout_s: float,
+        *,
+        what: str,
+        limits: cgroup.Limits = BUILD_LIMITS,
+        ok: tuple[int, ...] = (0,),
+    ) -> subprocess.CompletedProcess[str]:
+        """`podman args` in the box, under `limits` (when a cgroup is writable) and a deadline."""
+        version = cgroup.detect()
+        group = cgroup.Cgroup(f"build-{os.getpid()}-{id(args):x}", version) if version else None
+        if group is not None:
+            group.create(limits)
+        try:
+            argv = [*cgroup.cgroup_prefix(group), *self._argv(args)]
+            completed = run_group(argv, timeout_s, env=_clean_env(), what=what)
+        finally:
+            if group is not None:
+                group.destroy()
+        if completed.returncode not in ok:
+            raise BoxError(f"{what}: podman {args[0]} exited {completed.returncode}: {tail(completed.stderr)}")
+        return completed
+
+    def _argv(self, args: list[str]) -> list[str]:
+        maps = ["--map", f"0:{BUILD_UID}:{BUILD_IDS}", "--gid", "0", "--"]
+        limits = ["prlimit", f"--fsize={MAX_FILE_BYTES}", "--core=0", "--"]
+        return [*limits, sys.executable, "-I", "-S", userns.__file__, *maps, *self._bwrap(), *self._podman(args)]
+
+    def _bwrap(self) -> list[str]:
+        argv = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        argv += ["--die-with-parent", "--new-session"]
+        for path in SYSTEM_DIRS:
+            if os.path.islink(path):
+                argv += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                argv += ["--ro-bind", path, path]
+        argv += ["--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+        for path in ("/tmp", "/run", "/var"):
+            argv += ["--tmpfs", path, "--chmod", "1777", path]
+        argv += ["--dir", "/var/tmp", "--chmod", "1777", "/var/tmp"]
+        argv += ["--bind", str(self.root), BOX, "--ro-bind", str(self.root / "conf"), f"{BOX}/conf", "--chdir", BOX]
+        return [*argv, "--"]
+
+    def _podman(self, args: list[str]) -> list[str]:
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": f"{BOX}/tmp",
+            "TMPDIR": f"{BOX}/tmp",
+            "XDG_RUNTIME_DIR": f"{BOX}/run",
+            "CONTAINERS_CONF": f"{BOX}/conf/containers.conf",
+            "CONTAINERS_STORAGE_CONF": f"{BOX}/conf/storage.conf",
+        }
+        return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), self.podman, *args]
+
+
+def base_images(dockerfile_text: str) -> list[str]:
+    """The images a Dockerfile's FROM lines name (not its own stages, not scratch, nothing with a variable)."""
+    stages: set[str] = set()
+    names: list[str] = []
+    for line in dockerfile_text.splitlines():
+        match = _FROM.match(line)
+        if match is None:
+            continue
+        name = match.group(1)
+        if name.lower() not in stages and name != "scratch" and _IMAGE_REFERENCE.match(name) and name not in names:
+            names.append(name)
+        if match.group(2):
+            stages.add(match.group(2).lower())
+    return names
+
+
+def run_group(
+    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run argv in its own process group, which is stopped whole on timeout (podman build leaves children): SIGTERM
+    first so podman can remove its build container, then SIGKILL."""
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stderr = _stop_group(process)
+            raise BoxError(f"{what}: podman timed out after {timeout_s:g} s: {tail(stderr)}") from None
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _stop_group(process: subprocess.Popen[str]) -> str:
+    """podman's stderr after SIGTERM, then SIGKILL, to its process group."""
+    for signal_number in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):  # the group is already gone: what we wanted
+            os.killpg(process.pid, signal_number)
+        try:
+            return process.communicate(timeout=TERMINATE_GRACE_S)[1]
+        except subprocess.TimeoutExpired:
+            continue
+    return "(no output: a process outside podman's group holds its pipes)"
+
+
+def _clean_env() -> dict[str, str]:
+    """Nothing of the server's environment (its keys) reaches the box."""
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= STDERR_TAIL_CHARS else "..." + text[-STDERR_TAIL_CHARS:]
