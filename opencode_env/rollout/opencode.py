@@ -22,6 +22,25 @@ DENIED_TOOLS = ("question", "webfetch", "task")
 turn them off): question needs a person, webfetch would fetch as OpenCode itself, task starts sub-agents."""
 
 
+PROJECT_CONFIG_NAMES = ("opencode.json", "opencode.jsonc", ".opencode")
+"""What OpenCode 1.18.33 reads from the directory it runs in and each of its ancestors up to the repository's root
+(or /): its config, and `.opencode/` with plugins, agents and commands. OPENCODE_DISABLE_PROJECT_CONFIG stops the
+config loader but not the plugin loader (a plugin named there, or put in `.opencode/plugin/`, ran inside OpenCode
+with the proxy token in its environment), so the host takes them out of the way before OpenCode starts: OpenCode
+reads only the configuration we give it."""
+
+
+def project_config_removal_command(workdir: str) -> str:
+    """Remove OpenCode's project configuration from `workdir` and every ancestor, printing each path removed (a
+    link is removed itself, never followed)."""
+    names = " ".join(PROJECT_CONFIG_NAMES)
+    return (
+        f'd={shlex.quote(workdir)}; while :; do for n in {names}; do p="${{d%/}}/$n"; '
+        'if [ -e "$p" ] || [ -L "$p" ]; then rm -rf -- "$p" && printf \'%s\\n\' "$p"; fi; done; '
+        '[ "$d" = / ] && break; d=$(dirname -- "$d"); done'
+    )
+
+
 @dataclass(frozen=True)
 class InstallStep:
     command: str

@@ -21,6 +21,7 @@ from opencode_env.rollout.collect_phase import collect, collect_agent_record, co
 from opencode_env.rollout.commands import install, prepare, run_commands, setup
 from opencode_env.rollout.endpoints import EndpointError, Upstream, resolve_upstream
 from opencode_env.rollout.limits import LimitError, sandbox_limits
+from opencode_env.rollout.opencode import project_config_removal_command
 from opencode_env.rollout.probe import decide, probe_endpoint
 from opencode_env.rollout.sampling import non_neutral_fields, sampling_warnings
 from opencode_env.rollout.state import PhaseFailure, ProgressCallback, RolloutState, cancelling
@@ -52,6 +53,7 @@ log = logging.getLogger("opencode_env.rollout.pipeline")
 
 NO_UPSTREAM = Upstream("", "", "", "", disable_thinking=False)
 SALVAGE_S = 10.0
+PROJECT_CONFIG_TIMEOUT_S = 30.0
 
 
 async def run_rollout(
@@ -281,9 +283,29 @@ async def _salvage_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
 
 
 async def _setup(rollout: RolloutState) -> None:
-    """The task's setup, then a snapshot of the grader's files as the task left them."""
+    """The task's setup, then a snapshot of the grader's files as the task left them, then OpenCode's project
+    configuration out of the way (OpenCode reads only ours)."""
     await setup(rollout)
     await snapshot_grader_files(rollout)
+    await _remove_opencode_project_config(rollout)
+
+
+async def _remove_opencode_project_config(rollout: RolloutState) -> None:
+    removed = await rollout.sandbox.run(
+        project_config_removal_command(rollout.workdir),
+        timeout_s=rollout.budget("setup", PROJECT_CONFIG_TIMEOUT_S),
+        identity="root",
+        cwd="/",
+    )
+    if removed.exit_code != 0:
+        raise PhaseFailure(
+            "setup_failed", "setup", f"OpenCode's project configuration could not be removed: {removed.stderr[-500:]}"
+        )
+    for path in removed.stdout.splitlines():
+        rollout.result.warnings.append(
+            f"{path}: OpenCode project configuration the task left was removed before the agent ran (OpenCode reads "
+            "only the configuration the request declares)"
+        )
 
 
 async def _oracle(rollout: RolloutState, solution: list[str]) -> None:

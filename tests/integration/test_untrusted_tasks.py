@@ -242,11 +242,6 @@ def _planting_setup() -> list[str]:
 
 
 @BUILD_TIMEOUT
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: OpenCode 1.18.33 still loads the work dir's opencode.json plugin and .opencode/plugin/ with "
-    "OPENCODE_DISABLE_PROJECT_CONFIG=1 (another loader); the home ones (~/.config/opencode, ~/.opencode) do not run",
-)
 async def test_a_task_planted_plugin_never_runs_in_opencode(backend: LocalBackend, tmp_path: Path) -> None:
     """The real OpenCode, driven by the scripted model, in a task that planted config and plugins: none runs (each
     would leave /tmp/plugin-ran-*), and the project config's `bash: deny` is not applied either."""
@@ -265,3 +260,5 @@ async def test_a_task_planted_plugin_never_runs_in_opencode(backend: LocalBacken
     assert all(command.exit_code == 0 for command in result.setup_results), result.setup_results
     assert result.files["bash-ran.txt"] == "ran\n"
     assert "plugin-ran" not in result.files["tmp-listing.txt"], result.files["tmp-listing.txt"]
+    removed = [warning.split(":")[0] for warning in result.warnings if "OpenCode project configuration" in warning]
+    assert sorted(removed) == ["/app/.opencode", "/app/opencode.json"], result.warnings
