@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 from fastmcp import Client
 
 from opencode_env.sandbox.cloud.hf import HFBackend
@@ -29,6 +30,7 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
+from opencode_env.wire.answer import RolloutAnswer
 from tests.server_app import app_for
 
 EXPECTED_TURNS = 3
@@ -70,7 +72,15 @@ async def rollout(server_url: str, token: str) -> RolloutResult:
         async with Client(f"{server_url}/mcp/stream", auth=token) as client:
             request = demo_request(model.base_url).model_dump(mode="json")
             answer = await client.call_tool("run_rollout", request)
-    return RolloutResult.model_validate(answer.structured_content)
+    summary = RolloutAnswer.model_validate(answer.structured_content)
+    if summary.result is not None:
+        return summary.result
+    # Over the inline bound: the whole result by reference, as any MCP client reads it.
+    assert summary.result_ref is not None, summary
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http:
+        fetched = await http.get(httpx.URL(server_url).join(summary.result_ref.url), timeout=60)
+    fetched.raise_for_status()
+    return RolloutResult.model_validate_json(fetched.content)
 
 
 def main() -> int:

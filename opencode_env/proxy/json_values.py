@@ -35,7 +35,7 @@ def has_long_integer(raw: bytes) -> bool:
     return (b" " + raw).translate(DIGIT_SHAPES).find(LONG_INTEGER) >= 0
 
 
-def _json_loads(data: bytes) -> Any:
+def stdlib_loads(data: bytes) -> Any:
     """`json.loads`, with nesting too deep for its recursion a ValueError like any other bad body (a 400, not a
     RecursionError and a 500); orjson refuses past 1024 levels and hands such a body here."""
     try:
@@ -48,13 +48,13 @@ def _orjson_or_json(data: bytes) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return _json_loads(data)
+        return stdlib_loads(data)
 
 
 def loads_for(raw: bytes) -> Loads:
     """A parser for the events of `raw` that gives what `json.loads` gives (raising ValueError where it raises)."""
     if orjson is None or has_long_integer(raw):
-        return _json_loads
+        return stdlib_loads
     return _orjson_or_json
 
 

@@ -16,12 +16,12 @@ class ProvenanceColumns(BaseModel):
     engine_policy_versions: list[str] = Field(
         default_factory=list, description="The versions the engine reported on the row's calls (operator's header)."
     )
-    template_fingerprint: str | None = Field(None, description="The chat template at the rollout's first call.")
+    template_fingerprint: str = Field("", description="The chat template at the rollout's first call; '' unknown.")
     template_changed_turns: list[int] = Field(
         default_factory=list, description="The row's turns rendered by another template than the first: drop them."
     )
-    config_sha256: str | None = Field(None, description="OpenCode's config, agent prompts and tool list, hashed.")
-    model_root: str | None = Field(None, description="The weights the server named for the model (/v1/models).")
+    config_sha256: str = Field("", description="OpenCode's config, agent prompts and tool list, hashed; '' unknown.")
+    model_root: str = Field("", description="The weights the server named for the model (/v1/models); '' unknown.")
 
 
 def provenance_columns(result: RolloutResult, turns: Iterable[int]) -> dict[str, object]:
@@ -33,9 +33,9 @@ def provenance_columns(result: RolloutResult, turns: Iterable[int]) -> dict[str,
     columns = ProvenanceColumns(
         policy_version=provenance.policy_version if provenance else "",
         engine_policy_versions=sorted({turn.policy_version for turn in chosen if turn.policy_version}),
-        template_fingerprint=provenance.template_fingerprint if provenance else None,
+        template_fingerprint=(provenance.template_fingerprint if provenance else None) or "",
         template_changed_turns=[turn.turn for turn in chosen if turn.template_changed],
-        config_sha256=provenance.config_sha256 if provenance else None,
-        model_root=endpoint.model.root if endpoint and endpoint.model else None,
+        config_sha256=(provenance.config_sha256 if provenance else None) or "",
+        model_root=(endpoint.model.root if endpoint and endpoint.model else None) or "",
     )
     return dict(columns)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -21,6 +21,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from tests.conftest import processes_mentioning
@@ -198,20 +199,21 @@ async def test_close_finishes_even_when_its_caller_is_cancelled(any_backend: San
 
 async def test_verify_runs_as_the_grader_over_the_handed_work_and_the_protected_files(sandbox: Sandbox) -> None:
     """Every backend: links the agent left in the way of the protected files and the verifier directory are no
-    obstacle and lead nowhere; the grader is another identity with an empty HOME of its own."""
+    obstacle and lead nowhere; the grader is another identity with a fresh HOME of its own, holding only our Python
+    start-up directory."""
     plant = (
         "echo work > workdir/mine.txt && rm -rf logs/verifier && ln -s /tmp logs/verifier && ln -s /etc workdir/tests"
     )
     assert (await sandbox.run(plant, timeout_s=10, cwd=HOME)).exit_code == 0
     await sandbox.hand_to_grader({"tests/test_it.py": "protected\n"})
     graded = await sandbox.run(
-        "id -un; echo $HOME; ls -A $HOME | wc -l; cat tests/test_it.py mine.txt; "
+        "id -un; echo $HOME; ls -A $HOME; cat tests/test_it.py mine.txt; "
         "echo 0.5 > /home/user/logs/verifier/reward.txt && echo wrote",
         timeout_s=10,
         identity="grader",
     )
     name, home, *rest = graded.stdout.split()
     assert (name, home != HOME) == ("grader", True), graded.stderr
-    assert rest == ["0", "protected", "work", "wrote"], graded.stdout + graded.stderr
+    assert rest == [PurePosixPath(GRADER_PYTHON_DIR).name, "protected", "work", "wrote"], graded.stdout + graded.stderr
     assert await sandbox.read_file(f"{HOME}/logs/verifier/reward.txt") == b"0.5\n"
     assert await sandbox.read_file(f"{WORKDIR}/tests/test_it.py") == b"protected\n"

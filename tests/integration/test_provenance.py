@@ -129,7 +129,9 @@ def test_black_box_asks_for_text_and_refuses_tokens() -> None:
 
 
 def test_a_result_written_before_provenance_still_parses() -> None:
-    old = RolloutResult.model_validate_json('{"task_id": "t", "proxy_turns": [{"turn": 0}], "schema_version": 3}')
+    old = RolloutResult.model_validate_json(
+        '{"task_id": "t", "status": "completed", "reward": 1.0, "proxy_turns": [{"turn": 0}], "schema_version": 3}'
+    )
     assert old.provenance is None
     assert (old.proxy_turns[0].template_fingerprint, old.proxy_turns[0].template_changed) == (None, False)
 

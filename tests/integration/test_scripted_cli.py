@@ -18,6 +18,7 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import Script, bash
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire.answer import inline_result
 from tests.integration.test_harbor_rollout import _task_dir
 from tests.server_app import app_for
 
@@ -97,6 +98,6 @@ def test_the_curl_form_on_a_server_without_a_model(backend: LocalBackend, monkey
     # The answer is JSON or one server-sent event, as the accept header allows either.
     events = [line.removeprefix("data:") for line in answer.text.splitlines() if line.startswith("data:")]
     data = json.loads(events[-1]) if events else answer.json()
-    result = RolloutResult.model_validate(data["result"]["structuredContent"])
+    result = inline_result(data["result"]["structuredContent"])
     assert result.status == "completed", result.error
     assert len(result.proxy_turns) == 2

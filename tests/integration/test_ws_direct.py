@@ -21,7 +21,8 @@ from server.environment import OpenCodeEnvironment
 from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
-PER_RUN = {"sandbox_id", "wall_s", "timings"}
+PER_RUN = {"sandbox_id", "wall_s", "timings", "provenance"}
+"""What differs between two runs of one request: provenance holds the endpoint probe's own answer (or its error)."""
 
 
 @pytest.fixture(scope="module")

@@ -219,4 +219,4 @@ def test_the_summary_names_the_findings_and_the_tests() -> None:
     assert "integrity:  1 (conftest.py created->removed)" in summary
     assert "tests:      0/1 expected ids passed" in summary
     assert RolloutResult.model_validate_json(result.model_dump_json()) == result
-    assert RolloutResult.model_validate_json("{}").integrity == []
+    assert RolloutResult.model_validate_json('{"task_id": "t", "status": "completed", "reward": 1.0}').integrity == []

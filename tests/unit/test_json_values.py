@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from opencode_env.proxy import json_values
 from opencode_env.proxy.capture import fold_stream
-from opencode_env.proxy.json_values import has_long_integer, loads, loads_for
+from opencode_env.proxy.json_values import has_long_integer, loads, loads_for, stdlib_loads
 
 
 def exact(value: Any) -> str:
@@ -78,8 +78,8 @@ def test_what_orjson_refuses_or_reads_differently_still_gets_json_values(raw: by
 
 
 def test_orjson_parses_a_stream_without_long_integers_and_json_one_with_them() -> None:
-    assert loads_for(b'data: {"logprob": -0.0012345678901234567, "id": 151643}\n\n') is not json.loads
-    assert loads_for(b'data: {"usage": {"total": 18446744073709551617}}\n\n') is json.loads
+    assert loads_for(b'data: {"logprob": -0.0012345678901234567, "id": 151643}\n\n') is not stdlib_loads
+    assert loads_for(b'data: {"usage": {"total": 18446744073709551617}}\n\n') is stdlib_loads
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_a_stream_folds_the_same_with_orjson_and_without(monkeypatch: pytest.Mon
     raw = b"".join(events) + b"data: [DONE]\n\n"
     with_orjson = fold_stream(raw)
     monkeypatch.setattr(json_values, "orjson", None)
-    assert loads_for(raw) is json.loads
+    assert loads_for(raw) is stdlib_loads
     assert fold_stream(raw) == with_orjson
     assert with_orjson.aligned()
     assert with_orjson.done
