@@ -32,12 +32,12 @@ reads only the configuration we give it."""
 
 def project_config_removal_command(workdir: str) -> str:
     """Remove OpenCode's project configuration from `workdir` and every ancestor, printing each path removed (a
-    link is removed itself, never followed)."""
+    link is removed itself, never followed). Shell built-ins only but `rm`, for images without coreutils."""
     names = " ".join(PROJECT_CONFIG_NAMES)
     return (
         f'd={shlex.quote(workdir)}; while :; do for n in {names}; do p="${{d%/}}/$n"; '
         'if [ -e "$p" ] || [ -L "$p" ]; then rm -rf -- "$p" && printf \'%s\\n\' "$p"; fi; done; '
-        '[ "$d" = / ] && break; d=$(dirname -- "$d"); done'
+        '[ "$d" = / ] && break; d="${d%/*}"; [ -n "$d" ] || d=/; done'
     )
 
 

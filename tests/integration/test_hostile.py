@@ -250,7 +250,6 @@ async def test_the_key_and_the_trace_are_out_of_reach(backend: LocalBackend) -> 
         api_key=CANARY_KEY,
         setup=[plant],
         verify=[KEY_HUNT + "; cat /tmp/stolen 2>/dev/null; true"],
-        env={"BASH_ENV": "/home/user/workdir/json.py"},
     )
     result = outcome.result
     assert result.status == "completed", result.error

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opencode_env.sandbox.base import OPENCODE_CONFIG_DIR, Sandbox, SandboxSpec
+from opencode_env.sandbox.base import Sandbox, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
+from opencode_env.sandbox.local.isolation import AGENT_CONFIG_DIR
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import DEMO_VERIFY
 from opencode_env.testing.script import demo_script
@@ -43,15 +44,17 @@ async def test_a_full_rollout_contacts_nothing_but_its_model(sandbox_base: Path,
 
 
 async def test_the_config_directory_holds_the_plugin_opencode_would_fetch(backend: LocalBackend) -> None:
+    """OpenCode's config directory is its own (under its home): it finds the plugin there, and the task's uid can
+    neither add to it nor remove the shared install."""
     sandbox = await backend.create(SandboxSpec())
     try:
         listed = await sandbox.run(
-            f"cat {OPENCODE_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}/package.json; touch {OPENCODE_CONFIG_DIR}/mine",
-            timeout_s=10,
+            f"cat {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}/package.json", timeout_s=10, identity="agent"
         )
-        tampered = await sandbox.run(f"rm -rf {OPENCODE_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}", timeout_s=10)
+        planted = await sandbox.run(f"touch {AGENT_CONFIG_DIR}/mine", timeout_s=10)
+        tampered = await sandbox.run(f"rm -rf {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}", timeout_s=10)
     finally:
         await sandbox.close()
-    assert f'"version": "{OPENCODE_VERSION}"' in listed.stdout
-    assert listed.exit_code == 0, "the config directory itself stays the agent's to write"
+    assert f'"version": "{OPENCODE_VERSION}"' in listed.stdout, listed.stderr
+    assert planted.exit_code != 0, "the task's uid cannot write OpenCode's config directory"
     assert tampered.exit_code != 0, "the shared install is read-only"
