@@ -50,11 +50,10 @@ def _wait_for_line(process: subprocess.Popen[str], needle: str, seen: list[str])
     raise AssertionError(f"the process ended before printing {needle!r}: {''.join(seen)}")
 
 
-def _wait_for_agent_command(timeout_s: float = 600.0) -> None:
-    """Until the agent runs its command (OpenCode's start alone took minutes on this 2-core machine at load 30)."""
-    deadline = time.monotonic() + timeout_s
+def _wait_for_agent_command() -> None:
+    """Until the agent runs its command (OpenCode's start alone took minutes on this 2-core machine at load 30);
+    the test's own timeout bounds the wait."""
     while not processes_mentioning(f"sleep {SLEEP_MARK}", settle_s=0):
-        assert time.monotonic() < deadline, "the agent never ran its command"
         time.sleep(0.2)
 
 
