@@ -51,10 +51,12 @@ def synthetic(turns: int, *, start: int, growth: int, completion: int, top_k: in
     return RolloutResult(task_id="synthetic", proxy_turns=records)
 
 
-def sampled(tokens: int, *, per_turn: int = 1000, top_k: int = 5, seed: int = 7) -> RolloutResult:
-    """`tokens` sampled tokens over turns of `per_turn`, as vLLM gives them: float32 logprobs, the sampled token
-    first among its alternatives, texts one per id; ids log-uniform over the vocabulary (text is Zipfian: a few ids
-    recur, most are rare)."""
+def sampled(tokens: int, *, in_top: float = 1.0, per_turn: int = 1000, top_k: int = 5, seed: int = 7) -> RolloutResult:
+    """`tokens` sampled tokens over turns of `per_turn`, as vLLM gives them: float32 logprobs, texts one per id; ids
+    log-uniform over the vocabulary (text is Zipfian: a few ids recur, most are rare). At a share `in_top` of the
+    positions the sampled token is one of its own alternatives with the same logprob (first of them four times in
+    five: greedy decoding puts it first every time); elsewhere all k alternatives are other tokens, more likely than
+    it."""
     rng = random.Random(seed)
     texts = {token_id: f"t{token_id}" for token_id in range(152_000)}
     turns = []
@@ -64,11 +66,16 @@ def sampled(tokens: int, *, per_turn: int = 1000, top_k: int = 5, seed: int = 7)
         logprobs = array("f", [-rng.expovariate(2.0) for _ in range(count)]).tolist()
         top = []
         for token_id, logprob in zip(ids, logprobs, strict=True):
-            others = array("f", sorted((logprob - rng.expovariate(0.8) for _ in range(top_k - 1)), reverse=True))
-            alternatives = [(texts[token_id], logprob, token_id)]
-            alternatives += [
-                (texts[i], lp, i) for i, lp in zip(rng.sample(range(5000), top_k - 1), others.tolist(), strict=True)
+            ranked = rng.random() < in_top
+            rank = (0 if rng.random() < 0.8 else rng.randrange(1, top_k)) if ranked else top_k
+            above = [logprob + rng.expovariate(0.8) for _ in range(rank)]
+            below = [logprob - rng.expovariate(0.8) for _ in range(top_k - 1 - rank)] if ranked else []
+            others = array("f", sorted(above + below, reverse=True)).tolist()
+            alternatives = [
+                (texts[i], lp, i) for i, lp in zip(rng.sample(range(5000), len(others)), others, strict=True)
             ]
+            if ranked:
+                alternatives.insert(rank, (texts[token_id], logprob, token_id))
             top.append(alternatives)
         turns.append(
             RolloutTurn(
@@ -85,17 +92,19 @@ def sampled(tokens: int, *, per_turn: int = 1000, top_k: int = 5, seed: int = 7)
 
 
 def token_rows(tokens: int) -> None:
-    result = sampled(tokens)
-    per_100k = 100_000 / tokens
     print(f"{tokens} sampled tokens, top-5 alternatives each; times per 100k tokens")
-    print(f"{'form':<28} {'B/token':>8} {'encode ms':>10} {'decode ms':>10} {'vs v3 JSON':>11}")
+    print(f"{'form':<44} {'B/token':>8} {'encode ms':>10} {'decode ms':>10} {'vs v3 JSON':>11}")
     base = None
-    for name, context, compress in (
-        ("v3 JSON lists", {UNPACKED_CONTEXT: True}, False),
-        ("v4 packed", None, False),
-        ("v3 JSON lists + gzip -1", {UNPACKED_CONTEXT: True}, True),
-        ("v4 packed + gzip -1", None, True),
+    for name, in_top, context, compress in (
+        ("v3 JSON lists", 0.9, {UNPACKED_CONTEXT: True}, False),
+        ("v4 packed (v5, sampled never in its top-5)", 0.0, None, False),
+        ("v5 packed, sampled in its top-5 at 90%", 0.9, None, False),
+        ("v5 packed, sampled in its top-5 always", 1.0, None, False),
+        ("v3 JSON lists + gzip -1", 0.9, {UNPACKED_CONTEXT: True}, True),
+        ("v5 packed + gzip -1, in top-5 at 90%", 0.9, None, True),
     ):
+        result = sampled(tokens, in_top=in_top)
+        per_100k = 100_000 / tokens
         started = time.perf_counter()
         wire = result.model_dump_json(context=context).encode()
         if compress:
@@ -108,7 +117,7 @@ def token_rows(tokens: int) -> None:
         per_token = len(wire) / tokens
         base = base or per_token
         print(
-            f"{name:<28} {per_token:>8.1f} {encode_s * 1000 * per_100k:>10.0f} {decode_s * 1000 * per_100k:>10.0f} "
+            f"{name:<44} {per_token:>8.1f} {encode_s * 1000 * per_100k:>10.0f} {decode_s * 1000 * per_100k:>10.0f} "
             f"{per_token / base:>10.2f}x"
         )
 

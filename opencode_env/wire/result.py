@@ -3,11 +3,13 @@
 Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResult` that existing clients read are
 kept as they are; everything added is optional with a safe default. Unknown fields are ignored, but a result
 of a schema version newer than this code knows is refused, naming the version: version 4 packs the token lists that
-a version 3 reader would otherwise read as empty, and a trainer must never train on that silently.
+a version 3 reader would otherwise read as empty, version 5 leaves out of `packed.ids` the sampled tokens a version
+4 reader would look for there, and a trainer must never train on that silently.
 
-The wire shape of a result (schema_version 4; a result without `schema_version` is version 1; version 3 added
+The wire shape of a result (schema_version 5; a result without `schema_version` is version 1; version 3 added
 `task`, `warnings` and each turn's session, parent session and prompt source; version 4 packs a turn's per-token
-arrays (`packed`, below); every earlier result still parses):
+arrays (`packed`, below); version 5 writes a sampled token that is one of its own alternatives as its rank there
+(`packed.sampled_rank`); every earlier result still parses):
 - A turn's `completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs` travel as `packed`
   (base64 of little-endian int32 / float32-or-float64 arrays and each token's text once; the layout is in
   token_packing.py) whenever that holds them exactly, the four lists then empty on the wire; in Python they are
@@ -241,7 +243,7 @@ def expanded_prompt(turn: RolloutTurn, earlier: dict[int, RolloutTurn], index: i
 
 
 TOOL_NAME = "run_rollout"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RESULT_REQUIRED_IN_JSON = ("task_id", "status", "reward")
 """What a result in JSON carries in every schema version; defaults stay for results built in Python."""
 UNPACKED_CONTEXT = "unpacked_tokens"

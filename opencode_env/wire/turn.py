@@ -165,7 +165,7 @@ class RolloutTurn(BaseModel):
     )
     packed: PackedTokens | None = Field(
         None,
-        description="Wire only (schema_version 4): completion_token_ids, per_token_logps, completion_tokens and "
+        description="Wire only (schema_version 4 and 5): completion_token_ids, per_token_logps, completion_tokens and "
         "top_logprobs packed as base64 little-endian arrays, those four lists then empty; see "
         "opencode_env/wire/token_packing.py for the layout. In Python the lists are always filled.",
     )

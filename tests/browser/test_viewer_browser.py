@@ -150,6 +150,43 @@ def test_token_colour_follows_its_logprob_and_the_popup_shows_the_alternatives(
     save_screenshot(browser, "viewer-token-popup.png")
 
 
+def test_packed_turns_show_every_token_whose_text_or_id_an_earlier_turn_or_its_rank_carries(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """Schema 5 on the page: the second turn's texts are in the first turn's vocab only, and its sampled tokens travel
+    as ranks among their alternatives (one does not, and comes from `ids`)."""
+
+    def packed_turn(number: int, ids: list[int], logprobs: list[float]) -> RolloutTurn:
+        texts = {7: " seven", 8: " eight", 9: " nine"}
+        return RolloutTurn(
+            turn=number,
+            completion_token_ids=ids,
+            completion_tokens=[texts[i] for i in ids],
+            per_token_logps=logprobs,
+            top_logprobs=[[(" seven", -0.5, 7), (" eight", -1.5, 8)] for _ in ids],
+            request={"messages": [{"role": "user", "content": f"turn {number}"}]},
+        )
+
+    result = RolloutResult(
+        task_id="packed",
+        proxy_turns=[packed_turn(0, [7, 8, 9], [-0.5, -1.5, -6.0]), packed_turn(1, [8, 9, 7], [-1.5, -6.0, -0.5])],
+    )
+    wire = result.model_dump_json()
+    assert '"sampled_rank":"' in wire
+    assert '"vocab":[]' in wire
+    open_page(browser, result, tmp_path)
+    for number, want in ((0, [" seven", " eight", " nine"]), (1, [" eight", " nine", " seven"])):
+        tokens = f"#turn-{number} .tok"
+        browser.execute_script(f"document.getElementById('turn-{number}').scrollIntoView()")
+        WebDriverWait(browser, 20).until(lambda b, css=tokens: len(b.find_elements(By.CSS_SELECTOR, css)) == 3)
+        assert [tok.text for tok in browser.find_elements(By.CSS_SELECTOR, tokens)] == want
+    nine = browser.find_elements(By.CSS_SELECTOR, "#turn-1 .tok")[1]
+    ActionChains(browser).move_to_element(nine).perform()
+    popup = browser.find_element(By.ID, "tok-popup")
+    WebDriverWait(browser, 5).until(lambda _: popup.find_element(By.CLASS_NAME, "popup-id").text == "id: 9")
+    assert popup.find_element(By.CLASS_NAME, "popup-logprob").text.startswith("logprob: -6.0000")
+
+
 def test_a_thousand_turns_are_built_only_as_they_scroll_into_view(browser: WebDriver, tmp_path: Path) -> None:
     turn = RolloutTurn(
         turn=0, completion_tokens=["x"] * 300, completion_token_ids=[1] * 300, per_token_logps=[-0.5] * 300

@@ -1,8 +1,9 @@
-"""Packed per-token arrays (schema_version 4): lossless, bit for bit, with the lists in Python; a turn the layout
-cannot hold travels as lists; version 3's lists still parse."""
+"""Packed per-token arrays (schema_version 4, and 5 with ranks): lossless, bit for bit, with the lists in Python; a
+turn the layout cannot hold travels as lists; version 3's lists and version 4's packing still parse."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from array import array
@@ -93,3 +94,83 @@ def test_a_turn_with_both_packed_and_lists_is_refused() -> None:
     wire[0]["completion_token_ids"] = [1]
     with pytest.raises(ValueError, match="packed and completion_token_ids exclude each other"):
         RolloutResult.model_validate({"proxy_turns": wire})
+
+
+def ranked_turn(number: int) -> RolloutTurn:
+    """Positions whose sampled token is its first, its third or none of its alternatives, one whose id is there with
+    another logprob, -0.0 against 0.0, and NaN (which never matches, whatever its bits)."""
+    rows = [
+        (11, -0.25, [(11, -0.25), (12, -1.0), (13, -2.0)]),
+        (13, -2.0, [(11, -0.25), (12, -1.0), (13, -2.0)]),
+        (14, -3.0, [(11, -0.25), (12, -1.0), (13, -2.0)]),
+        (12, -0.5, [(12, -0.75), (11, -1.0), (13, -2.0)]),
+        (11, -0.0, [(11, 0.0), (12, -1.0), (13, -2.0)]),
+        (13, math.nan, [(13, math.nan), (12, -1.0), (11, -2.0)]),
+    ]
+    return RolloutTurn(
+        turn=number,
+        completion_token_ids=[token_id for token_id, _, _ in rows],
+        completion_tokens=[f"<{token_id}>" for token_id, _, _ in rows],
+        per_token_logps=[logprob for _, logprob, _ in rows],
+        top_logprobs=[[(f"<{i}>", lp, i) for i, lp in alternatives] for _, _, alternatives in rows],
+    )
+
+
+def test_a_sampled_token_among_its_alternatives_travels_as_its_rank_and_comes_back_bit_for_bit() -> None:
+    result = RolloutResult(proxy_turns=[ranked_turn(0)])
+    packed = wire_turns(result)[0]["packed"]
+    assert isinstance(packed, dict)
+    assert array("b", base64.b64decode(packed["sampled_rank"])).tolist() == [0, 2, -1, -1, -1, -1]
+    assert array("i", base64.b64decode(packed["ids"])).tolist() == [14, 12, 11, 13]
+    parsed = RolloutResult.model_validate_json(result.model_dump_json()).proxy_turns[0]
+    want = result.proxy_turns[0]
+    assert parsed.completion_token_ids == want.completion_token_ids
+    assert parsed.completion_tokens == want.completion_tokens
+    assert bits(parsed.per_token_logps) == bits(want.per_token_logps)
+    assert bits([lp for p in parsed.top_logprobs for _, lp, _ in p]) == bits(
+        [lp for p in want.top_logprobs for _, lp, _ in p]
+    )
+
+
+def test_ranks_save_a_sampled_tokens_id_and_logprob_where_they_apply() -> None:
+    greedy = RolloutTurn(
+        turn=0,
+        completion_token_ids=list(range(100, 1100)),
+        completion_tokens=[f"<{i}>" for i in range(100, 1100)],
+        per_token_logps=[-0.5] * 1000,
+        top_logprobs=[[(f"<{i}>", -0.5, i), ("<7>", -1.5, 7)] for i in range(100, 1100)],
+    )
+    packed = wire_turns(RolloutResult(proxy_turns=[greedy]))[0]["packed"]
+    assert isinstance(packed, dict)
+    assert packed["ids"] == packed["logprobs"] == ""
+    assert len(base64.b64decode(packed["sampled_rank"])) == 1000
+
+
+def test_a_rank_outside_the_alternatives_is_refused() -> None:
+    wire = wire_turns(RolloutResult(proxy_turns=[ranked_turn(0)]))
+    packed = wire[0]["packed"]
+    assert isinstance(packed, dict)
+    packed["sampled_rank"] = base64.b64encode(array("b", [0, 3, -1, -1, -1, -1]).tobytes()).decode()
+    with pytest.raises(ValueError, match=r"packed.sampled_rank: a rank outside -1..2"):
+        RolloutResult.model_validate({"task_id": "t", "status": "completed", "reward": 1.0, "proxy_turns": wire})
+
+
+def test_version_4_packed_turns_without_ranks_still_parse() -> None:
+    want = ranked_turn(0)
+    version_4 = {
+        "count": 6,
+        "top_k": 3,
+        "float": "f64",
+        "ids": base64.b64encode(array("i", want.completion_token_ids).tobytes()).decode(),
+        "logprobs": base64.b64encode(array("d", want.per_token_logps).tobytes()).decode(),
+        "top_ids": base64.b64encode(array("i", [i for p in want.top_logprobs for _, _, i in p]).tobytes()).decode(),
+        "top_logprobs": base64.b64encode(
+            array("d", [lp for p in want.top_logprobs for _, lp, _ in p]).tobytes()
+        ).decode(),
+        "vocab_ids": base64.b64encode(array("i", [11, 13, 14, 12]).tobytes()).decode(),
+        "vocab": ["<11>", "<13>", "<14>", "<12>"],
+    }
+    wire = {"task_id": "t", "status": "completed", "reward": 1.0, "schema_version": 4}
+    parsed = RolloutResult.model_validate({**wire, "proxy_turns": [{"turn": 0, "packed": version_4}]}).proxy_turns[0]
+    assert parsed.completion_token_ids == want.completion_token_ids
+    assert bits(parsed.per_token_logps) == bits(want.per_token_logps)

@@ -53,32 +53,47 @@
   const arr = (x) => (Array.isArray(x) ? x : []);
   const obj = (x) => (x && typeof x === "object" && !Array.isArray(x) ? x : {});
 
-  /* A turn's per-token arrays may travel packed (schema_version 4; opencode_env/wire/token_packing.py): base64 of
-     little-endian int32 / float32 or float64 arrays, with each token id's text once in `vocab`. */
+  /* A turn's per-token arrays may travel packed (schema_version 4 and 5; opencode_env/wire/token_packing.py): base64
+     of little-endian int32 / float32 or float64 arrays, each token id's text once per result in `vocab` (textOf is
+     the result's map, filled turn by turn in order), and in version 5 a sampled token that is one of its own
+     alternatives as its rank there (`sampled_rank`, int8; -1: read from `ids`/`logprobs`, which hold only those). */
   function littleEndian(b64, kind, count) {
     const bytes = Uint8Array.from(atob(b64 || ""), (c) => c.charCodeAt(0));
     const view = new DataView(bytes.buffer);
-    const size = kind === "f64" ? 8 : 4;
-    const read = kind === "i32" ? (o) => view.getInt32(o, true) : kind === "f32" ? (o) => view.getFloat32(o, true) : (o) => view.getFloat64(o, true);
+    const size = kind === "f64" ? 8 : kind === "i8" ? 1 : 4;
+    const read = kind === "i32" ? (o) => view.getInt32(o, true) : kind === "i8" ? (o) => view.getInt8(o) : kind === "f32" ? (o) => view.getFloat32(o, true) : (o) => view.getFloat64(o, true);
     return Array.from({ length: Math.min(count, bytes.length / size) }, (_, i) => read(i * size));
   }
 
-  function unpackedTurn(turn) {
+  function unpackedTurn(turn, textOf) {
     const p = turn && turn.packed;
     if (!p) return turn;
     const n = p.count, k = p.top_k;
     const vocabIds = littleEndian(p.vocab_ids, "i32", arr(p.vocab).length);
-    const textOf = new Map(vocabIds.map((id, i) => [id, p.vocab[i]]));
-    const ids = littleEndian(p.ids, "i32", n);
+    vocabIds.forEach((id, i) => textOf.set(id, p.vocab[i]));
     const altIds = littleEndian(p.top_ids, "i32", n * k);
     const altLps = littleEndian(p.top_logprobs, p.float, n * k);
+    const ranks = p.sampled_rank ? littleEndian(p.sampled_rank, "i8", n) : Array(n).fill(-1);
+    const own = ranks.filter((r) => r < 0).length;
+    const ownIds = littleEndian(p.ids, "i32", own), ownLps = littleEndian(p.logprobs, p.float, own);
+    let next = 0;
+    const ids = [], lps = [];
+    ranks.forEach((r, pos) => {
+      if (r < 0) { ids.push(ownIds[next]); lps.push(ownLps[next]); next += 1; }
+      else { ids.push(altIds[pos * k + r]); lps.push(altLps[pos * k + r]); }
+    });
     return Object.assign({}, turn, {
       packed: null,
       completion_token_ids: ids,
       completion_tokens: ids.map((id) => textOf.get(id)),
-      per_token_logps: littleEndian(p.logprobs, p.float, n),
+      per_token_logps: lps,
       top_logprobs: k ? ids.map((_, pos) => altIds.slice(pos * k, pos * k + k).map((id, j) => [textOf.get(id), altLps[pos * k + j], id])) : [],
     });
+  }
+
+  function unpackedTurns(turns) {
+    const textOf = new Map();
+    return turns.map((turn) => unpackedTurn(turn, textOf));
   }
 
   function statusClass(status) {
@@ -781,7 +796,7 @@
 
   /* `training` is the page's second JSON block (page.training_view); a caller without one passes nothing. */
   function render(container, result, training) {
-    const r = Object.assign({}, obj(result), { proxy_turns: arr(obj(result).proxy_turns).map(unpackedTurn) });
+    const r = Object.assign({}, obj(result), { proxy_turns: unpackedTurns(arr(obj(result).proxy_turns)) });
     const turns = arr(r.proxy_turns);
     const root = el("main", { class: "rollout" },
       el("h1", { text: "Rollout " + (r.task_id || "(no task id)") }),
