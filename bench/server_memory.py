@@ -1,9 +1,10 @@
 """The server's memory over model-driven rollouts: the real server (`server.app`, local backend) in a process of its
 own, N rollouts through it one after another, each the real OpenCode driven by the scripted model (one bash step
-and an answer); the server's RSS printed at 0, N/2 and N rollouts, and with --trace the Python allocations that grew
-most between N/2 and N (tracemalloc in the server).
+and an answer); the server's RSS printed at 0, N/2 and N rollouts (and after each), and with --trace the Python
+allocations that grew most between N/2 and N (tracemalloc in the server). With --compare, the same run first with
+glibc's default malloc arenas (the server's arena limit off), then as the server runs (server/heap.py).
 
-    python -m bench.server_memory [N] [--trace]
+    python -m bench.server_memory [N] [--trace] [--compare]
 """
 
 from __future__ import annotations
@@ -52,9 +53,13 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _serve(dump: str) -> None:
+def _serve(dump: str, default_arenas: bool) -> None:
     """The server; the first SIGUSR1 starts tracemalloc (tracing from the start would slow every import), each later
     one writes the allocations that grew most since the one before to `dump`."""
+    if default_arenas:
+        from server import heap
+
+        heap.limit_arenas = lambda: False
     from server.app import main
 
     previous: list[tracemalloc.Snapshot] = []
@@ -75,7 +80,7 @@ def _serve(dump: str) -> None:
     main(host="127.0.0.1")
 
 
-async def _run(count: int, trace: bool) -> None:
+async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float]:
     port = _free_port()
     dump = Path(tempfile.mkdtemp()) / "growth.txt"
     script = Script(steps=[bash("echo hello > hello.txt", "write a file"), say("done")])
@@ -86,9 +91,10 @@ async def _run(count: int, trace: bool) -> None:
             "OPENCODE_ENV_BACKEND": "local",
             "OPENCODE_ENV_UPSTREAM_ALLOW": f"127.0.0.1:{model.port}",
         }
-        argv = [sys.executable, "-m", "bench.server_memory", "--serve", str(dump)] if trace else None
-        program = argv or [sys.executable, "-m", "server.app"]
-        server = await asyncio.create_subprocess_exec(*program, env=env, stderr=asyncio.subprocess.DEVNULL)
+        argv = [sys.executable, "-m", "bench.server_memory", "--serve", str(dump), str(default_arenas)]
+        server = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
         try:
             await _listening(port)
             async with OpenCodeEnv(f"http://127.0.0.1:{port}", ready_timeout_s=300) as client:
@@ -102,28 +108,39 @@ async def _run(count: int, trace: bool) -> None:
                     if trace and done in (1, count // 2, count):
                         server.send_signal(signal.SIGUSR1)
                         await asyncio.sleep(2)
-                    if done in (count // 2, count):
-                        marks[done] = _rss_mb(server.pid)
+                    marks[done] = _rss_mb(server.pid)
         finally:
             server.terminate()
             await asyncio.wait_for(server.wait(), 60)
-    print(" ".join(f"RSS after {done}: {rss:.0f} MB;" for done, rss in marks.items()))
-    first, half, last = marks[0], marks[count // 2], marks[count]
+    name = "glibc's default arenas" if default_arenas else "as served (two arenas)"
+    half = count // 2
+    points = f"{marks[0]:.0f} / {marks[half]:.0f} / {marks[count]:.0f} MB"
+    print(f"{name}: RSS after 0 / {half} / {count} rollouts: {points}")
+    print(f"    after each: {' '.join(f'{rss:.0f}' for rss in marks.values())}")
     print(
-        f"per rollout: first half {(half - first) / max(count // 2, 1):.1f} MB, second half "
-        f"{(last - half) / max(count - count // 2, 1):.1f} MB"
+        f"    per rollout: first half {(marks[half] - marks[0]) / max(half, 1):.1f} MB, second half "
+        f"{(marks[count] - marks[half]) / max(count - half, 1):.1f} MB"
     )
     if trace and dump.exists():
         print("largest growth between N/2 and N (tracemalloc):")
         print(dump.read_text())
+    return marks
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
-        _serve(sys.argv[2])
+        _serve(sys.argv[2], sys.argv[3] == "True")
         return
     args = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-    asyncio.run(_run(int(args[0]) if args else 6, "--trace" in sys.argv))
+    count, trace = int(args[0]) if args else 6, "--trace" in sys.argv
+    if "--compare" in sys.argv:
+        before = asyncio.run(_run(count, trace, default_arenas=True))
+        after = asyncio.run(_run(count, trace, default_arenas=False))
+        half = count // 2
+        slope = [(marks[count] - marks[half]) / max(count - half, 1) for marks in (before, after)]
+        print(f"second-half growth per rollout: {slope[0]:.1f} MB -> {slope[1]:.1f} MB")
+        return
+    asyncio.run(_run(count, trace, default_arenas=False))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,23 @@ its own loopback. So a followed link reaches the box's view, never the host's / 
 Images cross the box's edge as archives only: a base image the Dockerfile names (FROM) is copied in from the host's
 storage (once: the box keeps it), the built image is copied out with `podman load` reading a descriptor the host
 opened without following links.
+
+Nothing one build does reaches another: each base image is loaded once into a store of its own, which builds see
+read-only (podman's additional image store); each build has its own container storage, HOME and TMPDIR (buildah
+keeps `RUN --mount=type=cache` there), made for it and removed after it; and a podman call sees only the directories
+of its own build, so a followed link in one build cannot reach a neighbour's storage. All of it lives on the box's
+own file system, of a fixed size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from opencode_env.sandbox.local import cgroup, userns
+from opencode_env.sandbox.local import bounded_fs, cgroup, userns
 from opencode_env.sandbox.local.host_ids import UID_BASE
 from opencode_env.sandbox.local.isolation import SYSTEM_DIRS
 
+log = logging.getLogger("opencode_env.tasks")
 BUILD_UID = UID_BASE - (1 << 17)
 """The host uid of the box's root; the box maps BUILD_IDS uids from here, none of them any sandbox's (those start at
 UID_BASE) or a real account's."""
@@ -44,17 +55,18 @@ CAP_DROP = "NET_RAW,NET_ADMIN,MKNOD,AUDIT_WRITE,SYS_CHROOT,SYS_PTRACE,SYS_ADMIN,
 socket, device node, chroot, tracing or mount."""
 TERMINATE_GRACE_S = 10.0
 STDERR_TAIL_CHARS = 4000
+BOX_DISK_BYTES = 64 << 30
+"""The size of the box's own file system (sparse: it takes only what is written): every image, layer, cache and
+context of every build together; a build that writes more fails with 'no space left', the host's disk untouched."""
 BOX = "/box"
+SCRATCH = f"{BOX}/tmp"
+"""Inside the box: the podman call's own HOME, TMPDIR and storage.conf."""
 DEFAULT_ROOT = Path("/var/lib/opencode-env/build-box")
 """Every directory leading here must be open to the box's root (an unprivileged uid), which binds it: not under a
 0700 home."""
 CONTAINERS_CONF = (
     '[containers]\ndefault_ulimits = []\ncgroups = "disabled"\n'
     '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "none"\n'
-)
-STORAGE_CONF = (
-    f'[storage]\ndriver = "overlay"\ngraphroot = "{BOX}/storage"\nrunroot = "{BOX}/run"\n'
-    '[storage.options.overlay]\nmount_program = ""\nmountopt = "nodev"\n'
 )
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
 _IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
@@ -65,45 +77,92 @@ class BoxError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Bind:
+    """A host directory a podman call sees at `inside` (read-only unless `writable`)."""
+
+    host: Path
+    inside: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
 class BuildBox:
-    """One directory on the host holds the box: `conf/` (ours, read-only inside), `storage/`, `run/`, `work/`, `tmp/`
-    (the box's, owned by BUILD_UID)."""
+    """One directory on the host holds the box: `conf/` (ours, read-only inside) and `data/`, the mount point of the
+    box's own file system (`disk.img`, of `disk_bytes`) holding `bases/` (one image store per base image, read-only
+    to builds), `builds/` (one directory per build: its context, storage and archive) and `tmp/` (one HOME and TMPDIR
+    per podman call). Without loop devices `data/` is a plain directory, unbounded, and a warning says so."""
 
     root: Path
     podman: str
+    disk_bytes: int = BOX_DISK_BYTES
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
 
     def prepare(self) -> None:
         self.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.root.mkdir(mode=0o755, exist_ok=True)
         os.chown(self.root, 0, 0)
         self.root.chmod(0o755)
+        with (self.root / "prepare.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._mount_data()
+            self._write_conf()
+            for name in ("bases", "builds", "tmp"):
+                (self.data / name).mkdir(mode=0o755, exist_ok=True)
+
+    def _mount_data(self) -> None:
+        """The box's file system on data/: mounted as it is when it exists, made when it does not."""
+        for legacy in ("storage", "run", "work", "tmp"):
+            shutil.rmtree(self.root / legacy, ignore_errors=True)  # an earlier version's box, shared and unbounded
+        self.data.mkdir(mode=0o755, exist_ok=True)
+        image = self.root / "disk.img"
+        if os.path.ismount(self.data) or not bounded_fs.loop_devices_available():
+            if not os.path.ismount(self.data):
+                log.warning("no loop devices: the build box's storage (%s) is not size-bounded", self.data)
+            return
+        if image.exists() and bounded_fs.mount_existing(image, self.data):
+            return
+        failure = bounded_fs.mount_bounded(image, self.data, self.disk_bytes)
+        if failure is not None:
+            log.warning("the build box's storage (%s) is not size-bounded: %s", self.data, failure)
+
+    def remove(self) -> None:
+        """Unmount the box's file system and remove the whole box (its images and caches with it)."""
+        if os.path.ismount(self.data):
+            subprocess.run(["umount", str(self.data)], capture_output=True, check=True)
+        shutil.rmtree(self.root)
+
+    def _write_conf(self) -> None:
         conf = self.root / "conf"
         conf.mkdir(mode=0o755, exist_ok=True)
-        for name, text in (("containers.conf", CONTAINERS_CONF), ("storage.conf", STORAGE_CONF)):
-            if not (conf / name).is_file() or (conf / name).read_text() != text:
-                staging = conf / f".{name}.{os.getpid()}"
-                staging.write_text(text)
-                staging.chmod(0o644)
-                staging.replace(conf / name)
-        for name in ("storage", "run", "work", "tmp"):
-            directory = self.root / name
-            directory.mkdir(mode=0o700, exist_ok=True)
-            os.lchown(directory, BUILD_UID, BUILD_UID)
+        if not (conf / "containers.conf").is_file() or (conf / "containers.conf").read_text() != CONTAINERS_CONF:
+            staging = conf / f".containers.conf.{os.getpid()}"
+            staging.write_text(CONTAINERS_CONF)
+            staging.chmod(0o644)
+            staging.replace(conf / "containers.conf")
 
-    def work_dir(self, name: str) -> Path:
-        """A fresh directory under work/ for one build's context, the box's to read."""
-        return self.root / "work" / name
+    def base_store(self, image: str) -> Path:
+        """The store `image` is loaded into, once."""
+        return self.data / "bases" / hashlib.sha256(image.encode()).hexdigest()[:32]
+
+    def has_base(self, image: str) -> bool:
+        return self.base_store(image).with_suffix(".complete").exists()
+
+    def new_build_dir(self, name: str) -> Path:
+        """A fresh directory for one build (its context, storage and archive), the box's to write."""
+        directory = self.data / "builds" / f"{name}-{os.getpid()}-{os.urandom(4).hex()}"
+        directory.mkdir(mode=0o700)
+        os.lchown(directory, BUILD_UID, BUILD_UID)
+        return directory
 
     def hand_over(self, path: Path) -> None:
-        """Give a tree we staged under work/ to the box's root."""
+        """Give a tree we staged to the box's root."""
+        os.lchown(path, BUILD_UID, BUILD_UID)
         for directory, dirs, files in os.walk(path):
-            os.lchown(directory, BUILD_UID, BUILD_UID)
             for name in [*dirs, *files]:
                 os.lchown(os.path.join(directory, name), BUILD_UID, BUILD_UID)
-
-    def has_image(self, image: str) -> bool:
-        completed = self.run(["image", "exists", "--", image], 60.0, what=f"looking up {image} in the box", ok=(0, 1))
-        return completed.returncode == 0
 
     def run(
         self,
@@ -111,30 +170,53 @@ class BuildBox:
         timeout_s: float,
         *,
         what: str,
+        store: Bind,
+        image_stores: tuple[Bind, ...] = (),
+        inputs: tuple[Bind, ...] = (),
         limits: cgroup.Limits = BUILD_LIMITS,
         ok: tuple[int, ...] = (0,),
     ) -> subprocess.CompletedProcess[str]:
-        """`podman args` in the box, under `limits` (when a cgroup is writable) and a deadline."""
+        """`podman args` in the box, its container storage in `store` and the read-only `image_stores` beside it,
+        `inputs` at their places and nothing else of the box's, under `limits` (when a cgroup is writable) and a
+        deadline."""
         version = cgroup.detect()
         group = cgroup.Cgroup(f"build-{os.getpid()}-{id(args):x}", version) if version else None
+        scratch = self._scratch(store, [bind.inside for bind in image_stores])
+        binds = (store, *image_stores, *inputs, Bind(scratch, SCRATCH, writable=True))
         if group is not None:
             group.create(limits)
         try:
-            argv = [*cgroup.cgroup_prefix(group), *self._argv(args)]
+            argv = [*cgroup.cgroup_prefix(group), *self._argv(args, binds)]
             completed = run_group(argv, timeout_s, env=_clean_env(), what=what)
         finally:
             if group is not None:
                 group.destroy()
+            shutil.rmtree(scratch, ignore_errors=True)
         if completed.returncode not in ok:
             raise BoxError(f"{what}: podman {args[0]} exited {completed.returncode}: {tail(completed.stderr)}")
         return completed
 
-    def _argv(self, args: list[str]) -> list[str]:
+    def _scratch(self, store: Bind, read_only_stores: list[str]) -> Path:
+        """One podman call's own HOME, TMPDIR and storage.conf, removed after it: buildah keeps `RUN
+        --mount=type=cache` mounts under TMPDIR, and a cache one task's build filled must never be what another
+        task's build reads."""
+        scratch = self.data / "tmp" / f"{os.getpid()}-{os.urandom(6).hex()}"
+        scratch.mkdir(mode=0o700)
+        stores = ", ".join(f'"{inside}/storage"' for inside in read_only_stores)
+        (scratch / "storage.conf").write_text(
+            f'[storage]\ndriver = "overlay"\ngraphroot = "{store.inside}/storage"\nrunroot = "{SCRATCH}/run"\n'
+            f"[storage.options]\nadditionalimagestores = [{stores}]\n"
+            '[storage.options.overlay]\nmount_program = ""\nmountopt = "nodev"\n'
+        )
+        self.hand_over(scratch)
+        return scratch
+
+    def _argv(self, args: list[str], binds: tuple[Bind, ...]) -> list[str]:
         maps = ["--map", f"0:{BUILD_UID}:{BUILD_IDS}", "--gid", "0", "--"]
         limits = ["prlimit", f"--fsize={MAX_FILE_BYTES}", "--core=0", "--"]
-        return [*limits, sys.executable, "-I", "-S", userns.__file__, *maps, *self._bwrap(), *self._podman(args)]
+        return [*limits, sys.executable, "-I", "-S", userns.__file__, *maps, *self._bwrap(binds), *self._podman(args)]
 
-    def _bwrap(self) -> list[str]:
+    def _bwrap(self, binds: tuple[Bind, ...]) -> list[str]:
         argv = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--die-with-parent", "--new-session"]
         for path in SYSTEM_DIRS:
@@ -146,17 +228,19 @@ class BuildBox:
         for path in ("/tmp", "/run", "/var"):
             argv += ["--tmpfs", path, "--chmod", "1777", path]
         argv += ["--dir", "/var/tmp", "--chmod", "1777", "/var/tmp"]
-        argv += ["--bind", str(self.root), BOX, "--ro-bind", str(self.root / "conf"), f"{BOX}/conf", "--chdir", BOX]
-        return [*argv, "--"]
+        argv += ["--tmpfs", BOX, "--ro-bind", str(self.root / "conf"), f"{BOX}/conf"]
+        for bind in binds:
+            argv += ["--bind" if bind.writable else "--ro-bind", str(bind.host), bind.inside]
+        return [*argv, "--chdir", SCRATCH, "--"]
 
     def _podman(self, args: list[str]) -> list[str]:
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": f"{BOX}/tmp",
-            "TMPDIR": f"{BOX}/tmp",
-            "XDG_RUNTIME_DIR": f"{BOX}/run",
+            "HOME": SCRATCH,
+            "TMPDIR": SCRATCH,
+            "XDG_RUNTIME_DIR": f"{SCRATCH}/run",
             "CONTAINERS_CONF": f"{BOX}/conf/containers.conf",
-            "CONTAINERS_STORAGE_CONF": f"{BOX}/conf/storage.conf",
+            "CONTAINERS_STORAGE_CONF": f"{SCRATCH}/storage.conf",
         }
         return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), self.podman, *args]
 

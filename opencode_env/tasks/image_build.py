@@ -8,6 +8,7 @@ machine's container storage, where the local backend takes its images from.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -20,10 +21,12 @@ from pathlib import Path
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.settings import Settings
 from opencode_env.tasks.build_box import (
+    BOX_DISK_BYTES,
     CAP_DROP,
     DEFAULT_ROOT,
     MAX_BUILD_TIMEOUT_S,
     MAX_CONTEXT_BYTES,
+    Bind,
     BoxError,
     BuildBox,
     base_images,
@@ -42,6 +45,34 @@ IMAGE_REFERENCE = re.compile(
     r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 """An image reference as OCI distribution spells it (registry host, path, tag, digest); nothing that starts with '-'."""
+
+
+BUILD = "/box/build"
+"""Inside the box: this build's directory (its context, and the archive the built image is saved to)."""
+STORE = "/box/store"
+"""Inside the box: the container storage a podman call writes."""
+
+
+@dataclass(frozen=True)
+class BoxView:
+    """What one build's podman calls see of the box: its own directory (context, storage, archive) and, read-only,
+    the stores of the base images its Dockerfile names."""
+
+    box: BuildBox
+    build: Path
+    bases: list[str]
+
+    def run(self, args: list[str], timeout_s: float, *, what: str = "") -> None:
+        read_only = tuple(
+            Bind(self.box.base_store(image), f"/box/bases/{self.box.base_store(image).name}") for image in self.bases
+        )
+        self.box.run(
+            args,
+            timeout_s,
+            what=what or f"podman {args[0]} in the build box",
+            store=Bind(self.build, BUILD, writable=True),
+            image_stores=read_only,
+        )
 
 
 def is_image_reference(text: str) -> bool:
@@ -126,12 +157,15 @@ def _podman_env() -> dict[str, str]:
 class ImageBuilder:
     """Builds and inspects images in this machine's container storage with podman; never pulls."""
 
-    def __init__(self, podman: str | None = None, box_root: Path | None = None) -> None:
+    def __init__(
+        self, podman: str | None = None, box_root: Path | None = None, box_disk_bytes: int = BOX_DISK_BYTES
+    ) -> None:
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
         self.podman = found
         self.box_root = box_root or DEFAULT_ROOT
+        self.box_disk_bytes = box_disk_bytes
 
     def build(self, context_dir: Path, *, name: str, timeout_s: float) -> BuiltImage:
         """The image of `context_dir` (its Dockerfile), built in the box unless its content's tag is already
@@ -149,39 +183,58 @@ class ImageBuilder:
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
     def _build_in_box(self, context: TaskDir, relative: str, ref: str, timeout_s: float) -> None:
-        box = BuildBox(self.box_root, self.podman)
+        box = BuildBox(self.box_root, self.podman, self.box_disk_bytes)
         box.prepare()
-        work = box.work_dir(f"{ref.rsplit(':', 1)[1][:32]}-{os.getpid()}-{os.urandom(4).hex()}")
+        build = box.new_build_dir(ref.rsplit(":", 1)[1][:16])
         try:
-            context.copy_tree(relative, work, limit_bytes=MAX_CONTEXT_BYTES)
-            box.hand_over(work)
-            dockerfile = (work / "Dockerfile").read_text(errors="replace")
-            for image in base_images(dockerfile):
-                self._copy_into_box(box, image, work.name)
-            inside = f"/box/work/{work.name}"
-            build = ["build", "--pull=never", "--isolation", "chroot", "--network", "host", "--cap-drop", CAP_DROP]
-            build += ["-t", ref, "-f", f"{inside}/Dockerfile", "--", inside]
-            box.run(build, timeout_s, what=f"building {context.path / relative}")
-            archive = f"/box/work/{work.name}.image.tar"
-            box.run(["save", "--format", "docker-archive", "-o", archive, "--", ref], COPY_TIMEOUT_S, what="saving")
-            self._load_from_box(box.root / "work" / f"{work.name}.image.tar", ref)
-            box.run(["rmi", "--", ref], QUERY_TIMEOUT_S, what=f"removing {ref} from the build box")
+            context.copy_tree(relative, build / "context", limit_bytes=MAX_CONTEXT_BYTES)
+            box.hand_over(build)
+            dockerfile = (build / "context" / "Dockerfile").read_text(errors="replace")
+            bases = [image for image in base_images(dockerfile) if self._base_into_box(box, image)]
+            view = BoxView(box, build, bases)
+            args = ["build", "--pull=never", "--isolation", "chroot", "--network", "host", "--cap-drop", CAP_DROP]
+            args += ["-t", ref, "-f", f"{BUILD}/context/Dockerfile", "--", f"{BUILD}/context"]
+            view.run(args, timeout_s, what=f"building {context.path / relative}")
+            view.run(["save", "--format", "docker-archive", "-o", f"{BUILD}/image.tar", "--", ref], COPY_TIMEOUT_S)
+            self._load_from_box(build / "image.tar", ref)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
-            (box.root / "work" / f"{work.name}.image.tar").unlink(missing_ok=True)
+            shutil.rmtree(build, ignore_errors=True)
 
-    def _copy_into_box(self, box: BuildBox, image: str, work: str) -> None:
-        """The base image `image` from this machine's storage into the box's (once: the box keeps it)."""
-        if box.has_image(image) or not self.image_exists(image):
-            return  # present, or the build fails with podman's own message for it: images are never pulled
-        archive = box.root / "work" / f"{work}.base.tar"
-        try:
-            self._run(["save", "--format", "docker-archive", "-o", str(archive), "--", image], COPY_TIMEOUT_S, what="")
-            box.hand_over(archive)
-            inside = f"/box/work/{archive.name}"
-            box.run(["load", "-i", inside], COPY_TIMEOUT_S, what=f"copying {image} into the build box")
-        finally:
-            archive.unlink(missing_ok=True)
+    def _base_into_box(self, box: BuildBox, image: str) -> bool:
+        """The base image `image` from this machine's storage into its own store in the box (once: the box keeps
+        it); False when this machine does not have it (the build then fails with podman's own message for it:
+        images are never pulled)."""
+        if box.has_base(image):
+            return True
+        if not self.image_exists(image):
+            return False
+        store = box.base_store(image)
+        with store.with_suffix(".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if box.has_base(image):
+                return True
+            shutil.rmtree(store, ignore_errors=True)  # a load that did not finish
+            store.mkdir(mode=0o700)
+            staging = box.new_build_dir("base")
+            try:
+                self._run(
+                    ["save", "--format", "docker-archive", "-o", str(staging / "base.tar"), "--", image],
+                    COPY_TIMEOUT_S,
+                    what="",
+                )
+                box.hand_over(store)
+                box.hand_over(staging)
+                box.run(
+                    ["load", "-i", f"{BUILD}/base.tar"],
+                    COPY_TIMEOUT_S,
+                    what=f"copying {image} into the build box",
+                    store=Bind(store, STORE, writable=True),
+                    inputs=(Bind(staging, BUILD),),
+                )
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            store.with_suffix(".complete").touch()
+        return True
 
     def _load_from_box(self, archive: Path, ref: str) -> None:
         """The box's archive of `ref` into this machine's storage, opened here without following a link."""

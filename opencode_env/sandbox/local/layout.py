@@ -7,7 +7,6 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,7 +19,7 @@ from opencode_env.sandbox.base import (
     WORKDIR,
     SandboxError,
 )
-from opencode_env.sandbox.local import hostfs_write, seccomp_exec
+from opencode_env.sandbox.local import bounded_fs, hostfs_write, seccomp_exec
 from opencode_env.sandbox.local.cgroup import Cgroup, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.command_argv import TOOL_SHELL, tool_shell_script
 from opencode_env.sandbox.local.host_ids import IMAGE_UIDS, HostIds
@@ -128,28 +127,11 @@ def _mount_disk(layout: Layout, disk_mb: int) -> None:
     unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so.
     1% of it is kept for the host's root: an agent that fills its disk still gets verify's protected files
     written in and its verifier directory made (then verify fails for want of space: the agent's doing)."""
-    if shutil.which("mkfs.ext4") is None or not Path("/dev/loop-control").exists():
+    if not bounded_fs.loop_devices_available():
         return
-    with layout.disk_image.open("wb") as image:
-        image.truncate(disk_mb * 2**20)
-    made = subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-m", "1", "-O", "^has_journal", "-E", "lazy_itable_init=1", str(layout.disk_image)],
-        capture_output=True,
-        check=False,
-    )
-    mounted = made.returncode == 0 and (
-        subprocess.run(
-            ["mount", "-o", "loop,nosuid,nodev", str(layout.disk_image), str(layout.fs)],
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    )
-    if not mounted:
-        log.warning("no size-bounded file system for %s: %s", layout.root, made.stderr.decode(errors="replace"))
-        layout.disk_image.unlink(missing_ok=True)
-        return
-    shutil.rmtree(layout.fs / "lost+found", ignore_errors=True)
+    failure = bounded_fs.mount_bounded(layout.disk_image, layout.fs, disk_mb * 2**20)
+    if failure is not None:
+        log.warning("no size-bounded file system for %s: %s", layout.root, failure)
 
 
 RESERVED_INODES = 256
