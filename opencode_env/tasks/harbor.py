@@ -4,7 +4,8 @@ A task directory holds `instruction.md` (the prompt, verbatim), `task.toml` (sch
 `environment/` (a Dockerfile and its build context, or `[environment] docker_image`), `tests/` (`test.sh`, which
 writes /logs/verifier/reward.txt or reward.json, and its helpers) and optionally `solution/solve.sh` (the oracle).
 What of a task cannot be carried over exactly is listed in `HarborTask.unsupported`; what cannot be carried at all
-raises `TaskFormatError`. The task.toml schema is in task_toml.py.
+raises `TaskFormatError`. The task.toml schema is in task_toml.py. A task whose task.toml has our `[verifier.tests]`
+table (test ids that must pass) is graded by the product's test grader over its tests/ files instead of by test.sh.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.tasks.image_build import ImageBuilder, ImageBuildError
 from opencode_env.tasks.task_files import TaskDir, TaskFormatError
-from opencode_env.tasks.task_toml import TaskConfig, deviations
+from opencode_env.tasks.task_toml import TaskConfig, VerifierTests, deviations
 from opencode_env.wire import (
     MAX_FILE_CHARS,
     MAX_FILES,
@@ -108,11 +109,22 @@ class HarborTask(BaseModel):
         }
         if config.agent.timeout_sec is not None:
             fields["agent_timeout_s"] = config.agent.timeout_sec
+        if config.verifier.tests is not None:
+            fields |= self._graded_tests(config.verifier.tests)
         if oracle:
             fields["files"] = self.solution_files()
             fields["solution"] = [SOLUTION_COMMAND]
             fields["env"] = {**fields["env"], **config.solution.env}
         return fields
+
+    def _graded_tests(self, tests: VerifierTests) -> dict[str, Any]:
+        """`[verifier.tests]`: tests/ (but test.sh) handed to the product's test grader, which runs them in place of
+        test.sh."""
+        files = {
+            path.removeprefix("/tests/"): text for path, text in self.verify_files.items() if path != "/tests/test.sh"
+        }
+        graded = {"files": files, **tests.model_dump(include={"fail_to_pass", "pass_to_pass", "scoring"})}
+        return {"tests": graded, "verify": [], "verify_files": {}}
 
 
 def request_from_task_dir(

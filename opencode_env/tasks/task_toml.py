@@ -54,8 +54,18 @@ class TaskInfo(_Table):
     keywords: list[str] = Field(default_factory=list)
 
 
+class VerifierTests(_Table):
+    """Ours (Harbor ignores it): the ids of the task's tests/ that must pass, graded by the product's test grader in
+    place of tests/test.sh (whose exit code and reward file the code under test could fake)."""
+
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    scoring: Literal["all", "fraction"] = "all"
+
+
 class VerifierConfig(_Table):
     timeout_sec: float = Field(600.0, gt=0)
+    tests: VerifierTests | None = None
     env: dict[str, str] = Field(default_factory=dict)
     user: str | int | None = None
     network_mode: HarborNetworkMode | None = None
@@ -161,6 +171,8 @@ def deviations(config: TaskConfig) -> list[str]:
         notes.append(f"[verifier] user = {config.verifier.user!r}: verify runs as our unprivileged grader identity")
     if config.verifier.env:
         notes.append("[verifier] env: set for every phase (setup, agent, verify), not for verify alone")
+    if config.verifier.tests is not None:
+        notes.append("[verifier] tests: graded by the listed test ids; tests/test.sh is not run")
     notes += [
         f"[verifier] env.{name}: the ${{...}} template is passed verbatim, not resolved from the host"
         for name, value in config.verifier.env.items()
@@ -185,6 +197,7 @@ def _unknown_keys(config: TaskConfig) -> list[str]:
     tables: list[tuple[str, _Table | None]] = [
         ("task", config.task),
         ("verifier", config.verifier),
+        ("verifier.tests", config.verifier.tests),
         ("agent", config.agent),
         ("environment", config.environment),
         ("solution", config.solution),
