@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from opencode_env.cli.endings import say
-from opencode_env.cli.support import needs
+from opencode_env.cli.support import image_progress_to_stderr, needs
 from opencode_env.rollout.check_task import EXIT_CODES, check_task
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.registry import EMBEDDED, backend_names
@@ -28,7 +28,7 @@ def _task_request(task: Path) -> RolloutRequest:
         from opencode_env.tasks.harbor import request_from_task_dir
 
         say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
-        return request_from_task_dir(task, oracle=True)
+        return request_from_task_dir(task, oracle=True, progress=image_progress_to_stderr)
     return RolloutRequest.model_validate_json(task.read_bytes())
 
 

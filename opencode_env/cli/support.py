@@ -37,6 +37,11 @@ def progress_to_stderr(phase: Phase, message: str) -> None:
     print(f"[{phase}] {message}", file=sys.stderr, flush=True)
 
 
+def image_progress_to_stderr(message: str) -> None:
+    """A task image build's line (a STEP of the Dockerfile, an archive loaded), in the style of a rollout's phases."""
+    print(f"[image] {message}", file=sys.stderr, flush=True)
+
+
 def summarize(result: RolloutResult) -> str:
     """The result's summary, then what a trainer must know: how much of the agent's tokens each export carries, and
     the result's warnings."""

@@ -14,6 +14,8 @@ import re
 import shutil
 import stat
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +48,21 @@ IMAGE_REFERENCE = re.compile(
 
 def is_image_reference(text: str) -> bool:
     return len(text) <= 512 and IMAGE_REFERENCE.match(text) is not None
+
+
+BuildProgress = Callable[[str], None]
+"""Where a build says what it is doing, one line at a time: the build's own `STEP n/m: ...` lines as podman prints
+them, and each image archive copied or loaded (its size, then its time). The CLI prints them on stderr."""
+_STEP = re.compile(r"^STEP \d+/\d+: ")
+MAX_PROGRESS_CHARS = 200
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def megabytes(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
 
 
 class ImageBuildError(RuntimeError):
@@ -126,12 +143,20 @@ def _podman_env() -> dict[str, str]:
 class ImageBuilder:
     """Builds and inspects images in this machine's container storage with podman; never pulls."""
 
-    def __init__(self, podman: str | None = None, box_root: Path | None = None) -> None:
+    def __init__(
+        self, podman: str | None = None, box_root: Path | None = None, progress: BuildProgress | None = None
+    ) -> None:
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
         self.podman = found
         self.box_root = box_root or DEFAULT_ROOT
+        self.progress = progress or _quiet
+
+    def _step(self, line: str) -> None:
+        """One line of podman build's output: its STEP lines are passed on (a RUN step's own output is not)."""
+        if _STEP.match(line):
+            self.progress(line[:MAX_PROGRESS_CHARS])
 
     def build(self, context_dir: Path, *, name: str, timeout_s: float) -> BuiltImage:
         """The image of `context_dir` (its Dockerfile), built in the box unless its content's tag is already
@@ -141,11 +166,16 @@ class ImageBuilder:
             raise ImageBuildError(f"{context_dir / 'Dockerfile'}: no Dockerfile in the build context")
         ref = f"{TAG_REPOSITORY}/{repository_name(name)}:{context_hash(context_dir)}"
         cached = self.image_exists(ref)
-        if not cached:
+        if cached:
+            self.progress(f"{ref} is built already (same context): nothing to build")
+        else:
+            self.progress(f"building {ref} from {context_dir}")
+            started = time.monotonic()
             try:
                 self._build_in_box(context, context_dir.name, ref, min(timeout_s, MAX_BUILD_TIMEOUT_S))
             except BoxError as error:
                 raise ImageBuildError(str(error)) from None
+            self.progress(f"built {ref} in {time.monotonic() - started:.1f}s")
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
     def _build_in_box(self, context: TaskDir, relative: str, ref: str, timeout_s: float) -> None:
@@ -161,7 +191,7 @@ class ImageBuilder:
             inside = f"/box/work/{work.name}"
             build = ["build", "--pull=never", "--isolation", "chroot", "--network", "host", "--cap-drop", CAP_DROP]
             build += ["-t", ref, "-f", f"{inside}/Dockerfile", "--", inside]
-            box.run(build, timeout_s, what=f"building {context.path / relative}")
+            box.run(build, timeout_s, what=f"building {context.path / relative}", on_line=self._step)
             archive = f"/box/work/{work.name}.image.tar"
             box.run(["save", "--format", "docker-archive", "-o", archive, "--", ref], COPY_TIMEOUT_S, what="saving")
             self._load_from_box(box.root / "work" / f"{work.name}.image.tar", ref)
@@ -176,10 +206,14 @@ class ImageBuilder:
             return  # present, or the build fails with podman's own message for it: images are never pulled
         archive = box.root / "work" / f"{work}.base.tar"
         try:
+            self.progress(f"copying the base image {image} into the build box")
+            started = time.monotonic()
             self._run(["save", "--format", "docker-archive", "-o", str(archive), "--", image], COPY_TIMEOUT_S, what="")
             box.hand_over(archive)
             inside = f"/box/work/{archive.name}"
+            self.progress(f"loading {image} in the build box ({megabytes(archive.stat().st_size)} archive)")
             box.run(["load", "-i", inside], COPY_TIMEOUT_S, what=f"copying {image} into the build box")
+            self.progress(f"loaded {image} in the build box in {time.monotonic() - started:.1f}s")
         finally:
             archive.unlink(missing_ok=True)
 
@@ -187,8 +221,11 @@ class ImageBuilder:
         """The box's archive of `ref` into this machine's storage, opened here without following a link."""
         fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise ImageBuildError(f"{archive}: the build box's image archive is not a regular file")
+            self.progress(f"loading the built image into this machine's storage ({megabytes(info.st_size)} archive)")
+            started = time.monotonic()
             # -i /proc/self/fd/0: podman reads our descriptor in place (from a pipe-like stdin it copies it first)
             argv = [self.podman, "load", "-i", "/proc/self/fd/0"]
             completed = run_group(argv, COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
@@ -196,6 +233,7 @@ class ImageBuilder:
             os.close(fd)
         if completed.returncode != 0 or not self.image_exists(ref):
             raise ImageBuildError(f"loading {ref} from the build box failed: {tail(completed.stderr)}")
+        self.progress(f"loaded the built image in {time.monotonic() - started:.1f}s")
 
     def image_exists(self, ref: str) -> bool:
         completed = self._run(["image", "exists", "--", ref], QUERY_TIMEOUT_S, what=f"looking up {ref}", ok=(0, 1))
