@@ -18,7 +18,7 @@ from opencode_env.wire import VERSION
 from server.auth import AccessPolicy
 from server.result_store import ResultStore
 from server.rollouts import CANCEL_GRACE_S, Rollouts
-from server.runs import ResultsDir, Runs
+from server.runs import ResultsDir, Runs, ServerOrigin
 from server.served_ports import ServedPorts
 from server.tool import build_mcp
 
@@ -61,11 +61,12 @@ class Runtime:
             settings.upstream_allow, served_ports, callers_are_local=callers_are_local
         )
         results = ResultsDir.configured(settings.results_dir, settings.results_keep) if keep_results else None
+        origin = ServerOrigin.this_process(address=f"{settings.host}:{settings.port}")
         rollouts = Rollouts(
             backend,
             max_rollouts or settings.max_concurrent_envs or default_concurrency(backend),
             upstream_policy=upstream_policy,
-            runs=Runs(keep=settings.web_results, results=results),
+            runs=Runs(keep=settings.web_results, results=results, origin=origin),
             settings=settings,
         )
         log.info(
