@@ -5,6 +5,7 @@ directory that outlives the server (the newest N), or in memory when there is no
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -175,15 +176,17 @@ class ResultsDir:
             log.warning("results are kept in memory only: cannot make %s (%s); set %s", path, error, RESULTS_DIR_VAR)
             return None
 
-    def load(self) -> list[RunView]:
-        """The rows of the newest `keep` results, oldest first; a file that is not one is skipped and logged."""
+    def load(self, *, warn: bool = True) -> list[RunView]:
+        """The rows of the newest `keep` results, oldest first; a file that is not one is skipped (and logged, with
+        `warn`: at start, not on every look at what other servers saved)."""
         self._remove_stale_temporaries()
         views = []
         for run_id in self._ids()[-self.keep :]:
             try:
                 view = RunView.model_validate_json(self._row(run_id).read_bytes())
             except (OSError, ValidationError) as error:
-                log.warning("skipping the saved run %s: %s", run_id, str(error)[:200])
+                if warn:
+                    log.warning("skipping the saved run %s: %s", run_id, str(error)[:200])
                 continue
             if view.id == run_id and (self.path / f"{run_id}.json").is_file():
                 views.append(view)
@@ -351,7 +354,12 @@ class Runs:
         others = OtherServers()
         if self.results is None:
             return others
-        for view in await asyncio.to_thread(self.results.load):
+        try:
+            views = await asyncio.to_thread(functools.partial(self.results.load, warn=False))
+        except OSError as error:
+            log.warning("cannot read the results directory %s: %s", self.results.path, error)
+            return others
+        for view in views:
             if self.origin.ran(view):
                 continue
             others.rows += 1

@@ -51,9 +51,10 @@ def is_image_reference(text: str) -> bool:
 
 
 BuildProgress = Callable[[str], None]
-"""Where a build says what it is doing, one line at a time: the build's own `STEP n/m: ...` lines as podman prints
-them, and each image archive copied or loaded (its size, then its time). The CLI prints them on stderr."""
-_STEP = re.compile(r"^STEP \d+/\d+: ")
+"""Where a build says what it is doing, one line at a time: the build's own `STEP n/m: ...` and `COMMIT` lines as
+podman prints them, and each image archive saved, copied or loaded (its size, then its time). The CLI prints them on
+stderr."""
+_STEP = re.compile(r"^(?:STEP \d+/\d+: |COMMIT )")
 MAX_PROGRESS_CHARS = 200
 
 
@@ -154,7 +155,7 @@ class ImageBuilder:
         self.progress = progress or _quiet
 
     def _step(self, line: str) -> None:
-        """One line of podman build's output: its STEP lines are passed on (a RUN step's own output is not)."""
+        """One line of podman build's output: its STEP and COMMIT lines are passed on (a RUN step's output is not)."""
         if _STEP.match(line):
             self.progress(line[:MAX_PROGRESS_CHARS])
 
@@ -193,6 +194,7 @@ class ImageBuilder:
             build += ["-t", ref, "-f", f"{inside}/Dockerfile", "--", inside]
             box.run(build, timeout_s, what=f"building {context.path / relative}", on_line=self._step)
             archive = f"/box/work/{work.name}.image.tar"
+            self.progress("saving the built image out of the build box")
             box.run(["save", "--format", "docker-archive", "-o", archive, "--", ref], COPY_TIMEOUT_S, what="saving")
             self._load_from_box(box.root / "work" / f"{work.name}.image.tar", ref)
             box.run(["rmi", "--", ref], QUERY_TIMEOUT_S, what=f"removing {ref} from the build box")

@@ -1,6 +1,7 @@
 """A task image build says what it does while it does it: `opencode-env run --task DIR` prints podman build's own
 `STEP n/m: ...` lines on stderr as `[image] ...` progress lines (not a RUN step's output), then the built image's
-archive loaded into this machine's storage (its size, then its time); a second run says the image is built already.
+archive loaded into this machine's storage (its size, then its time), and the image unpacked into the local backend's
+cache as the sandbox is made; a second run says the image is built already and unpacks nothing.
 The build's output is streamed: a line reaches the callback while podman is still running."""
 
 from __future__ import annotations
@@ -63,12 +64,17 @@ async def test_run_task_streams_the_builds_steps_and_the_archive_load(tmp_path: 
             r"\[image\] loading the built image into this machine's storage \(\d+\.\d MiB archive\)", image[load]
         )
         assert re.fullmatch(r"\[image\] loaded the built image in \d+\.\ds", image[load + 1])
+        ref = re.escape(result.task.image if result.task else "")
         assert image[0] == f"[image] building {result.task.image if result.task else ''} from {task / 'environment'}"
+        built = next(i for i, line in enumerate(image) if re.fullmatch(rf"\[image\] built {ref} in \d+\.\ds", line))
+        assert image.index(steps[-1]) < load < built
+        assert lines.index(image[built]) < next(i for i, line in enumerate(lines) if line.startswith("[sandbox] "))
+        # The new image is unpacked into the local backend's cache as its first sandbox is made: said, with its size.
         assert re.fullmatch(
-            rf"\[image\] built {re.escape(result.task.image if result.task else '')} in \d+\.\ds", image[-1]
+            rf"\[image\] unpacking {ref} \(\d+\.\d MiB\) into the image cache \(once per image\)", image[-2]
         )
-        assert image.index(steps[-1]) < load
-        assert lines.index(image[-1]) < next(i for i, line in enumerate(lines) if line.startswith("[sandbox] "))
+        assert re.fullmatch(rf"\[image\] unpacked {ref} in \d+\.\ds", image[-1])
+        assert lines.index(image[-2]) > next(i for i, line in enumerate(lines) if line.startswith("[sandbox] "))
 
         again, lines = await _run_task(task, sandbox_base)
         image = [line for line in lines if line.startswith("[image] ")]
