@@ -40,9 +40,9 @@ class ServerOrigin(BaseModel):
     begins, from the server's own process, never from anything of the rollout's (its request, result or sandbox)."""
 
     instance: str = Field(description="Random per server process: two servers never share one.")
-    address: str = Field(description="host:port the server listens on (its HOST and PORT settings).")
+    address: str = Field(description="host:port the server listens on; 'stdio' for the MCP server over stdio.")
     pid: int
-    started_at: float = Field(description="When the server process started (Unix time).")
+    started_at: float = Field(description="When the server started (Unix time).")
 
     @classmethod
     def this_process(cls, address: str) -> ServerOrigin:

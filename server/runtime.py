@@ -45,9 +45,11 @@ class Runtime:
         backend: SandboxBackend | None = None,
         max_rollouts: int | None = None,
         keep_results: bool = True,
+        address: str | None = None,
     ) -> Runtime:
         """The runtime of a server configured by `settings` (default: this process's environment). `backend` and
-        `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only."""
+        `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only.
+        `address`: where the server is reached, as each rollout's row records it (default: HOST:PORT)."""
         settings = settings or Settings.load()
         backend = backend or make_backend(settings.backend, settings)
         access = AccessPolicy(
@@ -61,7 +63,7 @@ class Runtime:
             settings.upstream_allow, served_ports, callers_are_local=callers_are_local
         )
         results = ResultsDir.configured(settings.results_dir, settings.results_keep) if keep_results else None
-        origin = ServerOrigin.this_process(address=f"{settings.host}:{settings.port}")
+        origin = ServerOrigin.this_process(address=address or f"{settings.host}:{settings.port}")
         rollouts = Rollouts(
             backend,
             max_rollouts or settings.max_concurrent_envs or default_concurrency(backend),

@@ -100,21 +100,26 @@ async def test_a_rollout_cannot_claim_another_server(tmp_path: Path) -> None:
 
 
 class ServerProcess:
-    """`python -m server.app` on `port`, with the results directory shared."""
+    """A server on `port` with the results directory shared: `python -m server.app` told its port by the PORT
+    setting, or `opencode-env serve --port` (whose flags must reach what the server records, not the defaults)."""
 
-    def __init__(self, port: int, results: Path, log: Path, sandboxes: Path) -> None:
+    def __init__(self, port: int, results: Path, log: Path, sandboxes: Path, *, by_flag: bool = False) -> None:
         env = {
             **os.environ,
             "OPENCODE_ENV_BACKEND": "local",
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
             "TMPDIR": str(sandboxes),
             "OPENCODE_ENV_RESULTS_DIR": str(results),
         }
-        env.pop("OPENCODE_ENV_TOKEN", None)
+        for name in ("OPENCODE_ENV_TOKEN", "HOST", "PORT"):
+            env.pop(name, None)
+        if by_flag:
+            command = ["-m", "opencode_env.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        else:
+            command = ["-m", "server.app"]
+            env.update({"HOST": "127.0.0.1", "PORT": str(port)})
         self.url = f"http://127.0.0.1:{port}"
         self.log = log.open("ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "server.app"], env=env, stdout=self.log, stderr=self.log)
+        self.process = subprocess.Popen([sys.executable, *command], env=env, stdout=self.log, stderr=self.log)
 
     def wait_ready(self, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
@@ -175,7 +180,8 @@ async def test_two_real_servers_sharing_a_results_directory(shared: tuple[Path, 
     results, sandboxes = root / "results", root / "sandboxes"
     sandboxes.mkdir()
     ports = free_port(), free_port()
-    first, second = (ServerProcess(port, results, root / f"server-{port}.log", sandboxes) for port in ports)
+    first = ServerProcess(ports[0], results, root / "first.log", sandboxes)
+    second = ServerProcess(ports[1], results, root / "second.log", sandboxes, by_flag=True)
     started += [first, second]
     await asyncio.gather(asyncio.to_thread(first.wait_ready), asyncio.to_thread(second.wait_ready))
     first_id, second_id = await asyncio.gather(run_on(first, "on-first"), run_on(second, "on-second"))
