@@ -133,6 +133,9 @@ def main(host: str | None = None, port: int | None = None, backend: str | None =
     if backend is not None:
         settings = settings.model_copy(update={"backend": backend})
     host, port = host or settings.host, port or settings.port
+    # The runtime takes its address from the settings (the ports a caller may not name, the server each /web row
+    # records): the ones `opencode-env serve --host/--port` gave, not the defaults.
+    settings = settings.model_copy(update={"host": host, "port": port})
     exit_unless_free(host, port)
     uvicorn.run(served(settings), host=host, port=port, **UVICORN_OPTIONS)
 

@@ -5,6 +5,7 @@ directory that outlives the server (the newest N), or in memory when there is no
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -34,6 +35,26 @@ class RunsFull(Exception):
     """Every slot for the page's own rollouts holds one still running."""
 
 
+class ServerOrigin(BaseModel):
+    """The server that ran a rollout, as that server recorded it in the rollout's row: set by `Runs` when the rollout
+    begins, from the server's own process, never from anything of the rollout's (its request, result or sandbox)."""
+
+    instance: str = Field(description="Random per server process: two servers never share one.")
+    address: str = Field(description="host:port the server listens on; 'stdio' for the MCP server over stdio.")
+    pid: int
+    started_at: float = Field(description="When the server started (Unix time).")
+
+    @classmethod
+    def this_process(cls, address: str) -> ServerOrigin:
+        return cls(instance=uuid.uuid4().hex, address=address, pid=os.getpid(), started_at=time.time())
+
+    def ran(self, view: RunView) -> bool:
+        """Whether `view` is this server's to list: run by this process, or by an earlier server at this address (the
+        same server restarted); a row saved before servers recorded themselves is no one's."""
+        origin = view.server
+        return origin is not None and (origin.instance == self.instance or origin.address == self.address)
+
+
 class ProgressEvent(BaseModel):
     phase: Phase
     message: str
@@ -56,6 +77,7 @@ class RunView(BaseModel):
     failed_phase: Phase | None = None
     reward: float | None = None
     error: str | None = None
+    server: ServerOrigin | None = Field(None, description="The server that ran it (None: a row of an older version).")
 
 
 class Run:
@@ -67,12 +89,15 @@ class Run:
         self.result: RolloutResult | None = None
 
     @classmethod
-    def of(cls, request: RolloutRequest) -> Run:
+    def of(cls, request: RolloutRequest, server: ServerOrigin | None = None) -> Run:
         now = time.time()
         micros = int(now * 1_000_000) % 1_000_000
         run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{micros:06d}-{uuid.uuid4().hex[:6]}"
         head = request.instruction[:200]
-        return cls(RunView(id=run_id, task_id=request.task_id, instruction_head=head, state="running", started_at=now))
+        view = RunView(
+            id=run_id, task_id=request.task_id, instruction_head=head, state="running", started_at=now, server=server
+        )
+        return cls(view)
 
     @property
     def running(self) -> bool:
@@ -151,15 +176,17 @@ class ResultsDir:
             log.warning("results are kept in memory only: cannot make %s (%s); set %s", path, error, RESULTS_DIR_VAR)
             return None
 
-    def load(self) -> list[RunView]:
-        """The rows of the newest `keep` results, oldest first; a file that is not one is skipped and logged."""
+    def load(self, *, warn: bool = True) -> list[RunView]:
+        """The rows of the newest `keep` results, oldest first; a file that is not one is skipped (and logged, with
+        `warn`: at start, not on every look at what other servers saved)."""
         self._remove_stale_temporaries()
         views = []
         for run_id in self._ids()[-self.keep :]:
             try:
                 view = RunView.model_validate_json(self._row(run_id).read_bytes())
             except (OSError, ValidationError) as error:
-                log.warning("skipping the saved run %s: %s", run_id, str(error)[:200])
+                if warn:
+                    log.warning("skipping the saved run %s: %s", run_id, str(error)[:200])
                 continue
             if view.id == run_id and (self.path / f"{run_id}.json").is_file():
                 views.append(view)
@@ -230,21 +257,35 @@ Runner = Callable[[RolloutRequest, Run], Awaitable[RolloutResult]]
 which goes through its concurrency cap."""
 
 
+class OtherServers(BaseModel):
+    """What the results directory holds that this server does not list: other servers' rows, by address."""
+
+    rows: int = 0
+    addresses: dict[str, int] = Field(default_factory=dict, description="Rows per other server's address.")
+    unknown: int = Field(0, description="Rows saved by an older version, which did not record its server.")
+
+
 class Runs:
     """Every rollout of this server: the running ones, and the finished ones (the newest `results.keep` with a
     results directory, else the newest `keep` with their results in memory). `start` runs one for the page itself,
-    at most `keep` of those at once."""
+    at most `keep` of those at once.
 
-    def __init__(self, keep: int = 20, results: ResultsDir | None = None) -> None:
+    A results directory is shared by every server of one user: each row names the server that ran it (`origin`,
+    stamped here), and a server lists only its own rows and those of earlier servers at its address (itself,
+    restarted); the others it counts (`others`) and never serves."""
+
+    def __init__(self, keep: int = 20, results: ResultsDir | None = None, origin: ServerOrigin | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.keep = keep
         self.results = results
+        self.origin = origin or ServerOrigin.this_process(address="")
         self._running: dict[str, Run] = {}
         self._finished: OrderedDict[str, Run] = OrderedDict()
         self._started_here: set[asyncio.Task[None]] = set()
         for view in results.load() if results is not None else []:
-            self._finished[view.id] = Run(view)
+            if self.origin.ran(view):
+                self._finished[view.id] = Run(view)
 
     @property
     def kept(self) -> int:
@@ -253,7 +294,7 @@ class Runs:
 
     def begin(self, request: RolloutRequest) -> Run:
         """A rollout starts (any transport): it is listed as running from now on, never refused."""
-        run = Run.of(request)
+        run = Run.of(request, self.origin)
         self._running[run.view.id] = run
         return run
 
@@ -307,6 +348,26 @@ class Runs:
         except Exception as error:
             log.exception("web rollout %s failed", run.view.id)
             self.crash(run, error)
+
+    async def others(self) -> OtherServers:
+        """The rows of the results directory this server does not list (read now: other servers keep writing)."""
+        others = OtherServers()
+        if self.results is None:
+            return others
+        try:
+            views = await asyncio.to_thread(functools.partial(self.results.load, warn=False))
+        except OSError as error:
+            log.warning("cannot read the results directory %s: %s", self.results.path, error)
+            return others
+        for view in views:
+            if self.origin.ran(view):
+                continue
+            others.rows += 1
+            if view.server is None:
+                others.unknown += 1
+            else:
+                others.addresses[view.server.address] = others.addresses.get(view.server.address, 0) + 1
+        return others
 
     def views(self) -> list[RunView]:
         """Newest first."""

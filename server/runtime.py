@@ -18,7 +18,7 @@ from opencode_env.wire import VERSION
 from server.auth import AccessPolicy
 from server.result_store import ResultStore
 from server.rollouts import CANCEL_GRACE_S, Rollouts
-from server.runs import ResultsDir, Runs
+from server.runs import ResultsDir, Runs, ServerOrigin
 from server.served_ports import ServedPorts
 from server.tool import build_mcp
 
@@ -45,9 +45,11 @@ class Runtime:
         backend: SandboxBackend | None = None,
         max_rollouts: int | None = None,
         keep_results: bool = True,
+        address: str | None = None,
     ) -> Runtime:
         """The runtime of a server configured by `settings` (default: this process's environment). `backend` and
-        `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only."""
+        `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only.
+        `address`: where the server is reached, as each rollout's row records it (default: HOST:PORT)."""
         settings = settings or Settings.load()
         backend = backend or make_backend(settings.backend, settings)
         access = AccessPolicy(
@@ -61,11 +63,12 @@ class Runtime:
             settings.upstream_allow, served_ports, callers_are_local=callers_are_local
         )
         results = ResultsDir.configured(settings.results_dir, settings.results_keep) if keep_results else None
+        origin = ServerOrigin.this_process(address=address or f"{settings.host}:{settings.port}")
         rollouts = Rollouts(
             backend,
             max_rollouts or settings.max_concurrent_envs or default_concurrency(backend),
             upstream_policy=upstream_policy,
-            runs=Runs(keep=settings.web_results, results=results),
+            runs=Runs(keep=settings.web_results, results=results, origin=origin),
             settings=settings,
         )
         log.info(

@@ -87,7 +87,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     from server.runtime import Runtime
 
     settings = settings_or_exit().model_copy(update={"backend": args.backend})
-    Runtime.build(settings).mcp.run(transport="stdio", show_banner=False)
+    Runtime.build(settings, address="stdio").mcp.run(transport="stdio", show_banner=False)
     return 0
 
 

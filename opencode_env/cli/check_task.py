@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from opencode_env.cli.endings import say
-from opencode_env.cli.support import needs
+from opencode_env.cli.support import announce_image_work, image_progress_to_stderr, needs
 from opencode_env.rollout.check_task import EXIT_CODES, check_task
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.registry import EMBEDDED, backend_names
@@ -28,7 +28,7 @@ def _task_request(task: Path) -> RolloutRequest:
         from opencode_env.tasks.harbor import request_from_task_dir
 
         say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
-        return request_from_task_dir(task, oracle=True)
+        return request_from_task_dir(task, oracle=True, progress=image_progress_to_stderr)
     return RolloutRequest.model_validate_json(task.read_bytes())
 
 
@@ -49,7 +49,7 @@ def _cmd_check_task(args: argparse.Namespace) -> int:
         print(f"opencode-env check-task: {args.task} is not a valid task: {problems}", file=sys.stderr)
         return 2
     try:
-        check = asyncio.run(check_task(request, make_backend(args.backend)))
+        check = asyncio.run(check_task(request, announce_image_work(make_backend(args.backend))))
     except ValueError as error:
         print(f"opencode-env check-task: {args.task}: {error}", file=sys.stderr)
         return 2

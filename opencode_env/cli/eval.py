@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from opencode_env.cli.endings import Ending, run_until_signalled, say
+from opencode_env.cli.support import announce_image_work, image_progress_to_stderr
 from opencode_env.evals.inputs import load_each, with_model
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
@@ -44,7 +45,9 @@ def _api_key(variable: str) -> str:
 
 def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None, list[str]]:
     say(f"opencode-env eval: loading {len(args.inputs)} input(s)")
-    loaded = load_each(args.inputs, oracle=args.oracle, fail_fast=args.fail_fast, report=say)
+    loaded = load_each(
+        args.inputs, oracle=args.oracle, fail_fast=args.fail_fast, report=say, image_progress=image_progress_to_stderr
+    )
     for line in loaded.broken:
         say(f"opencode-env eval: broken task skipped: {line}")
     if not loaded.tasks:
@@ -54,7 +57,7 @@ def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None,
     tasks = with_model(loaded.tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
     if args.ray:
         return run_until_signalled(_on_ray(args, tasks), ending), loaded.broken
-    backend = None if args.server else make_backend(args.backend or EMBEDDED)
+    backend = None if args.server else announce_image_work(make_backend(args.backend or EMBEDDED))
     concurrency = args.concurrency or (default_concurrency(backend) if backend else SERVER_CONCURRENCY)
     coroutine = run_eval(
         tasks,

@@ -13,7 +13,14 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from opencode_env.cli.endings import Ending, run_until_signalled, say
-from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize
+from opencode_env.cli.support import (
+    announce_image_work,
+    image_progress_to_stderr,
+    needs,
+    progress_to_stderr,
+    settings_or_exit,
+    summarize,
+)
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.scripted import SCRIPTED, solving_script
 from opencode_env.sandbox import (
@@ -214,7 +221,7 @@ def _request_from_task(args: argparse.Namespace, given: dict[str, Any]) -> Rollo
     from opencode_env.tasks.harbor import request_from_task_dir
 
     say(f"opencode-env run: reading {args.task}; its image is built now if it has none yet (minutes with RUN steps)")
-    task = request_from_task_dir(args.task, oracle=args.oracle, **given)
+    task = request_from_task_dir(args.task, oracle=args.oracle, progress=image_progress_to_stderr, **given)
     if not (args.files or args.verify_files):
         return task
     return RolloutRequest.model_validate(_with_files(task.model_dump(), args))
@@ -256,7 +263,7 @@ def _run(args: argparse.Namespace) -> int:
         ending.phase = phase
         progress_to_stderr(phase, message)
 
-    backend = make_backend(args.backend, settings_or_exit())
+    backend = announce_image_work(make_backend(args.backend, settings_or_exit()))
     run_until_signalled(run_rollout(request, backend, progress=progress, result=result), ending)
     if ending.received is not None:
         return _end_early(result, ending, args.out)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from opencode_env.sandbox import BACKENDS
+from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings, unknown_variable_warnings
 from opencode_env.wire import Phase, RolloutResult, result_summary
 
@@ -35,6 +36,21 @@ def settings_or_exit() -> Settings:
 
 def progress_to_stderr(phase: Phase, message: str) -> None:
     print(f"[{phase}] {message}", file=sys.stderr, flush=True)
+
+
+def image_progress_to_stderr(message: str) -> None:
+    """A task image build's line (a STEP of the Dockerfile, an archive loaded), in the style of a rollout's phases."""
+    print(f"[image] {message}", file=sys.stderr, flush=True)
+
+
+def announce_image_work(backend: SandboxBackend) -> SandboxBackend:
+    """`backend`, its image work (an archive loaded, an image unpacked into the local backend's cache: minutes for a
+    large image, once) printed as progress lines; other backends do none here."""
+    from opencode_env.sandbox.local.backend import LocalBackend
+
+    if isinstance(backend, LocalBackend):
+        backend.image_progress = image_progress_to_stderr
+    return backend
 
 
 def summarize(result: RolloutResult) -> str:

@@ -87,13 +87,13 @@ def _task_dirs(path: Path) -> list[Path]:
     return inside or [path]
 
 
-def _from_task_dir(path: Path, *, oracle: bool) -> RolloutRequest:
+def _from_task_dir(path: Path, *, oracle: bool, image_progress: Report) -> RolloutRequest:
     from opencode_env.tasks.harbor import request_from_task_dir
     from opencode_env.tasks.hints import missing_base_hint
     from opencode_env.tasks.image_build import ImageBuildError
 
     try:
-        request = request_from_task_dir(path, oracle=oracle)
+        request = request_from_task_dir(path, oracle=oracle, progress=image_progress)
     except (ValueError, OSError, ImageBuildError) as error:
         raise EvalError(f"{path}: {missing_base_hint(str(error))}") from error
     return request if request.task_id else request.model_copy(update={"task_id": _task_id_from_name(path.name)})
@@ -113,7 +113,9 @@ class LoadedTasks:
         self.broken.append(line)
 
 
-def _load_path(path: Path, *, oracle: bool, loaded: LoadedTasks, report: Report) -> list[tuple[str, RolloutRequest]]:
+def _load_path(
+    path: Path, *, oracle: bool, loaded: LoadedTasks, report: Report, image_progress: Report
+) -> list[tuple[str, RolloutRequest]]:
     if path.is_dir():
         entries = []
         task_dirs = _task_dirs(path)
@@ -122,7 +124,7 @@ def _load_path(path: Path, *, oracle: bool, loaded: LoadedTasks, report: Report)
         for task_dir in task_dirs:
             report(f"loading {task_dir} (its image is built now if it has none yet)")
             try:
-                entries.append((str(task_dir), _from_task_dir(task_dir, oracle=oracle)))
+                entries.append((str(task_dir), _from_task_dir(task_dir, oracle=oracle, image_progress=image_progress)))
             except EvalError as error:
                 loaded.refuse(str(error))
         return entries
@@ -132,16 +134,25 @@ def _load_path(path: Path, *, oracle: bool, loaded: LoadedTasks, report: Report)
 
 
 def load_each(
-    paths: Sequence[Path], *, oracle: bool = False, fail_fast: bool = False, report: Report | None = None
+    paths: Sequence[Path],
+    *,
+    oracle: bool = False,
+    fail_fast: bool = False,
+    report: Report | None = None,
+    image_progress: Report | None = None,
 ) -> LoadedTasks:
     """The requests of Harbor task directories (or directories of them) and JSON / JSONL files, in order, and each
     task that is broken (with why) instead of stopping at it; a path that does not exist or a task id given twice
     is still an error. A request without a task id is named after its file; requests' `solution` is kept with
     `oracle`, dropped without. With `fail_fast` the first broken task is an EvalError. Progress (each task
-    directory as its image is built) goes to `report`."""
+    directory as its image is built) goes to `report`, what each build does (its steps, its archives) to
+    `image_progress`."""
     loaded = LoadedTasks(fail_fast=fail_fast)
+    report, image_progress = report or _quiet, image_progress or _quiet
     entries = [
-        entry for path in paths for entry in _load_path(path, oracle=oracle, loaded=loaded, report=report or _quiet)
+        entry
+        for path in paths
+        for entry in _load_path(path, oracle=oracle, loaded=loaded, report=report, image_progress=image_progress)
     ]
     seen: dict[str, str] = {}
     for where, request in entries:

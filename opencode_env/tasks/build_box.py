@@ -32,6 +32,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -70,6 +73,10 @@ CONTAINERS_CONF = (
 )
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
 _IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
+
+
+OnLine = Callable[[str], None]
+"""Called with each line a podman call prints, as it prints it (from a reader thread)."""
 
 
 class BoxError(RuntimeError):
@@ -175,10 +182,11 @@ class BuildBox:
         inputs: tuple[Bind, ...] = (),
         limits: cgroup.Limits = BUILD_LIMITS,
         ok: tuple[int, ...] = (0,),
+        on_line: OnLine | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """`podman args` in the box, its container storage in `store` and the read-only `image_stores` beside it,
         `inputs` at their places and nothing else of the box's, under `limits` (when a cgroup is writable) and a
-        deadline."""
+        deadline; each line it prints to `on_line` as it comes, when given."""
         version = cgroup.detect()
         group = cgroup.Cgroup(f"build-{os.getpid()}-{id(args):x}", version) if version else None
         scratch = self._scratch(store, [bind.inside for bind in image_stores])
@@ -187,7 +195,7 @@ class BuildBox:
             group.create(limits)
         try:
             argv = [*cgroup.cgroup_prefix(group), *self._argv(args, binds)]
-            completed = run_group(argv, timeout_s, env=_clean_env(), what=what)
+            completed = run_group(argv, timeout_s, env=_clean_env(), what=what, on_line=on_line)
         finally:
             if group is not None:
                 group.destroy()
@@ -262,10 +270,19 @@ def base_images(dockerfile_text: str) -> list[str]:
 
 
 def run_group(
-    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None = None
+    argv: list[str],
+    timeout_s: float,
+    *,
+    env: dict[str, str],
+    what: str,
+    stdin: int | IO[bytes] | None = None,
+    on_line: OnLine | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run argv in its own process group, which is stopped whole on timeout (podman build leaves children): SIGTERM
-    first so podman can remove its build container, then SIGKILL."""
+    first so podman can remove its build container, then SIGKILL. With `on_line`, each line of its stdout and stderr
+    goes there as it is printed (and is kept for the result as well)."""
+    if on_line is not None:
+        return _run_group_streaming(argv, timeout_s, env=env, what=what, stdin=stdin, on_line=on_line)
     with subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL if stdin is None else stdin,
@@ -282,6 +299,68 @@ def run_group(
             stderr = _stop_group(process)
             raise BoxError(f"{what}: podman timed out after {timeout_s:g} s: {tail(stderr)}") from None
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _run_group_streaming(
+    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None, on_line: OnLine
+) -> subprocess.CompletedProcess[str]:
+    """run_group, reading both pipes line by line in threads (a pipe read whole at the end would hide a build's
+    steps until it ends)."""
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+    ) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        stdout: list[str] = []
+        stderr: list[str] = []
+        readers = [
+            threading.Thread(target=_read_lines, args=(pipe, kept, on_line), daemon=True)
+            for pipe, kept in ((process.stdout, stdout), (process.stderr, stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for signal_number in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):  # the group is already gone: what we wanted
+                    os.killpg(process.pid, signal_number)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=TERMINATE_GRACE_S)
+                    break
+            _join(readers, TERMINATE_GRACE_S)
+            raise BoxError(f"{what}: podman timed out after {timeout_s:g} s: {tail(''.join(stderr))}") from None
+        _join(readers, max(TERMINATE_GRACE_S, deadline - time.monotonic()))
+    return subprocess.CompletedProcess(argv, process.returncode, "".join(stdout), "".join(stderr))
+
+
+def _read_lines(pipe: IO[str], kept: list[str], on_line: OnLine) -> None:
+    """Every line kept; each passed on until `on_line` fails once (logged), and the pipe drained to its end either
+    way, so that podman never blocks on a full pipe."""
+    listening = True
+    for line in pipe:
+        kept.append(line)
+        if listening:
+            try:
+                on_line(line.rstrip("\n"))
+            except Exception:
+                log.exception("a build's progress callback failed; its later lines are not passed on")
+                listening = False
+
+
+def _join(threads: list[threading.Thread], timeout_s: float) -> None:
+    """Wait for the readers; a child outside the group holding a pipe open cannot keep us past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _stop_group(process: subprocess.Popen[str]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from opencode_env.tasks.image_build import ImageBuilder, ImageBuildError
+from opencode_env.tasks.image_build import BuildProgress, ImageBuilder, ImageBuildError
 from opencode_env.tasks.task_files import TaskDir, TaskFormatError
 from opencode_env.tasks.task_toml import TaskConfig, VerifierTests, deviations
 from opencode_env.wire import (
@@ -128,13 +128,19 @@ class HarborTask(BaseModel):
 
 
 def request_from_task_dir(
-    path: Path, *, oracle: bool = False, builder: ImageBuilder | None = None, **overrides: Any
+    path: Path,
+    *,
+    oracle: bool = False,
+    builder: ImageBuilder | None = None,
+    progress: BuildProgress | None = None,
+    **overrides: Any,
 ) -> RolloutRequest:
-    """The rollout request of the Harbor task at `path`, its image taken from local container storage or built."""
+    """The rollout request of the Harbor task at `path`, its image taken from local container storage or built (what
+    the build does to `progress`, with the builder made here)."""
     task = HarborTask.from_dir(path)
     if oracle:
         task.require_solution()
-    image, workdir = task_image(task, builder or ImageBuilder())
+    image, workdir = task_image(task, builder or ImageBuilder(progress=progress))
     return task.to_request(image, workdir, oracle=oracle, **overrides)
 
 

@@ -15,6 +15,8 @@ import re
 import shutil
 import stat
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from opencode_env.tasks.build_box import (
     Bind,
     BoxError,
     BuildBox,
+    OnLine,
     base_images,
     run_group,
     tail,
@@ -62,7 +65,7 @@ class BoxView:
     build: Path
     bases: list[str]
 
-    def run(self, args: list[str], timeout_s: float, *, what: str = "") -> None:
+    def run(self, args: list[str], timeout_s: float, *, what: str = "", on_line: OnLine | None = None) -> None:
         read_only = tuple(
             Bind(self.box.base_store(image), f"/box/bases/{self.box.base_store(image).name}") for image in self.bases
         )
@@ -72,11 +75,28 @@ class BoxView:
             what=what or f"podman {args[0]} in the build box",
             store=Bind(self.build, BUILD, writable=True),
             image_stores=read_only,
+            on_line=on_line,
         )
 
 
 def is_image_reference(text: str) -> bool:
     return len(text) <= 512 and IMAGE_REFERENCE.match(text) is not None
+
+
+BuildProgress = Callable[[str], None]
+"""Where a build says what it is doing, one line at a time: the build's own `STEP n/m: ...` and `COMMIT` lines as
+podman prints them, and each image archive saved, copied or loaded (its size, then its time). The CLI prints them on
+stderr."""
+_STEP = re.compile(r"^(?:STEP \d+/\d+: |COMMIT )")
+MAX_PROGRESS_CHARS = 200
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def megabytes(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
 
 
 class ImageBuildError(RuntimeError):
@@ -158,14 +178,24 @@ class ImageBuilder:
     """Builds and inspects images in this machine's container storage with podman; never pulls."""
 
     def __init__(
-        self, podman: str | None = None, box_root: Path | None = None, box_disk_bytes: int = BOX_DISK_BYTES
+        self,
+        podman: str | None = None,
+        box_root: Path | None = None,
+        progress: BuildProgress | None = None,
+        box_disk_bytes: int = BOX_DISK_BYTES,
     ) -> None:
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
         self.podman = found
         self.box_root = box_root or DEFAULT_ROOT
+        self.progress = progress or _quiet
         self.box_disk_bytes = box_disk_bytes
+
+    def _step(self, line: str) -> None:
+        """One line of podman build's output: its STEP and COMMIT lines are passed on (a RUN step's output is not)."""
+        if _STEP.match(line):
+            self.progress(line[:MAX_PROGRESS_CHARS])
 
     def build(self, context_dir: Path, *, name: str, timeout_s: float) -> BuiltImage:
         """The image of `context_dir` (its Dockerfile), built in the box unless its content's tag is already
@@ -175,11 +205,16 @@ class ImageBuilder:
             raise ImageBuildError(f"{context_dir / 'Dockerfile'}: no Dockerfile in the build context")
         ref = f"{TAG_REPOSITORY}/{repository_name(name)}:{context_hash(context_dir)}"
         cached = self.image_exists(ref)
-        if not cached:
+        if cached:
+            self.progress(f"{ref} is built already (same context): nothing to build")
+        else:
+            self.progress(f"building {ref} from {context_dir}")
+            started = time.monotonic()
             try:
                 self._build_in_box(context, context_dir.name, ref, min(timeout_s, MAX_BUILD_TIMEOUT_S))
             except BoxError as error:
                 raise ImageBuildError(str(error)) from None
+            self.progress(f"built {ref} in {time.monotonic() - started:.1f}s")
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
     def _build_in_box(self, context: TaskDir, relative: str, ref: str, timeout_s: float) -> None:
@@ -194,7 +229,8 @@ class ImageBuilder:
             view = BoxView(box, build, bases)
             args = ["build", "--pull=never", "--isolation", "chroot", "--network", "host", "--cap-drop", CAP_DROP]
             args += ["-t", ref, "-f", f"{BUILD}/context/Dockerfile", "--", f"{BUILD}/context"]
-            view.run(args, timeout_s, what=f"building {context.path / relative}")
+            view.run(args, timeout_s, what=f"building {context.path / relative}", on_line=self._step)
+            self.progress("saving the built image out of the build box")
             view.run(["save", "--format", "docker-archive", "-o", f"{BUILD}/image.tar", "--", ref], COPY_TIMEOUT_S)
             self._load_from_box(build / "image.tar", ref)
         finally:
@@ -216,6 +252,8 @@ class ImageBuilder:
             shutil.rmtree(store, ignore_errors=True)  # a load that did not finish
             store.mkdir(mode=0o700)
             staging = box.new_build_dir("base")
+            self.progress(f"copying the base image {image} into the build box")
+            started = time.monotonic()
             try:
                 self._run(
                     ["save", "--format", "docker-archive", "-o", str(staging / "base.tar"), "--", image],
@@ -224,6 +262,8 @@ class ImageBuilder:
                 )
                 box.hand_over(store)
                 box.hand_over(staging)
+                size = megabytes((staging / "base.tar").stat().st_size)
+                self.progress(f"loading {image} in the build box ({size} archive)")
                 box.run(
                     ["load", "-i", f"{BUILD}/base.tar"],
                     COPY_TIMEOUT_S,
@@ -234,14 +274,18 @@ class ImageBuilder:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             store.with_suffix(".complete").touch()
+            self.progress(f"loaded {image} in the build box in {time.monotonic() - started:.1f}s")
         return True
 
     def _load_from_box(self, archive: Path, ref: str) -> None:
         """The box's archive of `ref` into this machine's storage, opened here without following a link."""
         fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise ImageBuildError(f"{archive}: the build box's image archive is not a regular file")
+            self.progress(f"loading the built image into this machine's storage ({megabytes(info.st_size)} archive)")
+            started = time.monotonic()
             # -i /proc/self/fd/0: podman reads our descriptor in place (from a pipe-like stdin it copies it first)
             argv = [self.podman, "load", "-i", "/proc/self/fd/0"]
             completed = run_group(argv, COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
@@ -249,6 +293,7 @@ class ImageBuilder:
             os.close(fd)
         if completed.returncode != 0 or not self.image_exists(ref):
             raise ImageBuildError(f"loading {ref} from the build box failed: {tail(completed.stderr)}")
+        self.progress(f"loaded the built image in {time.monotonic() - started:.1f}s")
 
     def image_exists(self, ref: str) -> bool:
         completed = self._run(["image", "exists", "--", ref], QUERY_TIMEOUT_S, what=f"looking up {ref}", ok=(0, 1))

@@ -13,14 +13,22 @@ import asyncio
 
 from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
+from pydantic import BaseModel
 
 from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
 from opencode_env.wire import RolloutRequest, RolloutResult
-from server.runs import Runner, Runs, RunsFull, RunView
+from server.runs import OtherServers, Runner, Runs, RunsFull, RunView, ServerOrigin
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
 """The page and the redirect to it carry no data; the bearer middleware lets a browser reach them."""
+
+
+class ServerView(BaseModel):
+    """Which server this page is (each run's `server` is compared with it), and what it does not list."""
+
+    origin: ServerOrigin
+    others: OtherServers
 
 
 def web_page() -> str:
@@ -48,6 +56,10 @@ def web_router(runs: Runs, runner: Runner) -> APIRouter:
     @router.get(WEB_PATH + "/api/runs")
     async def list_runs() -> list[RunView]:
         return runs.views()
+
+    @router.get(WEB_PATH + "/api/server")
+    async def this_server() -> ServerView:
+        return ServerView(origin=runs.origin, others=await runs.others())
 
     @router.post(WEB_PATH + "/api/runs", status_code=202)
     async def start_run(request: RolloutRequest) -> RunView:

@@ -34,7 +34,7 @@ from opencode_env.sandbox.local.egress import EgressProxy, LoopbackRelay
 from opencode_env.sandbox.local.host_ids import UidLease
 from opencode_env.sandbox.local.host_runtime import BASE_PATH, HOST_ROOT, HostRuntime
 from opencode_env.sandbox.local.host_view import runtime_for
-from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore, PreparedImage, default_image
+from opencode_env.sandbox.local.images import HOST_IMAGE, ImageProgress, ImageStore, PreparedImage, default_image
 from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, CONTROL_MOUNT, Layout
 from opencode_env.sandbox.local.layout import (
     OwnerLock,
@@ -247,6 +247,15 @@ class LocalBackend:
         self._memory_overcommit = memory_overcommit
         self._trusted_hosts = egress_trusted_hosts
         self._admission = admission
+
+    @property
+    def image_progress(self) -> ImageProgress:
+        """Where loading an image archive and unpacking an image into the cache are announced (default the log)."""
+        return self._images.progress
+
+    @image_progress.setter
+    def image_progress(self, progress: ImageProgress) -> None:
+        self._images.progress = progress
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         """A sandbox, once its memory limit (and its proxy's) fits this machine's budget: see admission.py."""

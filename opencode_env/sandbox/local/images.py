@@ -14,6 +14,8 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,17 @@ BASE_IMAGE = "localhost/opencode-env-base:bookworm"
 PODMAN_TIMEOUT_S = 600.0
 _LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
 ACCOUNTS = (("user", 1000, "/home/user"), ("grader", 1001, "/home/grader/home"))
+ImageProgress = Callable[[str], None]
+"""Where the store says what takes time (an archive loaded, an image unpacked into the cache), one line at a time;
+by default the log."""
+
+
+def _to_log(message: str) -> None:
+    log.info("%s", message)
+
+
+def megabytes(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -77,11 +90,13 @@ def image_exists(ref: str) -> bool:
 class ImageStore:
     """The cache of unpacked images, one directory per image id; concurrent preparers wait on a file lock."""
 
-    def __init__(self, root: Path, *, archive_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, *, archive_dir: Path | None = None, progress: ImageProgress | None = None) -> None:
         """`archive_dir`: the only directory an `oci-archive:`/`docker-archive:` ref may name a file in (the
-        operator's); None refuses archives (a caller naming a host path would have root load it)."""
+        operator's); None refuses archives (a caller naming a host path would have root load it). `progress`: where
+        loading an archive and unpacking an image are announced (size first, time once done); default the log."""
         self.root = root
         self.archive_dir = archive_dir
+        self.progress = progress or _to_log
         self._resolved: dict[str, tuple[int, dict[str, object]]] = {}
 
     def prepare(self, ref: str) -> PreparedImage:
@@ -89,7 +104,7 @@ class ImageStore:
         image_id = str(inspected["Id"])
         config = inspected.get("Config") or {}
         assert isinstance(config, dict)
-        rootfs = self._unpacked(image_id)
+        rootfs = self._unpacked(image_id, ref, inspected.get("Size"))
         env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         return PreparedImage(
             ref=ref,
@@ -112,11 +127,14 @@ class ImageStore:
         known = json.loads(loaded.read_text()) if loaded.is_file() else {}
         if key in known and image_exists(known[key]):
             return str(known[key])
+        self.progress(f"loading the image archive {archive.name} ({megabytes(info.st_size)})")
+        started = time.monotonic()
         completed = _run_podman("load", "-i", str(archive))
         match = _LOADED.search(completed.stdout)
         if completed.returncode != 0 or match is None:
             raise SandboxError(f"image {ref}: podman load failed: {completed.stderr.strip()[-500:]}")
         name = match.group(1).split(",")[0]
+        self.progress(f"loaded {archive.name} as {name} in {time.monotonic() - started:.1f}s")
         known[key] = name
         self.root.mkdir(parents=True, exist_ok=True)
         _write_atomically(loaded, json.dumps(known))
@@ -182,7 +200,7 @@ class ImageStore:
             removed.append(directory.name)
         return removed
 
-    def _unpacked(self, image_id: str) -> Path:
+    def _unpacked(self, image_id: str, ref: str, size: object) -> Path:
         directory = self.root / image_id.removeprefix("sha256:")[:64]
         rootfs = directory / "rootfs"
         if (directory / ".complete").exists():
@@ -193,6 +211,9 @@ class ImageStore:
             if (directory / ".complete").exists():
                 return rootfs
             staging = Path(tempfile.mkdtemp(prefix=".rootfs-", dir=directory))
+            sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
+            self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
+            started = time.monotonic()
             try:
                 _copy_image_tree(image_id, staging)
                 _add_accounts(staging)
@@ -204,7 +225,7 @@ class ImageStore:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             (directory / ".complete").write_text(image_id)
-            log.info("unpacked image %s into %s", image_id[:19], rootfs)
+            self.progress(f"unpacked {ref} in {time.monotonic() - started:.1f}s")
         return rootfs
 
 

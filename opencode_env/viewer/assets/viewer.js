@@ -573,7 +573,7 @@
 
   function settings(rows) {
     const shown = rows.filter(([, value]) => value !== undefined && value !== null && value !== "");
-    return el("table", { class: "grid kv" }, shown.map(([label, value]) => el("tr", {}, el("th", { text: label }), el("td", { class: "mono", text: String(value) }))));
+    return el("table", { class: "grid kv" }, shown.map(([label, value]) => el("tr", {}, el("th", { text: label }), el("td", { class: "mono", title: String(value), text: String(value) }))));
   }
 
   function commandList(title, commands, note) {

@@ -8,6 +8,8 @@
   const PHASES = ["sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"];
   const $ = (id) => document.getElementById(id);
   let pollTimer = null;
+  let server = null;
+  let serverFetched = 0;
 
   class Unauthorized extends Error {}
 
@@ -46,8 +48,36 @@
     $("token-panel").hidden = true;
     $("web-main").hidden = false;
     $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY);
+    if (Date.now() - serverFetched > 10000) await fetchServer();
     showRuns(runs);
     schedule(runs.some((run) => run.state === "running") ? 400 : 5000);
+  }
+
+  /* Which server this page is, and what of the shared results directory it does not list (other servers' rows). */
+  async function fetchServer() {
+    try {
+      const response = await api("/web/api/server");
+      if (!response.ok) return;
+      server = await response.json();
+      serverFetched = Date.now();
+    } catch (error) {
+      return;
+    }
+    const origin = server.origin;
+    $("this-server").textContent = "This server: " + origin.address + " (pid " + origin.pid + ", started " + started(origin.started_at) + ").";
+    const others = server.others;
+    const where = Object.entries(others.addresses).map(([address, count]) => address + ": " + count);
+    if (others.unknown) where.push("saved by an older version: " + others.unknown);
+    $("others-note").textContent = others.rows ? "Not listed: " + others.rows + " rollout(s) of other servers sharing its results directory (" +
+      where.join(", ") + "); see them on those servers' /web, or open a file with opencode-env view." : "";
+  }
+
+  function serverCell(run) {
+    const origin = run.server;
+    if (!origin) return el("td", { class: "run-server muted", text: "unknown" });
+    const detail = origin.address + ", pid " + origin.pid + ", started " + new Date(origin.started_at * 1000).toISOString();
+    if (server && origin.instance === server.origin.instance) return el("td", { class: "run-server this-server", title: detail, text: "this server" });
+    return el("td", { class: "run-server", title: detail, text: "earlier server here (pid " + origin.pid + ")" });
   }
 
   function schedule(ms) {
@@ -82,7 +112,8 @@
       download.addEventListener("click", () => downloadRun(run));
       body.append(el("tr", { id: "run-" + run.id, "data-state": run.state },
         el("td", { title: new Date(run.started_at * 1000).toISOString(), text: started(run.started_at) }),
-        el("td", { title: run.instruction_head, text: run.task_id || run.instruction_head.slice(0, 40) }),
+        el("td", { class: "run-task", title: run.task_id || run.instruction_head, text: run.task_id || run.instruction_head.slice(0, 40) }),
+        serverCell(run),
         el("td", { class: "run-state", text: run.state }),
         el("td", {}, el("div", { class: "run-phase", text: phaseText(run) }), steps(run)),
         el("td", {}, run.status ? el("span", { class: "run-status badge " + (run.status === "completed" ? "ok" : "bad"), text: run.status }) : null,
@@ -90,7 +121,7 @@
         el("td", { class: "run-reward", text: typeof run.reward !== "number" ? "" : Number.isInteger(run.reward) ? run.reward.toFixed(1) : String(run.reward) }),
         el("td", {}, view, " ", download)));
     }
-    if (!runs.length) body.append(el("tr", {}, el("td", { colspan: "7", class: "muted", text: "no runs yet" })));
+    if (!runs.length) body.append(el("tr", {}, el("td", { colspan: "8", class: "muted", text: "no runs yet" })));
   }
 
   function started(epoch) {
