@@ -46,6 +46,13 @@ async def _listening(port: int, timeout_s: float = 300.0) -> None:
         return
 
 
+def _rss_parts(pid: int) -> str:
+    """RSS split as the kernel counts it: anonymous (the heap), file-backed (mapped libraries and files), shared."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    names = ("RssAnon", "RssFile", "RssShmem")
+    return ", ".join(f"{name} {int(fields[name].split()[0]) / 1024:.0f} MB" for name in names)
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -98,6 +105,9 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
         try:
             await _listening(port)
             async with OpenCodeEnv(f"http://127.0.0.1:{port}", ready_timeout_s=300) as client:
+                if trace:
+                    server.send_signal(signal.SIGUSR1)
+                    await asyncio.sleep(2)
                 marks = {0: _rss_mb(server.pid)}
                 for done in range(1, count + 1):
                     result = await client.run_rollout(
@@ -105,10 +115,11 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
                     )
                     if result.status != "completed":
                         print(f"rollout {done}: {result.status} {result.error}", file=sys.stderr)
-                    if trace and done in (1, count // 2, count):
+                    if trace and done in (count // 2, count):
                         server.send_signal(signal.SIGUSR1)
                         await asyncio.sleep(2)
                     marks[done] = _rss_mb(server.pid)
+                parts = _rss_parts(server.pid)
         finally:
             server.terminate()
             await asyncio.wait_for(server.wait(), 60)
@@ -116,7 +127,7 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
     half = count // 2
     points = f"{marks[0]:.0f} / {marks[half]:.0f} / {marks[count]:.0f} MB"
     print(f"{name}: RSS after 0 / {half} / {count} rollouts: {points}")
-    print(f"    after each: {' '.join(f'{rss:.0f}' for rss in marks.values())}")
+    print(f"    after each: {' '.join(f'{rss:.0f}' for rss in marks.values())}; at the end {parts}")
     print(
         f"    per rollout: first half {(marks[half] - marks[0]) / max(half, 1):.1f} MB, second half "
         f"{(marks[count] - marks[half]) / max(count - half, 1):.1f} MB"
