@@ -120,6 +120,12 @@ def decide(probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_
             return Decision(None, [f"nothing can be captured: {probe.problem}"])
         return Decision(f"capture={capture!r}: {probe.problem}; pass capture='text' to run for the reward only", [])
     found = probe.capabilities
+    if found.tools_refused is not None:
+        return Decision(
+            f"capture={capture!r}: the endpoint refuses a request that offers tools ({found.tools_refused}), and "
+            f"OpenCode offers its tools on every call: {TOOLS_FIX}",
+            [],
+        )
     missing: list[str] = []
     if capture in ("tokens", "logprobs") and not found.logprobs:
         missing.append(f"per-token logprobs ({LOGPROBS_FIX})")
@@ -289,6 +295,9 @@ async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Calla
         found.logprobs_kind = logprobs_kind(hot, fold_stream(cool_answer.content))
     if tool_answer.status_code == 200:
         found.tool_calls = "yes" if fold_stream(tool_answer.content).tool_calls else "no"
+    elif tool_answer.status_code in (400, 422):
+        found.tool_calls = "no"
+        found.tools_refused = _refused(tool_answer)
     return EndpointProbe(
         probed=True,
         capabilities=found,
