@@ -60,6 +60,10 @@ LOGPROBS_FIX = (
 )
 RAW_FIX = "start vLLM with --logprobs-mode processed_logprobs"
 TOOLS_FIX = "for vLLM: start it with --enable-auto-tool-choice and the model's --tool-call-parser"
+NO_CALL_CAUSE = (
+    "a model that does not call tools, or for vLLM a --tool-call-parser that does not read this model's format "
+    "(without --enable-auto-tool-choice vLLM refuses the request instead)"
+)
 
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with the single word: ok"}]
 PROBE_TOOL = {
@@ -147,7 +151,7 @@ def decide(probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_
     if found.logprobs_kind == "raw" and shaped_sampling:
         warnings.append(f"the endpoint returns raw logprobs, not the sampler's, under non-neutral sampling: {RAW_FIX}")
     if found.tool_calls == "no":
-        warnings.append(f"the model did not call a tool when asked to ({TOOLS_FIX})")
+        warnings.append(f"the model did not call a tool when asked to ({NO_CALL_CAUSE})")
     if probe.template_fingerprint is None and capture == "tokens":
         warnings.append("the chat template cannot be fingerprinted (the server has no /tokenize): a change is not seen")
     return Decision(None, warnings)

@@ -86,6 +86,23 @@ async def test_an_endpoint_refusing_tools_is_refused_in_every_mode_with_the_flag
         assert "HTTP 400" in (result.provenance.endpoint.capabilities.tools_refused or "")
 
 
+def test_a_model_that_calls_no_tool_is_a_warning_that_does_not_blame_the_flags() -> None:
+    """vLLM started with the tool flags and a model that answers text (a random-weights model, on 0.32)."""
+    probe = EndpointProbe(
+        probed=True,
+        capabilities=EndpointCapabilities(
+            completion_token_ids=True, prompt_token_ids=True, logprobs=True, tool_calls="no"
+        ),
+        template_fingerprint="sha256:0",
+    )
+    decision = decide(probe, "tokens", top_logprobs=5, shaped_sampling=False)
+    assert decision.refusal is None
+    [warning] = decision.warnings
+    assert "did not call a tool" in warning
+    assert "--tool-call-parser" in warning
+    assert "start it with --enable-auto-tool-choice" not in warning
+
+
 async def test_the_key_goes_to_the_endpoint_and_nowhere_in_the_result() -> None:
     with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
         result = await run_rollout(readme_request(model.base_url, api_key="sk-probe-secret"), StubBackend())
