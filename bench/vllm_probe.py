@@ -214,7 +214,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
     row("logprobs kind", cell(lambda p: p.capabilities.logprobs_kind))
     row("tool call", cell(lambda p: p.capabilities.tool_calls))
     row("tools refused (HTTP 400)", cell(lambda p: _yes(p.capabilities.tools_refused is not None)))
-    row("template fingerprint", cell(lambda p: (p.template_fingerprint or "none")[:12]))
+    row("template fingerprint", cell(lambda p: p.template_fingerprint or "none"))
     row("model root", cell(lambda p: (p.model.root or "-").rsplit("/", 1)[-1] if p.model else "none"))
     row("max_model_len", cell(lambda p: p.model.max_model_len if p.model else "none"))
     for capture in CAPTURES:
