@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -74,16 +75,23 @@ def _id_of(token: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _logprob(entry: dict[str, Any]) -> float:
+    """A null is NaN: vLLM's JSON (pydantic) writes a NaN or infinite logprob as null, and which one it was is
+    lost (seen on vLLM 0.32 with a model whose logits went NaN: every token the pad id, every logprob null)."""
+    value = entry.get("logprob", 0.0)
+    return math.nan if value is None else float(value)
+
+
 def _fold_logprobs(fold: Fold, logprobs: Any) -> None:
     if not isinstance(logprobs, dict):
         return
     for entry in logprobs.get("content") or []:
         token = str(entry.get("token", ""))
         fold.tokens.append(token)
-        fold.logprobs.append(float(entry.get("logprob", 0.0)))
+        fold.logprobs.append(_logprob(entry))
         fold.top_logprobs.append(
             [
-                (str(alt.get("token", "")), float(alt.get("logprob", 0.0)), _id_of(str(alt.get("token", ""))))
+                (str(alt.get("token", "")), _logprob(alt), _id_of(str(alt.get("token", ""))))
                 for alt in entry.get("top_logprobs") or []
             ]
         )

@@ -60,6 +60,10 @@ LOGPROBS_FIX = (
 )
 RAW_FIX = "start vLLM with --logprobs-mode processed_logprobs"
 TOOLS_FIX = "for vLLM: start it with --enable-auto-tool-choice and the model's --tool-call-parser"
+NO_CALL_CAUSE = (
+    "a model that does not call tools, or for vLLM a --tool-call-parser that does not read this model's format "
+    "(without --enable-auto-tool-choice vLLM refuses the request instead)"
+)
 
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with the single word: ok"}]
 PROBE_TOOL = {
@@ -120,6 +124,12 @@ def decide(probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_
             return Decision(None, [f"nothing can be captured: {probe.problem}"])
         return Decision(f"capture={capture!r}: {probe.problem}; pass capture='text' to run for the reward only", [])
     found = probe.capabilities
+    if found.tools_refused is not None:
+        return Decision(
+            f"capture={capture!r}: the endpoint refuses a request that offers tools ({found.tools_refused}), and "
+            f"OpenCode offers its tools on every call: {TOOLS_FIX}",
+            [],
+        )
     missing: list[str] = []
     if capture in ("tokens", "logprobs") and not found.logprobs:
         missing.append(f"per-token logprobs ({LOGPROBS_FIX})")
@@ -141,7 +151,7 @@ def decide(probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_
     if found.logprobs_kind == "raw" and shaped_sampling:
         warnings.append(f"the endpoint returns raw logprobs, not the sampler's, under non-neutral sampling: {RAW_FIX}")
     if found.tool_calls == "no":
-        warnings.append(f"the model did not call a tool when asked to ({TOOLS_FIX})")
+        warnings.append(f"the model did not call a tool when asked to ({NO_CALL_CAUSE})")
     if probe.template_fingerprint is None and capture == "tokens":
         warnings.append("the chat template cannot be fingerprinted (the server has no /tokenize): a change is not seen")
     return Decision(None, warnings)
@@ -289,6 +299,9 @@ async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Calla
         found.logprobs_kind = logprobs_kind(hot, fold_stream(cool_answer.content))
     if tool_answer.status_code == 200:
         found.tool_calls = "yes" if fold_stream(tool_answer.content).tool_calls else "no"
+    elif tool_answer.status_code in (400, 422):
+        found.tool_calls = "no"
+        found.tools_refused = _refused(tool_answer)
     return EndpointProbe(
         probed=True,
         capabilities=found,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 from opencode_env.wire import RolloutResult, RolloutTurn
@@ -75,6 +76,12 @@ def complete_provenance(result: RolloutResult, config: dict[str, Any] | None, vo
     probed = provenance.endpoint.template_fingerprint if provenance.endpoint else None
     if first is not None and probed is not None and probed != first:
         result.warnings.append(f"the chat template changed since the endpoint was probed ({probed}, now {first})")
+    unfinite = [turn.turn for turn in result.proxy_turns if not all(map(math.isfinite, turn.per_token_logps))]
+    if unfinite:
+        result.warnings.append(
+            f"turns {', '.join(map(str, unfinite))} carry logprobs that are not finite (NaN or infinite: vLLM sends "
+            "them as null): their tokens cannot be trained on as they are"
+        )
     versions = sorted({turn.policy_version for turn in result.proxy_turns if turn.policy_version})
     if len(versions) > 1:
         result.warnings.append(f"the engine reported several policy versions in one rollout: {', '.join(versions)}")

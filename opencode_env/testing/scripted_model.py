@@ -35,6 +35,15 @@ from opencode_env.testing.script import Script, Step, ToolCallStep
 from opencode_env.testing.threaded_server import ThreadedServer
 
 POLICY_VERSION_HEADER = "x-policy-version"
+TOOLS_REFUSED = {
+    "error": {
+        "message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
+"""vLLM 0.32's answer to a request offering tools when it was started without --enable-auto-tool-choice."""
 _ALTERNATIVES = [" the", " a", "(", "x", " return", "\n", " def", ".", "_", " and", " is", "0"]
 
 
@@ -136,8 +145,11 @@ class ScriptedModel:
         logprobs_mode: Literal["raw", "processed"] = "raw",
         template_switch_after: int | None = None,
         policy_version: str = "",
+        refuse_tools: bool = False,
     ) -> None:
         self.script = script
+        self.refuse_tools = refuse_tools
+        """Like vLLM started without --enable-auto-tool-choice: a request that offers tools is answered 400."""
         self.sub_script = sub_script
         """Played in every session after the first (sub-agents OpenCode's task tool starts); None: the script."""
         self._first_session: str | None = None
@@ -210,7 +222,12 @@ class ScriptedModel:
             }
         if self.omit_logprobs:
             body = {key: value for key, value in body.items() if key not in ("logprobs", "top_logprobs")}
-        step = _probe_step(body) if probing else self._next_step(headers.get("x-session-id", "default"), body)
+        if self.refuse_tools and body.get("tools") and body.get("tool_choice", "auto") != "none":
+            step = Step(status=400, error_body=TOOLS_REFUSED)
+        elif probing:
+            step = _probe_step(body)
+        else:
+            step = self._next_step(headers.get("x-session-id", "default"), body)
         if step.stall_before_s:
             await asyncio.sleep(step.stall_before_s)
         if step.status != 200:

@@ -41,6 +41,9 @@ class EndpointCapabilities(BaseModel):
         "unknown", description="Compared at two temperatures: equal logprobs are raw, different ones processed."
     )
     tool_calls: Observed = Field("unknown", description="The model called a tool it was offered.")
+    tools_refused: str | None = Field(
+        None, description="The server's answer when it refused a request that offers tools (OpenCode's every call)."
+    )
 
 
 class EndpointProbe(BaseModel):

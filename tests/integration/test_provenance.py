@@ -69,6 +69,40 @@ async def test_an_endpoint_without_logprobs_is_refused_in_logprobs_mode() -> Non
     assert "--max-logprobs" in (result.error or "")
 
 
+async def test_an_endpoint_refusing_tools_is_refused_in_every_mode_with_the_flags() -> None:
+    """vLLM's default: a request that offers tools is a 400; OpenCode offers them on every call (seen on 0.32)."""
+    for capture in ("tokens", "text"):
+        forget_probes()
+        backend = StubBackend()
+        with ScriptedModelServer(demo_script(), refuse_tools=True) as model:
+            result = await run_rollout(readme_request(model.base_url, capture=capture), backend)
+            assert model.exchanges == []
+        assert (result.status, result.failed_phase, result.sandbox_id) == ("invalid_request", "validate", "")
+        assert "--enable-auto-tool-choice" in (result.error or "")
+        assert "--tool-call-parser" in (result.error or "")
+        assert result.provenance is not None
+        assert result.provenance.endpoint is not None
+        assert result.provenance.endpoint.capabilities.tool_calls == "no"
+        assert "HTTP 400" in (result.provenance.endpoint.capabilities.tools_refused or "")
+
+
+def test_a_model_that_calls_no_tool_is_a_warning_that_does_not_blame_the_flags() -> None:
+    """vLLM started with the tool flags and a model that answers text (a random-weights model, on 0.32)."""
+    probe = EndpointProbe(
+        probed=True,
+        capabilities=EndpointCapabilities(
+            completion_token_ids=True, prompt_token_ids=True, logprobs=True, tool_calls="no"
+        ),
+        template_fingerprint="sha256:0",
+    )
+    decision = decide(probe, "tokens", top_logprobs=5, shaped_sampling=False)
+    assert decision.refusal is None
+    [warning] = decision.warnings
+    assert "did not call a tool" in warning
+    assert "--tool-call-parser" in warning
+    assert "start it with --enable-auto-tool-choice" not in warning
+
+
 async def test_the_key_goes_to_the_endpoint_and_nowhere_in_the_result() -> None:
     with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
         result = await run_rollout(readme_request(model.base_url, api_key="sk-probe-secret"), StubBackend())

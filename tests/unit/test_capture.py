@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from hypothesis import given
@@ -29,10 +30,10 @@ def sse(*chunks: dict[str, Any] | str, separator: str = "\n\n") -> bytes:
 def chunk(
     delta: dict[str, Any],
     *,
-    logprob: tuple[str, float] | None = None,
+    logprob: tuple[str, float | None] | None = None,
     ids: list[int] | None = None,
     finish: str | None = None,
-    top: list[tuple[str, float]] | None = None,
+    top: list[tuple[str, float | None]] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -77,6 +78,22 @@ def test_vllm_style_stream_has_engine_ids_and_prompt_ids() -> None:
     assert fold.prompt_token_ids == [1, 2, 3]
     assert fold.ids() == [77, 151645]
     assert (fold.token_id_source(), fold.aligned()) == ("return_token_ids", True)
+
+
+def test_a_null_logprob_is_kept_as_nan_and_the_turn_still_folds() -> None:
+    """vLLM writes a NaN or infinite logprob as null (seen on 0.32 with NaN logits); the fold used to raise."""
+    raw = sse(
+        chunk({"role": "assistant", "content": ""}, prompt_token_ids=[1, 2]),
+        chunk({"content": "<|endoftext|>"}, logprob=("<|endoftext|>", None), ids=[0], top=[("x", None)]),
+        chunk({}, logprob=("", -0.5), ids=[0], finish="length"),
+        USAGE,
+        "[DONE]",
+    )
+    fold = fold_stream(raw)
+    assert math.isnan(fold.logprobs[0])
+    assert fold.logprobs[1] == -0.5
+    assert math.isnan(fold.top_logprobs[0][0][1])
+    assert (fold.ids(), fold.aligned()) == ([0, 0], True)
 
 
 def test_token_id_strings_are_a_fallback_source_of_ids() -> None:
