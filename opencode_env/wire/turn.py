@@ -223,6 +223,18 @@ class DeliveryRecord(BaseModel):
     detail: str
 
 
+class RefusedRecord(BaseModel):
+    """A call the proxy refused before it reached the model (no valid token, or a socket OpenCode's uid does not
+    own): `count` is the running total, the last line's the whole; the first lines name the caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["refused"]
+    count: int = Field(ge=1)
+    reason: Literal["no_token", "not_opencode"] | None = None
+    client: str | None = None
+
+
 class TurnRecord(BaseModel):
     """One model call, with its prompt ids compacted against an earlier record of the same trace."""
 
