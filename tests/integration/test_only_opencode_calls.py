@@ -26,6 +26,7 @@ from opencode_env.testing.scripted_model import ScriptedModel
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.training.sequences import training_sequences
 from opencode_env.wire import RolloutResult
+from tests.helpers import sleep_cmd
 
 pytestmark = pytest.mark.timeout(300)
 """Each test is one or two real OpenCode rollouts with several steps (and a sub-agent)."""
@@ -140,12 +141,7 @@ async def test_a_tool_with_opencodes_token_and_session_cannot_call_from_any_sock
     with leaking_model(script, sub_script=sub_script) as (model, url):
         result = await run_rollout(demo_request(url, sub_agents=True), backend)
     outputs = tool_outputs(model.exchanges)
-    assert "TOKEN SEEN True" in outputs, (
-        result.status,
-        result.error,
-        [(t.kind, t.outcome) for t in result.proxy_turns],
-        len(model.exchanges),
-    )
+    assert "TOKEN SEEN True" in outputs
     assert "OPENCODE CONNECTED True" in outputs
     attempts = re.findall(r"ATTEMPT ([^\\]+)", outputs)
     assert "plain HTTP/1.1 403 Forbidden" in attempts
@@ -166,3 +162,68 @@ async def test_a_tool_with_opencodes_token_and_session_cannot_call_from_any_sock
     assert (result.attribution.refused_calls, result.attribution.caller_check) == (refused, True)
     assert f"{refused} model calls were refused by the capture proxy" in " ".join(result.warnings)
     assert result.proxy_log_tail.count("its socket is not OpenCode's") == refused
+
+
+FAILING_STRANGER = """python3 - <<'EOF'
+import json, os, urllib.request, urllib.error
+config = json.load(open(os.environ["OPENCODE_CONFIG"]))
+base = next(iter(config["provider"].values()))["options"]["baseURL"]
+# no tools (it would pass as auxiliary) and a body the model server fails on (HTTP 500)
+body = json.dumps({"model": "policy", "stream": False, "messages": [1]}).encode()
+request = urllib.request.Request(base + "/chat/completions", data=body, headers={"content-type": "application/json",
+    "authorization": "Bearer " + os.environ["OPENCODE_ENV_UPSTREAM_KEY"]})
+try:
+    print("STRANGER", urllib.request.urlopen(request, timeout=20).status)
+except urllib.error.HTTPError as error:
+    print("STRANGER", error.code)
+EOF
+"""
+
+
+async def test_a_call_opencode_did_not_make_never_decides_the_status(e2b_fake: E2BBackend, no_leaks: None) -> None:
+    """On E2B the tools hold OpenCode's token: a tool's own call without tools, failed by the model server, then the
+    agent runs out its time. The call is in the record, unattributed; the status is the agent's timeout (a policy
+    outcome, graded), not the model endpoint's failure (no reward)."""
+    script = Script(
+        steps=[write("/home/user/workdir/add.py", ADD), bash(FAILING_STRANGER + sleep_cmd(600)), say("never")]
+    )
+    with leaking_model(script) as (model, url):
+        result = await run_rollout(demo_request(url, agent_timeout_s=90.0), e2b_fake)
+    assert any(exchange.request.get("messages") == [1] for exchange in model.exchanges)
+    [stranger] = [turn for turn in result.proxy_turns if turn.upstream_status == 500]
+    assert (stranger.kind, stranger.outcome) == ("unattributed", "upstream_error")
+    assert result.status == "agent_timeout", result.error
+    assert result.reward == 1.0
+    assert result.usage.llm_calls == 2
+    assert trained_turns(result) == [turn.turn for turn in result.proxy_turns if turn.kind == "agent"]
+
+
+async def test_a_store_written_through_a_link_costs_only_the_labels(backend: LocalBackend, no_leaks: None) -> None:
+    """OpenCode's file tools are denied its data dir by path, but the bash tool links it into the work dir and the
+    write tool writes through the link, as OpenCode: here garbage over the store's write-ahead log once a sub-agent
+    has run. The record stands: the honest status and reward, every turn of the root and the sub-agent trained,
+    and a warning names the store."""
+    script = Script(
+        steps=[
+            write("/home/user/workdir/add.py", ADD),
+            task("Count the files in the work dir."),
+            bash("ln -s /home/opencode/data/opencode /home/user/workdir/d"),
+            write("/home/user/workdir/d/opencode.db-wal", "garbage " * 100),
+            say("done"),
+        ]
+    )
+    sub_script = Script(steps=[bash("ls /home/user/workdir | wc -l", "Count files"), say("There is 1 file.")])
+    with leaking_model(script, sub_script=sub_script) as (model, url):
+        result = await run_rollout(demo_request(url, sub_agents=True), backend)
+    assert "Wrote file successfully" in tool_outputs(model.exchanges)
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0
+    kinds = [turn.kind for turn in result.proxy_turns]
+    assert sorted(kinds) == ["agent"] * 5 + ["sub_agent"] * 2, kinds
+    assert len({turn.session_id for turn in result.proxy_turns}) == 2
+    assert trained_turns(result) == [turn.turn for turn in result.proxy_turns]
+    assert result.usage.llm_calls == len(model.exchanges) == 7
+    store_warnings = [warning for warning in result.warnings if "OpenCode's session store" in warning]
+    assert store_warnings, result.warnings
+    assert result.attribution is not None
+    assert result.attribution.note or result.attribution.disagreements
