@@ -28,8 +28,9 @@ from opencode_env.training.sequences import training_sequences
 from opencode_env.wire import RolloutResult
 from tests.helpers import sleep_cmd
 
-pytestmark = pytest.mark.timeout(300)
-"""Each test is one or two real OpenCode rollouts with several steps (and a sub-agent)."""
+pytestmark = pytest.mark.timeout(480)
+"""Each test is a real OpenCode rollout of several steps, some with a sub-agent, whose agent deadline is generous:
+on a machine other tests load, OpenCode can take minutes to boot a sub-agent."""
 ADD = "def add(a, b):\n    return a + b\n"
 LEAKED_KEY = re.compile(r"OPENCODE_ENV_UPSTREAM_KEY=([A-Za-z0-9_-]+)")
 
@@ -100,7 +101,7 @@ print("TOKEN SEEN", token != "no-token-seen")
 call("plain")
 call("another loopback address", bind=("127.0.0.2", 0))
 # a sub-agent calls the model meanwhile (the task tool, in the same step): wait for its open connection
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + 150
 while not opencode_ports() and time.monotonic() < deadline:
     time.sleep(0.05)
 print("OPENCODE CONNECTED", bool(opencode_ports()))
@@ -139,7 +140,7 @@ async def test_a_tool_with_opencodes_token_and_session_cannot_call_from_any_sock
     script = Script(steps=[read_environ(), attack_and_sub_agent, write("/home/user/workdir/add.py", ADD), say("done")])
     sub_script = Script(steps=[Step(content="hello", stall_before_s=8.0)])
     with leaking_model(script, sub_script=sub_script) as (model, url):
-        result = await run_rollout(demo_request(url, sub_agents=True), backend)
+        result = await run_rollout(demo_request(url, sub_agents=True, agent_timeout_s=240.0), backend)
     outputs = tool_outputs(model.exchanges)
     assert "TOKEN SEEN True" in outputs
     assert "OPENCODE CONNECTED True" in outputs
@@ -188,7 +189,7 @@ async def test_a_call_opencode_did_not_make_never_decides_the_status(e2b_fake: E
         steps=[write("/home/user/workdir/add.py", ADD), bash(FAILING_STRANGER + sleep_cmd(600)), say("never")]
     )
     with leaking_model(script) as (model, url):
-        result = await run_rollout(demo_request(url, agent_timeout_s=90.0), e2b_fake)
+        result = await run_rollout(demo_request(url, agent_timeout_s=150.0), e2b_fake)
     assert any(exchange.request.get("messages") == [1] for exchange in model.exchanges)
     [stranger] = [turn for turn in result.proxy_turns if turn.upstream_status == 500]
     assert (stranger.kind, stranger.outcome) == ("unattributed", "upstream_error")
