@@ -61,11 +61,18 @@ class ProxyApp:
         )
         return False
 
+    def _refused(self, scope: Scope, reason: str) -> None:
+        """Recorded in the trace (the result's attribution.refused_calls), never as a turn."""
+        client = scope.get("client")
+        self.proxy.trace.write_refused(reason, f"{client[0]}:{client[1]}" if client else "")
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._authorized(scope):
+            self._refused(scope, "no_token")
             await send_json(send, 401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
             return
         if scope["type"] == "http" and not self._from_opencode(scope):
+            self._refused(scope, "not_opencode")
             message = "only OpenCode itself may call the model"
             await send_json(send, 403, {"error": {"message": message, "type": "invalid_request_error"}})
             return

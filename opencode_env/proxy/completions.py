@@ -76,6 +76,7 @@ class CaptureProxy:
         running then is about to end and be recorded, and must not be cut off by the proxy's stop."""
         while self._pending or self._answering:
             await asyncio.wait(self._pending | self._answering)
+        self.trace.write_refused_total()
         return self.trace.turns_written
 
     def pending(self) -> int:

@@ -29,6 +29,11 @@ class Pending:
     ticket: Ticket | None = None
 
 
+REFUSED_LINES = 100
+"""Refused calls written one line each; past this many, only their count (at each drain): a caller that is refused
+in a loop cannot grow the trace."""
+
+
 class TraceWriter:
     """Appends one JSON line per record and flushes it, so a killed agent still leaves every finished turn."""
 
@@ -37,6 +42,17 @@ class TraceWriter:
         self._compactor = TraceCompactor()
         self.turns_written = 0
         self.completion_tokens_written = 0
+        self.refused = 0
+
+    def write_refused(self, reason: str, client: str) -> None:
+        """A call refused before it reached the model (never a turn): `count` is the running total."""
+        self.refused += 1
+        if self.refused <= REFUSED_LINES:
+            self._write({"type": "refused", "count": self.refused, "reason": reason, "client": client[:100]})
+
+    def write_refused_total(self) -> None:
+        if self.refused > REFUSED_LINES:
+            self._write({"type": "refused", "count": self.refused})
 
     def write_turn(self, pending: Pending, fold: Fold | None) -> None:
         record = pending.record

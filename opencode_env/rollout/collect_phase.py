@@ -20,6 +20,7 @@ from opencode_env.sandbox.base import (
     Sandbox,
 )
 from opencode_env.wire import (
+    AttributionCheck,
     TokenUsage,
 )
 
@@ -51,7 +52,8 @@ async def collect_agent_record(rollout: RolloutState) -> None:
 
 
 async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
-    """Turns and usage come from the proxy's own records, never from a file the sandbox can write."""
+    """Turns and usage come from the proxy's own records, never from a file the sandbox can write; OpenCode's store
+    only labels them (attribution.py)."""
     result = rollout.result
     await stop_proxy(proxy)
     trace = await read_trace(proxy)
@@ -59,11 +61,15 @@ async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
     result.proxy_log_tail = await proxy_log_tail(proxy)
-    complete_provenance(result, rollout.opencode_config, frozenset({proxy.base_url}))
     store, note = await attribution_store(rollout.sandbox)
-    result.attribution, unattributed = attribution_check(trace.turns, store, note)
+    result.attribution, unattributed = attribution_check(
+        trace.turns, store, note, callers_checked=rollout.sandbox.opencode_isolated
+    )
+    result.attribution.refused_calls = trace.refused
+    result.warnings.extend(attribution_warnings(result.attribution, store_expected=rollout.sandbox.opencode_isolated))
     if unattributed:
         log.warning("%s: %d model calls OpenCode did not make (kept as unattributed)", result.sandbox_id, unattributed)
+    complete_provenance(result, rollout.opencode_config, frozenset({proxy.base_url}))
     own = [turn for turn in trace.turns if turn.kind != "unattributed"]
     complete = [turn for turn in own if turn.outcome == "complete"]
     result.usage = TokenUsage(
@@ -72,6 +78,29 @@ async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
         llm_calls=len(own),
         source="proxy",
     )
+
+
+def attribution_warnings(check: AttributionCheck, *, store_expected: bool) -> list[str]:
+    """What a trainer must hear of: calls refused, and a store that could not be read or contradicts the record
+    (attribution never rests on it: the cost is sub-agents' parent labels)."""
+    warnings = []
+    if check.refused_calls:
+        warnings.append(
+            f"{check.refused_calls} model calls were refused by the capture proxy (not OpenCode's connection, or no "
+            "valid token): never sent to the model, never a turn"
+        )
+    if store_expected and check.sessions and check.note:
+        warnings.append(
+            f"OpenCode's session store could not be read ({check.note}): calls are attributed by the proxy's record "
+            "alone, sub-agents' parents unknown"
+        )
+    contradictions = [item for item in check.disagreements if item.startswith("session ")]
+    if contradictions:
+        warnings.append(
+            f"OpenCode's session store contradicts the proxy's record ({len(contradictions)} claims, first: "
+            f"{contradictions[0][:300]}): the record stands, the store's claims were ignored"
+        )
+    return warnings
 
 
 async def agent_log_tail(sandbox: Sandbox, errors: list[str]) -> str:

@@ -92,7 +92,8 @@ def _step(session: str, created: Any, data: Any) -> StoredStep | None:
 
 
 async def attribution_store(sandbox: RolloutSandbox) -> tuple[OpenCodeStore | None, str | None]:
-    """The store where it can decide attribution (the agent's tools could not have written it), else why not."""
+    """The store, to label the sessions of a record only OpenCode could have made (attribution.py), else why not.
+    OpenCode's own write tool can still reach it through a link, so nothing but labels is taken from it."""
     if not sandbox.opencode_isolated:
         return None, "the agent's tools can write OpenCode's store on this backend: attributed by headers only"
     try:

@@ -15,7 +15,7 @@ from opencode_env.rollout.opencode import UPSTREAM_KEY_VAR
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, RolloutSandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 from opencode_env.settings import Settings
-from opencode_env.wire import DeliveryRecord, RolloutRequest, RolloutTurn, ToolsRecord, TurnRecord
+from opencode_env.wire import DeliveryRecord, RefusedRecord, RolloutRequest, RolloutTurn, ToolsRecord, TurnRecord
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
@@ -114,8 +114,8 @@ async def stop_proxy(proxy: ProxyHandle) -> None:
     await proxy.kill()
 
 
-_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord | DeliveryRecord] = TypeAdapter(
-    Annotated[ToolsRecord | TurnRecord | DeliveryRecord, Field(discriminator="type")]
+_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord] = TypeAdapter(
+    Annotated[ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord, Field(discriminator="type")]
 )
 
 
@@ -124,6 +124,8 @@ class Trace:
     turns: list[RolloutTurn] = field(default_factory=list)
     tools: dict[str, list[Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    refused: int = 0
+    """Calls the proxy refused before they reached the model (never turns)."""
 
 
 def parse_trace(text: str) -> Trace:
@@ -144,6 +146,9 @@ def parse_trace(text: str) -> Trace:
                 continue
             if isinstance(record, DeliveryRecord):
                 undelivered[record.turn] = record
+                continue
+            if isinstance(record, RefusedRecord):
+                trace.refused = max(trace.refused, record.count)
                 continue
             prompt = record.prompt_token_ids
             if record.prompt_base is not None:

@@ -110,20 +110,37 @@ class ToolCallSummary(BaseModel):
 
 
 class AttributionCheck(BaseModel):
-    """Each model call tied to the OpenCode session that made it, and the proxy's record checked against OpenCode's
-    own session store (read from the host side once the agent has stopped): every assistant step OpenCode recorded
-    should have a turn, and every agent or sub-agent turn a recorded step."""
+    """Each model call tied to the OpenCode session that made it, by the session header of the call as the proxy
+    recorded it, and the proxy's record checked against OpenCode's own session store (read from the host side once
+    the agent has stopped). The store only labels (a sub-agent's parent): what it claims against the record is
+    ignored and named in `disagreements`."""
 
     source: Literal["opencode_store", "headers_only"] = Field(
         "headers_only",
-        description="opencode_store: sessions and their parents from OpenCode's database; headers_only: the store "
-        "could not be read (see note), so the first session named is OpenCode's and any other is unattributed.",
+        description="opencode_store: sub-agents' parents labelled from OpenCode's database where it agrees with the "
+        "proxy's record; headers_only: the store was not read (see note), so no parent is known. Either way a "
+        "call's kind comes from its session header: the root session's calls are agent; with caller_check, "
+        "another session's are sub_agent, without it unattributed.",
     )
-    sessions: int = Field(0, description="Sessions OpenCode recorded (the root and its sub-agents).")
+    sessions: int = Field(0, description="OpenCode's sessions that made captured calls (the root and its sub-agents).")
     sub_agent_sessions: int = 0
+    caller_check: bool = Field(
+        False,
+        description="The proxy admitted only connections OpenCode's own uid opened (the local backend): every session "
+        "named in the record is OpenCode's.",
+    )
     steps_recorded: int = Field(0, description="Assistant steps (model calls that answered) in OpenCode's store.")
     turns_matched: int = Field(0, description="Complete agent and sub-agent turns matched to a recorded step.")
-    disagreements: list[str] = Field(default_factory=list, description="Steps without a turn, turns without a step.")
+    disagreements: list[str] = Field(
+        default_factory=list,
+        description="Where OpenCode's store and the proxy's record disagree (steps without a turn, turns without a "
+        "step, sessions or parents the record never saw): the record stands, the store's claim is ignored.",
+    )
+    refused_calls: int = Field(
+        0,
+        description="Calls the proxy refused before they reached the model (403: a socket OpenCode's uid does not "
+        "own; 401: no valid token): never forwarded, never a turn.",
+    )
     note: str | None = Field(None, description="Why the store was not used, when it was not.")
 
 

@@ -25,7 +25,8 @@ from opencode_env.wire.shared import WireFloat
 from opencode_env.wire.token_packing import PackedTokens, pack, unpack
 
 TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
-"""unattributed: a call the proxy cannot tie to OpenCode itself (kept in the record, never trained or counted)."""
+"""unattributed: a call the proxy's record cannot tie to one of OpenCode's sessions (kept in the record, never trained,
+counted or deciding the rollout's status)."""
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
 PromptSource = Literal["chat_template", "token_in"]
 """How a turn's prompt ids were made: chat_template, the model server rendered the messages itself (every call);
@@ -221,6 +222,18 @@ class DeliveryRecord(BaseModel):
     turn: int = Field(ge=0)
     outcome: Literal["undelivered"]
     detail: str
+
+
+class RefusedRecord(BaseModel):
+    """A call the proxy refused before it reached the model (no valid token, or a socket OpenCode's uid does not
+    own): `count` is the running total, the last line's the whole; the first lines name the caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["refused"]
+    count: int = Field(ge=1)
+    reason: Literal["no_token", "not_opencode"] | None = None
+    client: str | None = None
 
 
 class TurnRecord(BaseModel):

@@ -25,39 +25,60 @@ def store() -> OpenCodeStore:
 
 
 def test_calls_are_tied_to_their_sessions_and_a_child_to_its_parent() -> None:
-    turns = [turn(0, ROOT), turn(1, CHILD), turn(2, ROOT), turn(3, None, "auxiliary")]
-    check, marked = attribution_check(turns, store())
+    turns = [turn(0, ROOT), turn(1, CHILD), turn(2, ROOT), turn(3, None, "auxiliary"), turn(4, ROOT, "auxiliary")]
+    check, marked = attribution_check(turns, store(), callers_checked=True)
     assert [(t.kind, t.session_id, t.parent_session_id) for t in turns] == [
         ("agent", ROOT, None),
         ("sub_agent", CHILD, ROOT),
         ("agent", ROOT, None),
-        ("auxiliary", None, None),
+        ("unattributed", None, None),
+        ("auxiliary", ROOT, None),
     ]
-    assert (marked, check.source, check.sessions, check.sub_agent_sessions) == (0, "opencode_store", 2, 1)
+    assert (marked, check.source, check.sessions, check.sub_agent_sessions) == (1, "opencode_store", 2, 1)
     assert (check.steps_recorded, check.turns_matched, check.disagreements) == (3, 3, [])
 
 
-def test_a_turn_removed_from_the_record_and_a_forged_one_are_both_reported() -> None:
-    turns = [turn(0, ROOT), turn(2, ROOT), turn(4, "ses_forged"), turn(5, None)]
-    check, marked = attribution_check(turns, store())
-    assert [t.kind for t in turns] == ["agent", "agent", "unattributed", "unattributed"]
-    assert marked == 2
-    assert check.disagreements == [
-        f"session {CHILD}: a step OpenCode recorded (finish stop, at 1 ms) has no complete turn in the proxy's record"
+def test_a_turn_missing_from_the_record_and_a_session_the_store_does_not_know_are_reported() -> None:
+    """Only OpenCode's uid could connect: a session the store does not know is still OpenCode's (its header), a
+    sub-agent with no parent; the store's session that made no captured call is ignored."""
+    turns = [turn(0, ROOT), turn(2, ROOT), turn(4, "ses_unknown"), turn(5, None)]
+    check, marked = attribution_check(turns, store(), callers_checked=True)
+    assert [(t.kind, t.parent_session_id) for t in turns] == [
+        ("agent", None),
+        ("agent", None),
+        ("sub_agent", None),
+        ("unattributed", None),
     ]
+    assert marked == 1
+    assert check.disagreements == [
+        "session ses_unknown: made calls the proxy captured but is not in OpenCode's store (kept as a sub-agent, "
+        "parent unknown)",
+        f"session {CHILD}: in OpenCode's store but made no call the proxy captured (ignored)",
+        "turn 4 (ses_unknown): no step in OpenCode's store",
+    ]
+
+
+def test_without_the_caller_check_only_the_root_session_is_opencode_s() -> None:
+    turns = [turn(0, ROOT), turn(1, CHILD), turn(2, ROOT)]
+    check, marked = attribution_check(turns, store())
+    assert [t.kind for t in turns] == ["agent", "unattributed", "agent"]
+    assert (marked, check.sessions, check.caller_check) == (1, 1, False)
 
 
 def test_more_output_than_the_engine_sent_is_a_disagreement() -> None:
     turns = [turn(0, ROOT, tokens=2), turn(1, CHILD), turn(2, ROOT)]
-    check, _ = attribution_check(turns, store())
+    check, _ = attribution_check(turns, store(), callers_checked=True)
     assert check.disagreements == [f"turn 0 ({ROOT}): OpenCode counted 5 output tokens, the engine sent 2"]
 
 
-def test_without_a_store_the_first_session_named_is_opencode_s() -> None:
+def test_without_a_store_the_record_alone_decides_and_only_the_parents_are_unknown() -> None:
     turns = [turn(0, ROOT), turn(1, CHILD), turn(2, ROOT)]
-    check, marked = attribution_check(turns, None, "no store here")
-    assert [t.kind for t in turns] == ["agent", "unattributed", "agent"]
-    assert (marked, check.source, check.note) == (1, "headers_only", "no store here")
+    check, marked = attribution_check(turns, None, "no store here", callers_checked=True)
+    assert [(t.kind, t.parent_session_id) for t in turns] == [("agent", None), ("sub_agent", None), ("agent", None)]
+    assert (marked, check.source, check.note, check.sessions) == (0, "headers_only", "no store here", 2)
+    headers_only = [turn(0, ROOT), turn(1, CHILD), turn(2, ROOT)]
+    check, marked = attribution_check(headers_only, None, "not read on this backend")
+    assert [t.kind for t in headers_only] == ["agent", "unattributed", "agent"]
 
 
 async def test_a_sub_agent_s_calls_are_its_own_with_their_parent(backend: LocalBackend, no_leaks: None) -> None:

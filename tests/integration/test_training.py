@@ -228,8 +228,9 @@ async def test_a_template_that_drops_reasoning_forks_at_the_right_turn(backend: 
 
 
 async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBackend, no_leaks: None) -> None:
-    # The agent's own command calls the model it was configured with (with its token), without tools: auxiliary.
-    # On E2B the tools run as OpenCode's user and hold its token; the local backend refuses such a call.
+    # The agent's own command calls the model it was configured with (with its token), without tools and without
+    # OpenCode's session: unattributed, not auxiliary. On E2B the tools run as OpenCode's user and hold its token;
+    # the local backend refuses such a call.
     call = (
         "python3 -c \"import json,os,urllib.request as u; c=json.load(open(os.environ['OPENCODE_CONFIG'])); "
         "p=next(iter(c['provider'].values())); "
@@ -242,13 +243,14 @@ async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBacke
     result = outcome.result
     assert result.status == "completed", result.error
     kinds = [t.kind for t in result.proxy_turns]
-    assert kinds.count("auxiliary") == 1, (kinds, result.tool_calls)
+    assert kinds.count("unattributed") == 1, (kinds, result.tool_calls)
     found = training_sequences(result)
     [sequence] = found.sequences
-    auxiliary = next(t for t in result.proxy_turns if t.kind == "auxiliary")
-    assert auxiliary.turn not in sequence.turns
+    stranger = next(t for t in result.proxy_turns if t.kind == "unattributed")
+    assert stranger.turn not in sequence.turns
     assert len(sequence.turns) == 2
-    assert training_summary(result).usage_by_kind["auxiliary"].calls == 1
+    assert training_summary(result).usage_by_kind["unattributed"].calls == 1
+    assert result.usage.llm_calls == 2
 
 
 async def test_a_no_ids_endpoint_gives_a_clear_reason(backend: LocalBackend, no_leaks: None) -> None:

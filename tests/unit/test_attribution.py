@@ -40,7 +40,9 @@ def kinds(turns: list[RolloutTurn]) -> list[str]:
     return [turn.kind for turn in turns]
 
 
-def test_agent_turns_without_opencodes_session_are_marked_and_counted() -> None:
+def test_calls_without_opencodes_session_are_marked_and_counted() -> None:
+    """Without the caller check (E2B, HF) only the root session is OpenCode's; an auxiliary call (no tools) outside
+    it is no more OpenCode's than an agent call."""
     turns = [
         call(0, "ses_A"),
         call(1, None, kind="auxiliary"),
@@ -50,14 +52,14 @@ def test_agent_turns_without_opencodes_session_are_marked_and_counted() -> None:
         call(5, "ses_C", kind="sub_agent"),
         call(6, ""),
     ]
-    assert attribute_turns(turns) == 3
+    assert attribute_turns(turns) == 5
     assert kinds(turns) == [
         "agent",
-        "auxiliary",
+        "unattributed",
         "agent",
         "unattributed",
         "unattributed",
-        "sub_agent",
+        "unattributed",
         "unattributed",
     ]
 
@@ -65,14 +67,14 @@ def test_agent_turns_without_opencodes_session_are_marked_and_counted() -> None:
 def test_opencodes_session_is_the_first_agent_turn_that_names_one() -> None:
     """A call without the header before OpenCode's first (a process started by setup) cannot take its place."""
     turns = [call(0, None, kind="auxiliary"), call(1, None), call(2, "ses_A"), call(3, "ses_A"), call(4, "ses_B")]
-    assert attribute_turns(turns) == 2
-    assert kinds(turns) == ["auxiliary", "unattributed", "agent", "agent", "unattributed"]
+    assert attribute_turns(turns) == 3
+    assert kinds(turns) == ["unattributed", "unattributed", "agent", "agent", "unattributed"]
 
 
 def test_without_any_session_every_agent_turn_is_unattributed() -> None:
     turns = [call(0, None), call(1, None, kind="auxiliary"), call(2, None)]
-    assert attribute_turns(turns) == 2
-    assert kinds(turns) == ["unattributed", "auxiliary", "unattributed"]
+    assert attribute_turns(turns) == 3
+    assert kinds(turns) == ["unattributed", "unattributed", "unattributed"]
 
 
 def test_opencodes_own_rollout_has_nothing_to_mark_and_a_second_pass_marks_nothing_more() -> None:
