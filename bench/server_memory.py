@@ -10,6 +10,7 @@ glibc's default malloc arenas (the server's arena limit off), then as the server
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import socket
@@ -53,6 +54,26 @@ def _rss_parts(pid: int) -> str:
     return ", ".join(f"{name} {int(fields[name].split()[0]) / 1024:.0f} MB" for name in names)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def _malloc_in_use() -> str:
+    """glibc's own count: bytes malloc has handed out and not had back, against what it holds from the system."""
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    held = info.arena + info.hblkhd
+    return f"in use {(info.uordblks + info.hblkhd) / 2**20:.0f} MB of {held / 2**20:.0f} MB held"
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -83,7 +104,12 @@ def _serve(dump: str, default_arenas: bool) -> None:
                     out.write("".join(f"    {line}\n" for line in stat.traceback.format()[-TRACE_FRAMES * 2 :]))
         previous[:] = [current]
 
+    def heap_report(_signal: int, _frame: object) -> None:
+        with open(dump + ".malloc", "a") as out:
+            out.write(_malloc_in_use() + "\n")
+
     signal.signal(signal.SIGUSR1, snapshot)
+    signal.signal(signal.SIGUSR2, heap_report)
     main(host="127.0.0.1")
 
 
@@ -119,6 +145,7 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
                         server.send_signal(signal.SIGUSR1)
                         await asyncio.sleep(2)
                     marks[done] = _rss_mb(server.pid)
+                    server.send_signal(signal.SIGUSR2)
                 parts = _rss_parts(server.pid)
         finally:
             server.terminate()
@@ -132,6 +159,8 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
         f"    per rollout: first half {(marks[half] - marks[0]) / max(half, 1):.1f} MB, second half "
         f"{(marks[count] - marks[half]) / max(count - half, 1):.1f} MB"
     )
+    malloc = await asyncio.to_thread(_lines, Path(str(dump) + ".malloc"))
+    print(f"    malloc after each: {'; '.join(malloc)}")
     if trace and dump.exists():
         print("largest growth between N/2 and N (tracemalloc):")
         print(dump.read_text())
