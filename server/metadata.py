@@ -10,7 +10,6 @@ from fastapi import APIRouter
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
-from opencode_env.sandbox import Preflighted, backend_problem
 from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
 from server.environment import metadata
 
@@ -45,12 +44,12 @@ def metadata_router(runtime: Runtime) -> APIRouter:
 
     @router.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
     def server_metadata() -> ServerMetadata:
-        problem = backend_problem(backend, backend.name, runtime.settings)
+        verdict = backend.preflight_verdict()
         return ServerMetadata(
             **metadata(backend.name).model_dump(),
             backend=backend.name,
-            backend_usable=False if problem else (True if isinstance(backend, Preflighted) else None),
-            preflight=problem,
+            backend_usable=False if verdict.problem else (True if verdict.proven else None),
+            preflight=verdict.problem,
             access=access_mode(runtime.access),
             max_concurrent_rollouts=runtime.rollouts.limit,
         )
