@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from opencode_env.settings import Settings
-from opencode_env.wire import TOKEN_VAR, VERSION
+from opencode_env.settings import Settings, variable
+from opencode_env.wire import VERSION
 from server import heap
 from server.staged import StagedApp
 
@@ -109,7 +109,7 @@ def _log_start(runtime: Runtime) -> None:
     access = access_mode(runtime.access)
     log.info("opencode-env %s: MCP at /mcp; access: %s", VERSION, access)
     if access == "loopback_only":
-        log.warning("no %s set: only connections from this machine are served", TOKEN_VAR)
+        log.warning("no %s set: only connections from this machine are served", variable("token"))
 
 
 def served(settings: Settings | None = None) -> StagedApp:

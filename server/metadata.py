@@ -10,7 +10,8 @@ from fastapi import APIRouter
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
-from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
+from opencode_env.settings import variable
+from server.auth import AccessPolicy
 from server.environment import metadata
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class ServerMetadata(EnvironmentMetadata):  # type: ignore[misc]
     )
     access: Literal["token", "loopback_only", "open"] = Field(
         description="token: every route but /health needs the bearer token; loopback_only: only this machine "
-        f"is served (set OPENCODE_ENV_TOKEN to serve others); open: {ALLOW_UNAUTHENTICATED_VAR}=1."
+        f"is served (set {variable('token')} to serve others); open: {variable('allow_unauthenticated')}=1."
     )
     max_concurrent_rollouts: int = Field(description="Rollouts that run at once, over every transport.")
 

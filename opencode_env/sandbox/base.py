@@ -27,6 +27,8 @@ ROLLOUT_DIR = f"{HOME}/.rollout"
 OPENCODE_DATA_DIR = f"{HOME}/.local/share"
 """OpenCode's XDG_DATA_HOME where the backend gives it no directory of its own (its tools share its identity)."""
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
+PROXY_TOKEN_ENV_NAME = "OPENCODE_ENV_PROXY_TOKEN"
+"""The variable the backend gives the capture proxy its bearer token in (a fresh one per rollout, never a setting)."""
 PRIVATE_ENV_PREFIX = "OPENCODE_ENV_"
 """Variables so named, given to an `agent` command, are OpenCode's alone: where the backend separates OpenCode from
 its tools, the tools never see them (the proxy's token travels in one)."""

@@ -18,12 +18,11 @@ from pathlib import Path
 from types import MappingProxyType
 
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.settings import Settings
+from opencode_env.settings import Settings, variable
 
 AUTO = "auto"
 EMBEDDED = "local"
 """The backend that runs on this machine with nothing to configure: used when a caller names none."""
-HF_OPT_IN_VAR = "OPENCODE_ENV_HF_SANDBOXES"
 
 Reaper = Callable[[Settings, float], Awaitable[list[str]]]
 """Kills the sandboxes a backend tagged (with the credentials in the settings) that have lived longer than the given
@@ -115,7 +114,10 @@ BACKENDS: Mapping[str, BackendFactory] = MappingProxyType(
         )
     }
 )
-AUTO_RULE = f"auto: e2b when E2B_API_KEY is set, else hf on a Space or with HF_TOKEN and {HF_OPT_IN_VAR}=1, else local"
+AUTO_RULE = (
+    f"auto: e2b when E2B_API_KEY is set, else hf on a Space or with HF_TOKEN and {variable('hf_sandboxes')}=1, "
+    "else local"
+)
 
 
 def backend_names() -> tuple[str, ...]:

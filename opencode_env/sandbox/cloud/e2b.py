@@ -41,7 +41,8 @@ from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
-from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR, CommandResult
+from opencode_env.settings import variable
+from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_ENV_NAME, CommandResult
 
 DEFAULT_TEMPLATE = "opencode-env"
 E2B_CONCURRENCY = 16
@@ -51,9 +52,8 @@ FILE_USERS = {"root": "root", "grader": GRADER_USER}
 """Who writes a file, by identity; the SDK's default user (the template's: `user`) otherwise."""
 CONTROL_DIR = "/home/user/.rollout"
 TAG = "opencode_env"
-MAX_SANDBOXES_VAR = "OPENCODE_ENV_E2B_MAX_SANDBOXES"
 PROBE = (
-    f"echo template-format=${{{TEMPLATE_FORMAT_VAR}:-none}}; "
+    f"echo template-format=${{{TEMPLATE_FORMAT_ENV_NAME}:-none}}; "
     "opencode --version 2>/dev/null | tail -n 1; "
     "python3 -c 'import uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 )
@@ -65,7 +65,7 @@ def create_error(error: BaseException, template: str) -> SandboxError:
         return SandboxError("E2B rejected the API key: check E2B_API_KEY")
     if isinstance(error, RateLimitException):
         return SandboxError(
-            f"E2B rate limit or concurrent-sandbox cap reached; lower {MAX_SANDBOXES_VAR} or retry later"
+            f"E2B rate limit or concurrent-sandbox cap reached; lower {variable('e2b_max_sandboxes')} or retry later"
         )
     if isinstance(error, ServiceBusyException):
         return SandboxError("E2B is busy (HTTP 503); retry later")

@@ -13,7 +13,14 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from opencode_env.sandbox.base import DEFAULT_MAX_OUTPUT_BYTES, HOME, WORKDIR, Identity, ProxyLaunch
+from opencode_env.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    HOME,
+    PROXY_TOKEN_ENV_NAME,
+    WORKDIR,
+    Identity,
+    ProxyLaunch,
+)
 from opencode_env.sandbox.local import netns
 from opencode_env.sandbox.local.cgroup import cgroup_prefix
 from opencode_env.sandbox.local.command_argv import TOOL_SHELL, Roles, command_argv
@@ -219,7 +226,7 @@ class SandboxProcesses:
                 "--trace",
                 str(layout.private / "trace.jsonl"),
                 "--token-env",
-                "OPENCODE_ENV_PROXY_TOKEN",
+                PROXY_TOKEN_ENV_NAME,
                 "--peer-table-fd",
                 str(peer_table),
                 "--peer-uid",
@@ -234,7 +241,7 @@ class SandboxProcesses:
                 os.fchown(log_handle.fileno(), ids.root, ids.root)
                 process = await asyncio.create_subprocess_exec(
                     *argv,
-                    env={"PATH": BASE_PATH, "OPENCODE_ENV_PROXY_TOKEN": token, **launch.env},
+                    env={"PATH": BASE_PATH, PROXY_TOKEN_ENV_NAME: token, **launch.env},
                     stdin=subprocess.DEVNULL,
                     stdout=log_handle.fileno(),
                     stderr=subprocess.STDOUT,
