@@ -138,14 +138,20 @@ class StubSandbox(MemoryFiles):
 
 class StubBackend:
     """Sandboxes that run nothing: every command exits 0 after `command_s`. It enforces no limit, and runs no proxy
-    a task's root could reach (its proxy is a stand-in); it has nothing to check before a rollout."""
+    a task's root could reach (its proxy is a stand-in); it has nothing to check before a rollout. `capabilities`
+    makes it stand in for a backend that declares others (a cloud VM's `proxy_beside_task_root`, say), for testing
+    what the pipeline does with them."""
 
     name = "stub"
     capabilities = Capabilities(
         enforces_limits=False, proxy_beside_task_root=False, default_concurrency=per_cpu_concurrency()
     )
 
-    def __init__(self, *, create_s: float = 0.0, command_s: float = 0.0) -> None:
+    def __init__(
+        self, *, create_s: float = 0.0, command_s: float = 0.0, capabilities: Capabilities | None = None
+    ) -> None:
+        if capabilities is not None:
+            self.capabilities = capabilities
         self._create_s = create_s
         self._command_s = command_s
         self._ids = itertools.count(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from fastmcp import Client
@@ -143,10 +144,10 @@ SERVER_KEY = "sk-operator-key-7f3a"
 async def test_the_servers_key_never_meets_a_callers_root_in_a_shared_vm(
     monkeypatch: pytest.MonkeyPatch, fields: dict[str, object], named: str
 ) -> None:
-    """On a backend whose proxy shares the VM with the task's root (E2B, HF; a test double counts as one), a caller
+    """On a backend whose proxy shares the VM with the task's root (E2B, HF; here the stub declaring so), a caller
     relying on the server's key may not run root code or name the image; with its own key it may."""
     monkeypatch.setenv("OPENAI_API_KEY", SERVER_KEY)
-    backend = StubBackend()
+    backend = StubBackend(capabilities=replace(StubBackend.capabilities, proxy_beside_task_root=True))
     request = RolloutRequest(endpoint="openai", model="gpt-x", instruction="x", **fields)  # type: ignore[arg-type]
     result = await run_rollout(request, backend, upstream_policy=policy())
     assert (result.status, result.failed_phase, result.sandbox_id) == ("invalid_request", "validate", "")
