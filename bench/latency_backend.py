@@ -24,13 +24,14 @@ from opencode_env.sandbox.base import (
     WORKDIR,
     Identity,
     OpenSandboxes,
+    Preflight,
     ProvidedTools,
     ProxyLaunch,
     Sandbox,
     SandboxBackend,
     SandboxSpec,
 )
-from opencode_env.testing.stub_backend import MemoryFiles, StubProcess
+from opencode_env.testing.stub_backend import MemoryFiles, StubBackend, StubProcess
 from opencode_env.wire import CommandResult, LimitHit
 
 
@@ -223,6 +224,13 @@ class LatencySandbox(MemoryFiles):
 
 class LatencyBackend:
     name = "latency"
+    capabilities = StubBackend.capabilities
+
+    async def preflight(self) -> Preflight:
+        return self.preflight_verdict()
+
+    def preflight_verdict(self) -> Preflight:
+        return Preflight()
 
     def __init__(self, latencies: Latencies | None = None, shape: TraceShape | None = None) -> None:
         self._latencies = latencies or Latencies()

@@ -35,7 +35,7 @@ def bare_opencode_run(base_url: str, model_id: str = "scripted-policy") -> float
             "HOME": "/home/user",
             **opencode.AGENT_ENV,
             "OPENCODE_CONFIG": "/home/user/opencode.json",
-            opencode.UPSTREAM_KEY_VAR: "sk-bench",
+            opencode.MODEL_KEY_ENV_NAME: "sk-bench",
         }
         command = [
             "bwrap",

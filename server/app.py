@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from opencode_env.sandbox import RunsPreflight
-from opencode_env.settings import Settings
-from opencode_env.wire import TOKEN_VAR, VERSION
+from opencode_env.settings import Settings, variable
+from opencode_env.wire import VERSION
 from server import heap
 from server.staged import StagedApp
 
@@ -75,9 +74,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with openenv.router.lifespan_context(openenv), standard.lifespan(standard), one_shot.lifespan(one_shot):
             restore = answer_before_exit(rollouts, replies, streams_closing)
-            problem = await runtime.backend.preflight() if isinstance(runtime.backend, RunsPreflight) else None
-            if problem:
-                log.error("the %s backend cannot run rollouts here: %s", runtime.backend.name, problem)
+            preflight = await runtime.backend.preflight()
+            if preflight.problem:
+                level = logging.ERROR if preflight.proven else logging.WARNING
+                log.log(level, "the %s backend cannot run rollouts here: %s", runtime.backend.name, preflight.problem)
             try:
                 yield
             finally:
@@ -109,7 +109,7 @@ def _log_start(runtime: Runtime) -> None:
     access = access_mode(runtime.access)
     log.info("opencode-env %s: MCP at /mcp; access: %s", VERSION, access)
     if access == "loopback_only":
-        log.warning("no %s set: only connections from this machine are served", TOKEN_VAR)
+        log.warning("no %s set: only connections from this machine are served", variable("token"))
 
 
 def served(settings: Settings | None = None) -> StagedApp:

@@ -12,10 +12,9 @@ import hmac
 import ipaddress
 from dataclasses import dataclass
 
+from opencode_env.settings import variable
 from opencode_env.viewer.web import WEB_OPEN_PATHS
-from opencode_env.wire import TOKEN_VAR
 
-ALLOW_UNAUTHENTICATED_VAR = "OPENCODE_ENV_ALLOW_UNAUTHENTICATED"
 OPEN_PATHS = frozenset({"/health"}) | WEB_OPEN_PATHS
 # A request relayed by a proxy may come from anywhere, whatever the address of the hop that relayed it.
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip"})
@@ -42,20 +41,25 @@ class AccessPolicy:
             return None
         return Refusal(
             403,
-            f"this server {self.risk} for anyone who reaches it, and it has no access token: set {TOKEN_VAR} on the "
-            f"server and send it as `Authorization: Bearer <token>`, or set {ALLOW_UNAUTHENTICATED_VAR}=1 if the "
-            "network is trusted (connections from the server's own machine are served without a token)",
+            f"this server {self.risk} for anyone who reaches it, and it has no access token: set "
+            f"{variable('token')} on the server and send it as `Authorization: Bearer <token>`, or set "
+            f"{variable('allow_unauthenticated')}=1 if the network is trusted (connections from the server's own "
+            "machine are served without a token)",
         )
 
     def _check_token(self, headers: list[tuple[bytes, bytes]]) -> Refusal | None:
         presented = next((value for name, value in headers if name.lower() == b"authorization"), None)
         if presented is None:
-            return Refusal(401, f"this server needs its access token: send `Authorization: Bearer <{TOKEN_VAR}>`")
+            return Refusal(
+                401, f"this server needs its access token: send `Authorization: Bearer <{variable('token')}>`"
+            )
         scheme, _, credentials = presented.strip().partition(b" ")
         if scheme.lower() != b"bearer":
-            return Refusal(401, f"the Authorization header must use the Bearer scheme with the server's {TOKEN_VAR}")
+            return Refusal(
+                401, f"the Authorization header must use the Bearer scheme with the server's {variable('token')}"
+            )
         if not hmac.compare_digest(credentials.strip(), self.token.encode()):
-            return Refusal(401, f"the bearer token does not match the server's {TOKEN_VAR}")
+            return Refusal(401, f"the bearer token does not match the server's {variable('token')}")
         return None
 
 

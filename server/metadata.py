@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
-from opencode_env.sandbox import Preflighted, backend_problem
-from server.auth import ALLOW_UNAUTHENTICATED_VAR, AccessPolicy
+from opencode_env.settings import variable
+from server.auth import AccessPolicy
 from server.environment import metadata
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class ServerMetadata(EnvironmentMetadata):  # type: ignore[misc]
     )
     access: Literal["token", "loopback_only", "open"] = Field(
         description="token: every route but /health needs the bearer token; loopback_only: only this machine "
-        f"is served (set OPENCODE_ENV_TOKEN to serve others); open: {ALLOW_UNAUTHENTICATED_VAR}=1."
+        f"is served (set {variable('token')} to serve others); open: {variable('allow_unauthenticated')}=1."
     )
     max_concurrent_rollouts: int = Field(description="Rollouts that run at once, over every transport.")
 
@@ -45,12 +45,12 @@ def metadata_router(runtime: Runtime) -> APIRouter:
 
     @router.get("/metadata", response_model=ServerMetadata, tags=["Environment Info"])
     def server_metadata() -> ServerMetadata:
-        problem = backend_problem(backend, backend.name, runtime.settings)
+        verdict = backend.preflight_verdict()
         return ServerMetadata(
             **metadata(backend.name).model_dump(),
             backend=backend.name,
-            backend_usable=False if problem else (True if isinstance(backend, Preflighted) else None),
-            preflight=problem,
+            backend_usable=False if verdict.problem else (True if verdict.proven else None),
+            preflight=verdict.problem,
             access=access_mode(runtime.access),
             max_concurrent_rollouts=runtime.rollouts.limit,
         )

@@ -21,7 +21,6 @@ from typing import Any
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
-from opencode_env.sandbox import Preflighted
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult, total_budget_s
@@ -99,7 +98,8 @@ class Rollouts:
             return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
         # Only a backend's own verdict stops a rollout here; the cheap checks /metadata shows may not know every way
         # a backend can be configured.
-        problem = self.backend.preflight_problem() if isinstance(self.backend, Preflighted) else None
+        verdict = self.backend.preflight_verdict()
+        problem = verdict.problem if verdict.proven else None
         if problem:
             result = _failed(request, self.backend.name, started, "sandbox_error", problem)
             result.failed_phase = "sandbox"

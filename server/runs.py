@@ -19,12 +19,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from opencode_env.settings import variable
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus
 
 log = logging.getLogger("opencode_env.server")
 MAX_EVENTS = 200
 MAX_MESSAGE_CHARS = 500
-RESULTS_DIR_VAR = "OPENCODE_ENV_RESULTS_DIR"
 DEFAULT_RESULTS_KEEP = 200
 RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{6}$")
 """A run's id: its start (UTC, to the microsecond) then random hex, so that ids sort by age and name files safely."""
@@ -168,12 +168,14 @@ class ResultsDir:
         path = Path(directory).expanduser() if directory else default_results_dir()
         if not path.is_absolute():
             why = f"{directory!r} is not an absolute path" if directory else "this user has no home directory"
-            log.warning("results are kept in memory only: %s; set %s", why, RESULTS_DIR_VAR)
+            log.warning("results are kept in memory only: %s; set %s", why, variable("results_dir"))
             return None
         try:
             return cls(path, keep)
         except OSError as error:
-            log.warning("results are kept in memory only: cannot make %s (%s); set %s", path, error, RESULTS_DIR_VAR)
+            log.warning(
+                "results are kept in memory only: cannot make %s (%s); set %s", path, error, variable("results_dir")
+            )
             return None
 
     def load(self, *, warn: bool = True) -> list[RunView]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastmcp import FastMCP
 
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
-from opencode_env.sandbox import backend_risk, default_concurrency, make_backend
+from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.wire import VERSION
@@ -55,7 +55,7 @@ class Runtime:
         access = AccessPolicy(
             token=settings.token.get_secret_value(),
             allow_unauthenticated=settings.allow_unauthenticated,
-            risk=backend_risk(backend),
+            risk=backend.capabilities.risk,
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
         served_ports = ServedPorts(settings.port)
@@ -66,7 +66,7 @@ class Runtime:
         origin = ServerOrigin.this_process(address=address or f"{settings.host}:{settings.port}")
         rollouts = Rollouts(
             backend,
-            max_rollouts or settings.max_concurrent_envs or default_concurrency(backend),
+            max_rollouts or settings.max_concurrent_envs or backend.capabilities.default_concurrency,
             upstream_policy=upstream_policy,
             runs=Runs(keep=settings.web_results, results=results, origin=origin),
             settings=settings,

@@ -12,25 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.rollout.upstream_policy import ALLOW_VAR
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.tools import cache_root, cached_tools, install_cached, npm_cache
+from opencode_env.settings import variable as setting_variable
 from opencode_env.testing.fake_e2b import FakeCloud
 from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.wire import OPENCODE_PACKAGE, OPENCODE_VERSION
-from server.runs import RESULTS_DIR_VAR
 
 # The tests' scripted models live on loopback: as their operator, the test run allows it to the servers it starts
 # (which otherwise refuse a caller's loopback URL when they serve beyond this machine). tests/test_upstream_policy.py
 # builds its policies explicitly.
-os.environ.setdefault(ALLOW_VAR, "127.0.0.0/8,localhost")
+os.environ.setdefault(setting_variable("upstream_allow"), "127.0.0.0/8,localhost")
 # The servers the tests start keep their results in a directory of this run's, never the user's state directory.
-if RESULTS_DIR_VAR not in os.environ:
-    os.environ[RESULTS_DIR_VAR] = tempfile.mkdtemp(prefix="opencode-env-test-results-")
-    atexit.register(shutil.rmtree, os.environ[RESULTS_DIR_VAR], True)
+if setting_variable("results_dir") not in os.environ:
+    os.environ[setting_variable("results_dir")] = tempfile.mkdtemp(prefix="opencode-env-test-results-")
+    atexit.register(shutil.rmtree, os.environ[setting_variable("results_dir")], True)
 
 TIERS = ("unit", "contract", "smoke", "integration", "browser", "solo", "cluster")
 """The tests by tier, a directory each (./dev test names them):

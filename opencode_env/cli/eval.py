@@ -14,7 +14,7 @@ from opencode_env.cli.support import announce_image_work, image_progress_to_stde
 from opencode_env.evals.inputs import load_each, with_model
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
-from opencode_env.sandbox import EMBEDDED, backend_names, default_concurrency, make_backend
+from opencode_env.sandbox import EMBEDDED, backend_names, make_backend
 from opencode_env.wire import RolloutRequest
 
 SERVER_CONCURRENCY = 4
@@ -58,7 +58,7 @@ def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None,
     if args.ray:
         return run_until_signalled(_on_ray(args, tasks), ending), loaded.broken
     backend = None if args.server else announce_image_work(make_backend(args.backend or EMBEDDED))
-    concurrency = args.concurrency or (default_concurrency(backend) if backend else SERVER_CONCURRENCY)
+    concurrency = args.concurrency or (backend.capabilities.default_concurrency if backend else SERVER_CONCURRENCY)
     coroutine = run_eval(
         tasks,
         out=args.out,

@@ -26,7 +26,8 @@ from typing import Any
 
 from opencode_env.client.sync_view import SyncView
 from opencode_env.client.ws_session import OpenEnvSession, ServerError, Tool
-from opencode_env.wire import TOKEN_VAR, TOOL_NAME, RolloutRequest, RolloutResult, total_budget_s
+from opencode_env.settings import variable
+from opencode_env.wire import TOOL_NAME, RolloutRequest, RolloutResult, total_budget_s
 
 CLIENT_MARGIN_S = 120.0
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
@@ -62,7 +63,7 @@ class OpenCodeEnv(OpenEnvSession):
         ready_timeout_s: float = 300.0,
     ) -> None:
         """`ready_timeout_s`: how long to wait for a server that is still loading (its /ready says so)."""
-        resolved = token if token is not None else os.environ.get(TOKEN_VAR, "")
+        resolved = token if token is not None else os.environ.get(variable("token"), "")
         super().__init__(
             base_url,
             token=resolved,

@@ -77,7 +77,7 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
         stderr_path=AGENT_STDERR_PATH,
         title=request.task_id or "rollout",
     )
-    env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.UPSTREAM_KEY_VAR: agent_key}
+    env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.MODEL_KEY_ENV_NAME: agent_key}
     await rollout.report("agent", "running OpenCode")
     timeout_s = rollout.budget("agent", min(request.agent_timeout_s, _after_verify_reserve(rollout)))
     agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env, identity="agent"))

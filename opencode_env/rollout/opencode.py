@@ -16,7 +16,9 @@ __all__ = ["AGENT_ENV", "OPENCODE_PACKAGE", "OPENCODE_VERSION", "PROXY_PYTHON_PA
 
 PROVIDER_ID = "rollout"
 PROXY_MODEL_ALIAS = "policy"
-UPSTREAM_KEY_VAR = "OPENCODE_ENV_UPSTREAM_KEY"
+MODEL_KEY_ENV_NAME = "OPENCODE_ENV_UPSTREAM_KEY"
+"""The variable the capture proxy and OpenCode read their model key from, in environments we give them (the
+operator's keys are settings: the endpoints' *_API_KEY)."""
 DENIED_TOOLS = ("question", "webfetch", "task")
 """Denied by permission (OpenCode 1.18's `tools: {name: false}` is overridden by `permission: allow` and does not
 turn them off): question needs a person, webfetch would fetch as OpenCode itself, task starts sub-agents."""
@@ -85,7 +87,7 @@ def render_config(
             PROVIDER_ID: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "Rollout upstream",
-                "options": {"baseURL": base_url, "apiKey": f"{{env:{UPSTREAM_KEY_VAR}}}"},
+                "options": {"baseURL": base_url, "apiKey": f"{{env:{MODEL_KEY_ENV_NAME}}}"},
                 "models": {model_id: model},
             }
         },

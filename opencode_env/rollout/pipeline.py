@@ -36,7 +36,6 @@ from opencode_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
 )
-from opencode_env.sandbox.registry import proxy_beside_task_root
 from opencode_env.settings import Settings
 from opencode_env.wire import (
     Deadline,
@@ -150,7 +149,7 @@ async def _as_a_caller_may(
     if upstream.from_caller:
         vetted = await asyncio.to_thread(policy.check, upstream.base_url)
         upstream = replace(upstream, connect_address=vetted)
-    shares = proxy_beside_task_root(backend)
+    shares = backend.capabilities.proxy_beside_task_root
     custody = key_custody_problem(request, key_from_server=upstream.key_from_server, proxy_beside_task_root=shares)
     if custody is not None:
         raise EndpointError(custody)

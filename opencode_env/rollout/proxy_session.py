@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 
 from opencode_env.rollout.endpoints import Upstream
-from opencode_env.rollout.opencode import UPSTREAM_KEY_VAR
+from opencode_env.rollout.opencode import MODEL_KEY_ENV_NAME
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, RolloutSandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 from opencode_env.settings import Settings
@@ -58,7 +58,7 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, setti
         "--idle-timeout",
         str(request.upstream_idle_timeout_s),
         "--api-key-env",
-        UPSTREAM_KEY_VAR,
+        MODEL_KEY_ENV_NAME,
         "--max-unreachable",
         str(request.upstream_max_unreachable),
         "--max-server-errors",
@@ -78,7 +78,7 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, setti
         args.append("--template-check")
     if settings.policy_version_header:
         args += ["--policy-version-header", settings.policy_version_header]
-    env = {UPSTREAM_KEY_VAR: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1", **upstream_proxy_env(settings)}
+    env = {MODEL_KEY_ENV_NAME: upstream.api_key, "PYTHONDONTWRITEBYTECODE": "1", **upstream_proxy_env(settings)}
     return ProxyLaunch(python=python, args=tuple(args), env=env, sources=proxy_sources())
 
 

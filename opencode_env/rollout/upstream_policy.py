@@ -27,9 +27,9 @@ from opencode_env.sandbox.addresses import (
     resolved_addresses,
     within,
 )
+from opencode_env.settings import variable
 from opencode_env.wire import RolloutRequest
 
-ALLOW_VAR = "OPENCODE_ENV_UPSTREAM_ALLOW"
 Resolver = Callable[[str, int], Sequence[IPAddress]]
 
 
@@ -114,7 +114,7 @@ class UpstreamPolicy:
                 if why is not None:
                     raise UpstreamRefused(
                         f"base_url: {host} is refused ({why}); a caller may name only public model endpoints "
-                        f"unless the operator allows this one in {ALLOW_VAR}"
+                        f"unless the operator allows this one in {variable('upstream_allow')}"
                     )
         if not addresses:
             raise UpstreamRefused(f"base_url: {host} resolves to no address")

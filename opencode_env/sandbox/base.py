@@ -8,6 +8,7 @@ sandbox itself could not be created or reached.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -26,6 +27,8 @@ ROLLOUT_DIR = f"{HOME}/.rollout"
 OPENCODE_DATA_DIR = f"{HOME}/.local/share"
 """OpenCode's XDG_DATA_HOME where the backend gives it no directory of its own (its tools share its identity)."""
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
+PROXY_TOKEN_ENV_NAME = "OPENCODE_ENV_PROXY_TOKEN"
+"""The variable the backend gives the capture proxy its bearer token in (a fresh one per rollout, never a setting)."""
 PRIVATE_ENV_PREFIX = "OPENCODE_ENV_"
 """Variables so named, given to an `agent` command, are OpenCode's alone: where the backend separates OpenCode from
 its tools, the tools never see them (the proxy's token travels in one)."""
@@ -253,11 +256,58 @@ class OpenSandboxes:
         return len(still_open)
 
 
+def per_cpu_concurrency() -> int:
+    """Two rollouts per CPU of this machine (at least two)."""
+    return max(2, (os.cpu_count() or 2) * 2)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend does that the rest of the package depends on, declared by the backend on itself
+    (tests/contract/test_capabilities.py checks the behavioural ones against what each backend does)."""
+
+    enforces_limits: bool
+    """It enforces a rollout's memory, process, disk and CPU limits (else its VM's size bounds a rollout): a
+    command past `max_processes` is refused and `limits_hit()` names it."""
+    proxy_beside_task_root: bool
+    """The capture proxy, which holds the model key, runs where the task's root runs (a cloud VM): root there could
+    read the key, so a key from the server's environment must not meet a caller's root."""
+    default_concurrency: int
+    """Rollouts at once when MAX_CONCURRENT_ENVS does not say."""
+    risk: str = "runs rollouts"
+    """What it does for whoever reaches a server on it, said to an operator who left the server open."""
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """A backend's answer to "can you run rollouts here?"."""
+
+    problem: str | None = None
+    """What stops it, and what to set or do; None when nothing is known wrong."""
+    proven: bool = False
+    """The answer comes from running what a rollout runs (the local backend's exact isolation, once): a problem then
+    refuses every rollout at once. A look at the configuration (a credential set?) proves nothing either way: a
+    rollout still tries."""
+
+
 class SandboxBackend(Protocol):
+    """Every backend, the test doubles included, declares what it can do (`capabilities`) and how it checks itself
+    (`preflight`) on itself: nothing asks a backend's name what it can do."""
+
     name: str
+    capabilities: Capabilities
 
     async def create(self, spec: SandboxSpec) -> RolloutSandbox: ...
 
     async def close_all(self) -> int:
         """Close every sandbox this backend still has open (server shutdown); returns how many."""
+        ...
+
+    async def preflight(self) -> Preflight:
+        """Check, as thoroughly as the backend can, whether it can run rollouts here (the server runs this once at
+        start); the answer is kept for `preflight_verdict`."""
+        ...
+
+    def preflight_verdict(self) -> Preflight:
+        """What the backend knows now, cheaply: its kept preflight answer, else a look at its configuration."""
         ...

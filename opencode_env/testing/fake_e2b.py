@@ -43,7 +43,7 @@ from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess
 from opencode_env.sandbox.local.tools import cached_tools, npm_cache
-from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR
+from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_ENV_NAME
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
 NPM_GLOBAL = f"{HOME}/.npm-global"
@@ -93,7 +93,7 @@ class FakeCloud:
         )
         env = {"NPM_CONFIG_PREFIX": NPM_GLOBAL}
         if with_opencode and not outdated:
-            env[TEMPLATE_FORMAT_VAR] = TEMPLATE_FORMAT
+            env[TEMPLATE_FORMAT_ENV_NAME] = TEMPLATE_FORMAT
         if not with_opencode:
             # A template without OpenCode installs it at run time: from a warm npm cache, offline, so the test
             # proves the install path without depending on the registry.

@@ -15,12 +15,15 @@ from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     OPENCODE_DATA_DIR,
     WORKDIR,
+    Capabilities,
     FileEntry,
     Identity,
+    Preflight,
     ProvidedTools,
     ProxyLaunch,
     SandboxBackend,
     SandboxSpec,
+    per_cpu_concurrency,
 )
 from opencode_env.wire import CommandResult, LimitHit
 
@@ -134,9 +137,21 @@ class StubSandbox(MemoryFiles):
 
 
 class StubBackend:
-    name = "stub"
+    """Sandboxes that run nothing: every command exits 0 after `command_s`. It enforces no limit, and runs no proxy
+    a task's root could reach (its proxy is a stand-in); it has nothing to check before a rollout. `capabilities`
+    makes it stand in for a backend that declares others (a cloud VM's `proxy_beside_task_root`, say), for testing
+    what the pipeline does with them."""
 
-    def __init__(self, *, create_s: float = 0.0, command_s: float = 0.0) -> None:
+    name = "stub"
+    capabilities = Capabilities(
+        enforces_limits=False, proxy_beside_task_root=False, default_concurrency=per_cpu_concurrency()
+    )
+
+    def __init__(
+        self, *, create_s: float = 0.0, command_s: float = 0.0, capabilities: Capabilities | None = None
+    ) -> None:
+        if capabilities is not None:
+            self.capabilities = capabilities
         self._create_s = create_s
         self._command_s = command_s
         self._ids = itertools.count(1)
@@ -146,6 +161,12 @@ class StubBackend:
         count = len(self.alive)
         self.alive.clear()
         return count
+
+    async def preflight(self) -> Preflight:
+        return self.preflight_verdict()
+
+    def preflight_verdict(self) -> Preflight:
+        return Preflight()
 
     async def create(self, spec: SandboxSpec) -> StubSandbox:
         await asyncio.sleep(self._create_s)

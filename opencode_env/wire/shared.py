@@ -44,7 +44,8 @@ PROXY_PYTHON_PACKAGES = ("uvicorn", "uvloop", "httptools", "orjson")
 TEMPLATE_FORMAT = "2"
 """What a cloud template or image must provide; bumped when that changes (2: the proxy runs as root, `user` has no
 sudo). A template that says otherwise is refused with "rebuild the template"."""
-TEMPLATE_FORMAT_VAR = "OPENCODE_ENV_TEMPLATE_FORMAT"
+TEMPLATE_FORMAT_ENV_NAME = "OPENCODE_ENV_TEMPLATE_FORMAT"
+"""The variable our template images carry TEMPLATE_FORMAT in (set by us in the image, not an operator setting)."""
 AGENT_ENV = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -64,7 +65,6 @@ except metadata.PackageNotFoundError:
     VERSION = "0+unknown"
 
 
-TOKEN_VAR = "OPENCODE_ENV_TOKEN"
 READY_PATH = "/ready"
 STARTING = "the server is starting (loading its dependencies): retry in a few seconds"
 """/ready's 503 reason while the server loads; any other reason means it could not start."""

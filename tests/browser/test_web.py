@@ -15,6 +15,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.settings import variable
 from opencode_env.testing.chromium import chromium, network_requests, requested_urls, save_screenshot
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
@@ -23,7 +24,7 @@ from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.answer import inline_result
-from server.runs import RESULTS_DIR_VAR, Run, Runner, Runs
+from server.runs import Run, Runner, Runs
 from tests.server_app import app_for
 
 TOKEN = "web-t0ken-for-tests"
@@ -114,7 +115,7 @@ async def test_a_runner_that_raises_leaves_a_crashed_run_with_its_error() -> Non
 @pytest.fixture(scope="module")
 def guarded_url(backend: LocalBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as env:
-        env.setenv(RESULTS_DIR_VAR, str(tmp_path_factory.mktemp("results")))
+        env.setenv(variable("results_dir"), str(tmp_path_factory.mktemp("results")))
         server = ThreadedServer(app_for(backend, token=TOKEN))
     server.start()
     yield server.url

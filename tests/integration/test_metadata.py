@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.sandbox.base import Preflight, SandboxBackend
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.wire import VERSION
 from opencode_env.wire.answer import inline_result
@@ -20,8 +20,8 @@ class PreflightedBackend(CountingBackend):
         super().__init__(command_s=0.0)
         self.problem = problem
 
-    def preflight_problem(self) -> str | None:
-        return self.problem
+    def preflight_verdict(self) -> Preflight:
+        return Preflight(self.problem, proven=True)
 
 
 async def metadata(backend: SandboxBackend) -> dict[str, object]:

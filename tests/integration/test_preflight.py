@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.base import Preflight
+from opencode_env.sandbox.local.backend import INSTALL_HINT, LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import demo_request
 from server.rollouts import Rollouts
@@ -18,8 +19,12 @@ async def test_a_failed_preflight_answers_every_rollout_with_its_reason(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     backend = LocalBackend(cached_tools, base_dir=tmp_path)
-    problem = await backend.preflight()
+    assert backend.preflight_verdict() == Preflight(INSTALL_HINT)
+    preflight = await backend.preflight()
+    problem = preflight.problem
     assert problem is not None
+    assert preflight.proven
+    assert backend.preflight_verdict() == preflight
     assert "bubblewrap" in problem
     assert "E2B_API_KEY" in problem
     result = await Rollouts(backend, 2).run(
@@ -31,5 +36,4 @@ async def test_a_failed_preflight_answers_every_rollout_with_its_reason(
 
 
 async def test_a_working_machine_passes_its_preflight(backend: LocalBackend) -> None:
-    assert await backend.preflight() is None
-    assert backend.preflight_problem() is None
+    assert await backend.preflight() == backend.preflight_verdict() == Preflight(None, proven=True)

@@ -16,12 +16,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.settings import Settings
+from opencode_env.settings import Settings, variable
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
 from server.rollouts import Rollouts
 from server.runs import (
-    RESULTS_DIR_VAR,
     ResultsDir,
     Run,
     Runs,
@@ -54,7 +53,7 @@ def finished_run(task_id: str, **result: Any) -> tuple[RunView, RolloutResult]:
 @pytest.fixture
 def results_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "results"
-    monkeypatch.setenv(RESULTS_DIR_VAR, str(path))
+    monkeypatch.setenv(variable("results_dir"), str(path))
     return path
 
 
@@ -162,9 +161,6 @@ def test_broken_files_are_skipped_and_stale_temporaries_removed(
     assert (stale.exists(), fresh.exists()) == (False, True)
 
 
-RESULTS_KEEP_VAR = "OPENCODE_ENV_RESULTS_KEEP"
-
-
 def configured_from(environ: dict[str, str]) -> ResultsDir | None:
     settings = Settings.load(environ)
     return ResultsDir.configured(settings.results_dir, settings.results_keep)
@@ -175,16 +171,16 @@ def test_the_directory_and_its_bound_come_from_the_settings(
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert default_results_dir() == tmp_path / "state" / "opencode-env" / "results"
-    configured = configured_from({RESULTS_DIR_VAR: str(tmp_path / "mine"), RESULTS_KEEP_VAR: "7"})
+    configured = configured_from({variable("results_dir"): str(tmp_path / "mine"), variable("results_keep"): "7"})
     assert configured is not None
     assert (configured.path, configured.keep) == (tmp_path / "mine", 7)
-    assert configured_from({RESULTS_KEEP_VAR: "0"}) is None
-    with pytest.raises(ValidationError, match=RESULTS_KEEP_VAR):
-        configured_from({RESULTS_KEEP_VAR: "many"})
+    assert configured_from({variable("results_keep"): "0"}) is None
+    with pytest.raises(ValidationError, match=variable("results_keep")):
+        configured_from({variable("results_keep"): "many"})
     (tmp_path / "a-file").write_text("")
     with caplog.at_level(logging.WARNING, logger="opencode_env.server"):
-        assert configured_from({RESULTS_DIR_VAR: str(tmp_path / "a-file" / "results")}) is None
-    assert RESULTS_DIR_VAR in caplog.text
+        assert configured_from({variable("results_dir"): str(tmp_path / "a-file" / "results")}) is None
+    assert variable("results_dir") in caplog.text
 
 
 def test_a_user_without_a_home_keeps_results_in_memory(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opencode_env.client.client import OpenCodeEnv
-from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.sandbox.base import Preflight, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, bash, say, write
@@ -29,10 +29,17 @@ class ScanningBackend:
 
     def __init__(self, inner: LocalBackend) -> None:
         self.inner = inner
+        self.capabilities = inner.capabilities
         self.hits: list[str] = []
 
     async def close_all(self) -> int:
         return await self.inner.close_all()
+
+    async def preflight(self) -> Preflight:
+        return await self.inner.preflight()
+
+    def preflight_verdict(self) -> Preflight:
+        return self.inner.preflight_verdict()
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         sandbox = await self.inner.create(spec)

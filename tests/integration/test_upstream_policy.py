@@ -5,15 +5,16 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from fastmcp import Client
 
 from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.upstream_policy import ALLOW_VAR, LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
+from opencode_env.rollout.upstream_policy import LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
-from opencode_env.settings import Settings
+from opencode_env.settings import Settings, variable
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest
 from opencode_env.wire.answer import inline_result
@@ -56,7 +57,7 @@ def policy(allow: str = "", *, own_ports: frozenset[int] = frozenset({8000}), lo
 def test_a_caller_may_not_point_the_proxy_inward(url: str, reason: str) -> None:
     with pytest.raises(UpstreamRefused, match=reason) as refused:
         policy().check(url)
-    assert ALLOW_VAR in str(refused.value) or "cannot resolve" in str(refused.value)
+    assert variable("upstream_allow") in str(refused.value) or "cannot resolve" in str(refused.value)
 
 
 def test_public_endpoints_and_what_the_operator_allows_pass_pinned_to_the_address_checked() -> None:
@@ -107,7 +108,7 @@ async def test_a_refused_url_ends_the_rollout_as_an_invalid_request_before_any_s
         result = await run_rollout(request, backend, upstream_policy=strict)
         assert (result.status, result.failed_phase) == ("invalid_request", "validate")
         assert "base_url" in (result.error or "")
-        assert ALLOW_VAR in (result.error or "")
+        assert variable("upstream_allow") in (result.error or "")
         assert result.sandbox_id == ""
         with pytest.raises(TimeoutError):
             listener.accept()
@@ -116,7 +117,7 @@ async def test_a_refused_url_ends_the_rollout_as_an_invalid_request_before_any_s
 
 
 def test_the_server_builds_its_policy_from_its_access_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ALLOW_VAR, raising=False)
+    monkeypatch.delenv(variable("upstream_allow"), raising=False)
 
     def allowed(token: str) -> AllowList:
         policy = runtime_for(StubBackend(), token=token).rollouts.upstream_policy
@@ -125,7 +126,7 @@ def test_the_server_builds_its_policy_from_its_access_rule(monkeypatch: pytest.M
 
     assert allowed("a-token") == AllowList()
     assert allowed("") == LOOPBACK
-    monkeypatch.setenv(ALLOW_VAR, "gpu-box:8000")
+    monkeypatch.setenv(variable("upstream_allow"), "gpu-box:8000")
     assert allowed("").host_ports == {("gpu-box", 8000)}
 
 
@@ -143,10 +144,10 @@ SERVER_KEY = "sk-operator-key-7f3a"
 async def test_the_servers_key_never_meets_a_callers_root_in_a_shared_vm(
     monkeypatch: pytest.MonkeyPatch, fields: dict[str, object], named: str
 ) -> None:
-    """On a backend whose proxy shares the VM with the task's root (E2B, HF; a test double counts as one), a caller
+    """On a backend whose proxy shares the VM with the task's root (E2B, HF; here the stub declaring so), a caller
     relying on the server's key may not run root code or name the image; with its own key it may."""
     monkeypatch.setenv("OPENAI_API_KEY", SERVER_KEY)
-    backend = StubBackend()
+    backend = StubBackend(capabilities=replace(StubBackend.capabilities, proxy_beside_task_root=True))
     request = RolloutRequest(endpoint="openai", model="gpt-x", instruction="x", **fields)  # type: ignore[arg-type]
     result = await run_rollout(request, backend, upstream_policy=policy())
     assert (result.status, result.failed_phase, result.sandbox_id) == ("invalid_request", "validate", "")

@@ -1,6 +1,6 @@
-"""The backend registry: a name it does not know is refused with the known ones (never taken for another backend),
-and what the server and the command line ask of a backend (its default concurrency, what stops it here, whether it
-can be reaped) is answered by the registry, not by comparing names."""
+"""The backend registry: a name it does not know is refused with the known ones (never taken for another backend);
+what the server asks of a built backend (its default concurrency, what stops it here) the backend answers itself,
+and what the command line asks before one is built (what it needs, whether it can be reaped) the registry does."""
 
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ from opencode_env.sandbox import (
     BackendName,
     UnknownBackend,
     backend_names,
-    backend_problem,
     default_backend,
-    default_concurrency,
     make_backend,
     reapable_names,
     resolve_backend_name,
@@ -73,17 +71,17 @@ def test_the_server_caps_rollouts_at_the_backends_own_default(
     monkeypatch.delenv("OPENCODE_ENV_BACKEND", raising=False)
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     backend = make_backend(name)
-    assert BACKENDS[name].default_concurrency() == default_concurrency(backend) == expected
+    assert backend.capabilities.default_concurrency == expected
     assert runtime_for(backend).rollouts.limit == expected
     monkeypatch.setenv("MAX_CONCURRENT_ENVS", "3")
     assert runtime_for(backend).rollouts.limit == 3
 
 
-def test_a_backend_outside_the_registry_gets_the_per_cpu_default() -> None:
-    assert default_concurrency(StubBackend()) == PER_CPU
+def test_a_backend_outside_the_registry_gets_its_own_default() -> None:
+    assert runtime_for(StubBackend()).rollouts.limit == StubBackend.capabilities.default_concurrency == PER_CPU
 
 
-def test_what_stops_each_backend_here_is_answered_by_the_registry(
+def test_what_stops_each_backend_here_is_answered_by_the_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -92,20 +90,20 @@ def test_what_stops_each_backend_here_is_answered_by_the_registry(
     for variable in ("E2B_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    problems = {name: backend_problem(object(), name) for name in backend_names()}
-    assert problems == {name: spec.environment_problem(Settings.load()) for name, spec in BACKENDS.items()}
-    assert "bubblewrap" in str(problems["local"])
-    assert "set E2B_API_KEY" in str(problems["e2b"])
-    assert "set HF_TOKEN" in str(problems["hf"])
+    verdicts = {name: make_backend(name).preflight_verdict() for name in backend_names()}
+    assert not any(verdict.proven for verdict in verdicts.values())
+    assert "bubblewrap" in str(verdicts["local"].problem)
+    assert "set E2B_API_KEY" in str(verdicts["e2b"].problem)
+    assert "set HF_TOKEN" in str(verdicts["hf"].problem)
     keys = Settings.load({"E2B_API_KEY": "e2b-key", "HF_TOKEN": "hf-token"})
-    assert (backend_problem(object(), "e2b", keys), backend_problem(object(), "hf", keys)) == (None, None)
+    assert [make_backend(name, keys).preflight_verdict().problem for name in ("e2b", "hf")] == [None, None]
     monkeypatch.setenv("E2B_API_KEY", "e2b-key")
     monkeypatch.setenv("HF_TOKEN", "hf-token")
-    assert (backend_problem(object(), "e2b"), backend_problem(object(), "hf")) == (None, None)
+    assert [make_backend(name).preflight_verdict().problem for name in ("e2b", "hf")] == [None, None]
 
 
 def test_only_the_local_backend_enforces_a_rollouts_limits() -> None:
-    assert [name for name, spec in BACKENDS.items() if spec.enforces_limits] == ["local"]
+    assert [name for name in BACKENDS if make_backend(name).capabilities.enforces_limits] == ["local"]
 
 
 def test_the_command_line_offers_the_registered_backends(capsys: pytest.CaptureFixture[str]) -> None:

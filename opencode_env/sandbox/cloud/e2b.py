@@ -28,22 +28,32 @@ from e2b import (
 )
 from e2b.sandbox.filesystem.filesystem import FileType
 
-from opencode_env.sandbox.base import FileEntry, Identity, ProvidedTools, SandboxError, SandboxSpec
+from opencode_env.sandbox.base import (
+    Capabilities,
+    FileEntry,
+    Identity,
+    Preflight,
+    ProvidedTools,
+    SandboxError,
+    SandboxSpec,
+)
 from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
-from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_VAR, CommandResult
+from opencode_env.settings import variable
+from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_ENV_NAME, CommandResult
 
 DEFAULT_TEMPLATE = "opencode-env"
+E2B_CONCURRENCY = 16
+"""Below OPENCODE_ENV_E2B_MAX_SANDBOXES's default of 20 (E2B's free-tier cap)."""
 TASK_USER = "user"
 FILE_USERS = {"root": "root", "grader": GRADER_USER}
 """Who writes a file, by identity; the SDK's default user (the template's: `user`) otherwise."""
 CONTROL_DIR = "/home/user/.rollout"
 TAG = "opencode_env"
-MAX_SANDBOXES_VAR = "OPENCODE_ENV_E2B_MAX_SANDBOXES"
 PROBE = (
-    f"echo template-format=${{{TEMPLATE_FORMAT_VAR}:-none}}; "
+    f"echo template-format=${{{TEMPLATE_FORMAT_ENV_NAME}:-none}}; "
     "opencode --version 2>/dev/null | tail -n 1; "
     "python3 -c 'import uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 )
@@ -55,7 +65,7 @@ def create_error(error: BaseException, template: str) -> SandboxError:
         return SandboxError("E2B rejected the API key: check E2B_API_KEY")
     if isinstance(error, RateLimitException):
         return SandboxError(
-            f"E2B rate limit or concurrent-sandbox cap reached; lower {MAX_SANDBOXES_VAR} or retry later"
+            f"E2B rate limit or concurrent-sandbox cap reached; lower {variable('e2b_max_sandboxes')} or retry later"
         )
     if isinstance(error, ServiceBusyException):
         return SandboxError("E2B is busy (HTTP 503); retry later")
@@ -220,6 +230,12 @@ class E2BBackend:
     E2B_API_KEY and OPENCODE_ENV_E2B_MAX_SANDBOXES (`make_backend`)."""
 
     name = "e2b"
+    capabilities = Capabilities(
+        enforces_limits=False,
+        proxy_beside_task_root=True,
+        default_concurrency=E2B_CONCURRENCY,
+        risk="starts sandboxes billed to the server owner's E2B account",
+    )
     label = "E2B"
     tags = Tags(TAG, server="server", task="task_id", created="created", clean=lambda text: text[:100])
     start_timeout_s: float | None = None
@@ -241,6 +257,13 @@ class E2BBackend:
 
     async def close_all(self) -> int:
         return await self._lifecycle.close_all()
+
+    async def preflight(self) -> Preflight:
+        return self.preflight_verdict()
+
+    def preflight_verdict(self) -> Preflight:
+        """Whether it has a key (a wrong one shows at the first sandbox)."""
+        return Preflight(None if self._api_key else "the e2b backend needs an E2B API key: set E2B_API_KEY")
 
     def credential(self) -> str:
         if not self._api_key:

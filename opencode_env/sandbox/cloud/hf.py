@@ -26,7 +26,16 @@ from typing import Any
 
 from huggingface_hub import Sandbox, get_token
 
-from opencode_env.sandbox.base import FileEntry, Identity, ProvidedTools, SandboxError, SandboxSpec
+from opencode_env.sandbox.base import (
+    Capabilities,
+    FileEntry,
+    Identity,
+    Preflight,
+    ProvidedTools,
+    SandboxError,
+    SandboxSpec,
+    per_cpu_concurrency,
+)
 from opencode_env.sandbox.cloud import hf_shell
 from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.hf_sdk import CALL_TIMEOUT_S, TAG, Calls, reap, sdk_error
@@ -229,6 +238,12 @@ class HFBackend:
     empty `namespace` is the token's own."""
 
     name = "hf"
+    capabilities = Capabilities(
+        enforces_limits=False,
+        proxy_beside_task_root=True,
+        default_concurrency=per_cpu_concurrency(),
+        risk="starts sandboxes billed to the server owner's Hugging Face account",
+    )
     label = "HF"
     tags = Tags(TAG, server=f"{TAG}-server", task=f"{TAG}-task", created=f"{TAG}-created", clean=label_value)
     start_timeout_s: float | None = START_TIMEOUT_S
@@ -264,6 +279,16 @@ class HFBackend:
 
     async def close_all(self) -> int:
         return await self._lifecycle.close_all()
+
+    async def preflight(self) -> Preflight:
+        return self.preflight_verdict()
+
+    def preflight_verdict(self) -> Preflight:
+        """Whether it has a token: its own, or the SDK's (HF_TOKEN, `hf auth login`); a token without Jobs access
+        shows at the first sandbox."""
+        if self._token_override or get_token():
+            return Preflight()
+        return Preflight("the hf backend needs a Hugging Face token with Jobs access: set HF_TOKEN")
 
     def credential(self) -> str:
         token = self._token_override or get_token()

@@ -15,10 +15,9 @@ from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.errors import SandboxError as HfSandboxError
 
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.settings import variable
 
 T = TypeVar("T")
-NAMESPACE_VAR = "OPENCODE_ENV_HF_NAMESPACE"
-MAX_SANDBOXES_VAR = "OPENCODE_ENV_HF_MAX_SANDBOXES"
 CALL_TIMEOUT_S = 60.0
 TAG = "opencode-env"
 
@@ -40,10 +39,12 @@ def sdk_error(error: BaseException, action: str, image: str = "") -> SandboxErro
     if status == 403:
         return SandboxError(
             f"Hugging Face refused to {action} (HTTP 403): the token needs permission to run Jobs in "
-            f"its namespace (set {NAMESPACE_VAR} for an organization)"
+            f"its namespace (set {variable('hf_namespace')} for an organization)"
         )
     if status == 429:
-        return SandboxError(f"Hugging Face rate limit while trying to {action}; lower {MAX_SANDBOXES_VAR} or retry")
+        return SandboxError(
+            f"Hugging Face rate limit while trying to {action}; lower {variable('hf_max_sandboxes')} or retry"
+        )
     if isinstance(error, HfSandboxError) and ("did not become ready" in str(error) or "during startup" in str(error)):
         return SandboxError(
             f"the HF sandbox (image {image!r}) did not start: {error}. The image needs /bin/sh and sha256sum "

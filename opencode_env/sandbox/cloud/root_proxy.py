@@ -8,7 +8,7 @@ import secrets
 import shlex
 from typing import Any, Protocol
 
-from opencode_env.sandbox.base import BackgroundProcess, ProxyLaunch, SandboxError
+from opencode_env.sandbox.base import PROXY_TOKEN_ENV_NAME, BackgroundProcess, ProxyLaunch, SandboxError
 
 PORT_WAIT_S = 20.0
 
@@ -52,10 +52,10 @@ class RootProxy:
                 "--wait",
                 f"{wait_s:.1f}",
                 "--token-env",
-                "OPENCODE_ENV_PROXY_TOKEN",
+                PROXY_TOKEN_ENV_NAME,
             ]
         )
-        command = f"cd {shlex.quote(self._private)}/pkg && OPENCODE_ENV_PROXY_TOKEN={shlex.quote(self.token)} {ping}"
+        command = f"cd {shlex.quote(self._private)}/pkg && {PROXY_TOKEN_ENV_NAME}={shlex.quote(self.token)} {ping}"
         exit_code, stdout = await self._sandbox.run_root(command, wait_s + 5)
         if exit_code != 0:
             return None
@@ -86,13 +86,13 @@ async def start_root_proxy(sandbox: RootRunner, launch: ProxyLaunch) -> RootProx
         "--trace",
         f"{private}/trace.jsonl",
         "--token-env",
-        "OPENCODE_ENV_PROXY_TOKEN",
+        PROXY_TOKEN_ENV_NAME,
     ]
     command = (
         f"cd {private}/pkg && exec {shlex.quote(launch.python)} -E -s -m opencode_env.proxy {shlex.join(args)}"
         f" >> {private}/proxy.log 2>&1"
     )
-    process = await sandbox.start_root(command, {**launch.env, "OPENCODE_ENV_PROXY_TOKEN": token})
+    process = await sandbox.start_root(command, {**launch.env, PROXY_TOKEN_ENV_NAME: token})
     tries = int(PORT_WAIT_S * 20)
     wait = f"for i in $(seq 1 {tries}); do test -s {private}/port && break; sleep 0.05; done; cat {private}/port"
     exit_code, port_text = await sandbox.run_root(wait, PORT_WAIT_S + 5)

@@ -18,7 +18,7 @@ from opencode_env.wire import (
     PLUGIN_PACKAGE,
     PROXY_PYTHON_PACKAGES,
     TEMPLATE_FORMAT,
-    TEMPLATE_FORMAT_VAR,
+    TEMPLATE_FORMAT_ENV_NAME,
 )
 
 NO_SUDO_FOR_USER = (
@@ -45,7 +45,7 @@ def template_builder() -> Any:
             f"cd {OPENCODE_CONFIG_DIR} && npm install --no-fund --no-audit {PLUGIN_PACKAGE}@{OPENCODE_VERSION}",
             user="user",
         )
-        .set_envs({**AGENT_ENV, TEMPLATE_FORMAT_VAR: TEMPLATE_FORMAT})
+        .set_envs({**AGENT_ENV, TEMPLATE_FORMAT_ENV_NAME: TEMPLATE_FORMAT})
         .set_user("user")
         .set_workdir(WORKDIR)
     )

@@ -10,8 +10,8 @@ from collections import deque
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.settings import variable
 
-OVERCOMMIT_VAR = "OPENCODE_ENV_MEMORY_OVERCOMMIT"
 DEFAULT_OVERCOMMIT = 4.0
 
 
@@ -25,7 +25,9 @@ def machine_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
 def memory_budget_mb(overcommit: float = DEFAULT_OVERCOMMIT) -> int:
     """This machine's memory times `overcommit` (the operator's OPENCODE_ENV_MEMORY_OVERCOMMIT)."""
     if overcommit <= 0:
-        raise SandboxError(f"the memory overcommit factor ({OVERCOMMIT_VAR}) must be above 0, got {overcommit}")
+        raise SandboxError(
+            f"the memory overcommit factor ({variable('memory_overcommit')}) must be above 0, got {overcommit}"
+        )
     return int(machine_memory_mb() * overcommit)
 
 
@@ -43,7 +45,7 @@ class MemoryAdmission:
         if memory_mb > self.budget_mb:
             raise SandboxError(
                 f"memory_mb: {memory_mb} MiB (with the proxy's) is over this machine's budget of {self.budget_mb} MiB "
-                f"(its memory times {OVERCOMMIT_VAR}); it could never start here"
+                f"(its memory times {variable('memory_overcommit')}); it could never start here"
             )
         if not self._waiting and self.reserved_mb + memory_mb <= self.budget_mb:
             self.reserved_mb += memory_mb

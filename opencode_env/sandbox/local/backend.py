@@ -11,30 +11,36 @@ their tree without following a single symlink.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
-import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from opencode_env.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    WORKDIR,
+    Capabilities,
     CloseOnce,
+    FileEntry,
+    Identity,
     OpenSandboxes,
+    Preflight,
     ProvidedTools,
+    ProxyLaunch,
     ResourceLimits,
     SandboxError,
     SandboxSpec,
+    per_cpu_concurrency,
 )
 from opencode_env.sandbox.local.admission import DEFAULT_OVERCOMMIT, MemoryAdmission, memory_budget_mb
-from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup
-from opencode_env.sandbox.local.egress import EgressProxy, LoopbackRelay
+from opencode_env.sandbox.local.cgroup import PROXY_LIMITS
+from opencode_env.sandbox.local.compartment import Compartment
 from opencode_env.sandbox.local.host_ids import UidLease
 from opencode_env.sandbox.local.host_runtime import BASE_PATH, HOST_ROOT, HostRuntime
 from opencode_env.sandbox.local.host_view import runtime_for
-from opencode_env.sandbox.local.images import HOST_IMAGE, ImageProgress, ImageStore, PreparedImage, default_image
+from opencode_env.sandbox.local.images import HOST_IMAGE, ImageProgress, ImageStore, default_image
 from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, CONTROL_MOUNT, Layout
 from opencode_env.sandbox.local.layout import (
     OwnerLock,
@@ -45,11 +51,12 @@ from opencode_env.sandbox.local.layout import (
     remove_rollout,
     write_launcher,
 )
+from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import SandboxBoot
 from opencode_env.sandbox.local.sandbox_files import SandboxFiles
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess, SandboxProcesses
 from opencode_env.sandbox.local.tools import cache_root
-from opencode_env.wire import LimitHit
+from opencode_env.wire import CommandResult, LimitHit
 
 log = logging.getLogger("opencode_env.local")
 DISK_FULL_BYTES = 2**20
@@ -75,66 +82,102 @@ PREFLIGHT_HINT = (
 ToolsResolver = Callable[[], Awaitable[ProvidedTools]]
 
 
-class LocalSandbox(SandboxBoot, SandboxProcesses, SandboxFiles):
-    """One rollout's compartment: its start (sandbox_boot.py), its processes (sandbox_processes.py) and its files
-    (sandbox_files.py) are parts of this class, which holds their state and releases it on close."""
+class LocalSandbox:
+    """One rollout's compartment, made of three parts it holds and delegates to, each owning its state: its boot
+    (cgroups, namespace holder, network: sandbox_boot.py), its processes (sandbox_processes.py) and its files
+    (sandbox_files.py); all three read the same `Compartment`. It releases them, and its uids and tree, on close."""
 
     backend = "local"
 
-    def __init__(
-        self,
-        layout: Layout,
-        *,
-        lease: UidLease,
-        owner_lock: OwnerLock,
-        tools: ProvidedTools,
-        env: Mapping[str, str],
-        spec: SandboxSpec,
-        extra_path: tuple[str, ...] = (),
-        share_host_network: bool = False,
-        trusted_hosts: frozenset[str] = frozenset(),
-        image: PreparedImage | None = None,
-        runtime: HostRuntime = HOST_ROOT,
-        host_tools: ProvidedTools | None = None,
-    ) -> None:
-        self._share_host_network = share_host_network
-        self._trusted_hosts = trusted_hosts
-        self._host_tools = host_tools or tools
-        """The tools as the host has them (`tools` may name their launchers inside an image)."""
-        self.image = image
-        self._runtime = runtime
-        self.layout = layout
-        self.root = layout.root
-        self.sandbox_id = f"local-{layout.root.name}"
-        self.tools = tools
+    def __init__(self, compartment: Compartment, *, lease: UidLease, owner_lock: OwnerLock) -> None:
+        self.compartment = compartment
+        self.layout = compartment.layout
+        self.root = compartment.layout.root
+        self.image = compartment.image
+        self.tools = compartment.tools
+        self.sandbox_id = compartment.sandbox_id
         self.control_dir = CONTROL_MOUNT
-        self._lease = lease
-        self._owner_lock = owner_lock
-        self._ids = lease.ids
-        self._spec = spec
-        self._base_env = dict(env)
-        self._extra_path = extra_path
-        self._processes: set[LocalProcess] = set()
-        self._holder: asyncio.subprocess.Process | None = None
-        self._holder_pid = 0
-        self._cgroup: Cgroup | None = None
-        self._proxy_cgroup: Cgroup | None = None
-        self._egress: EgressProxy | None = None
-        self._relays: list[LoopbackRelay] = []
         self.enforcement: dict[str, str] = {}
         self.opencode_data_dir = AGENT_ONLY_ENV["XDG_DATA_HOME"]
         self.opencode_isolated = True
         self.on_close: Callable[[LocalSandbox], None] | None = None
+        self._lease = lease
+        self._owner_lock = owner_lock
+        self._boot = SandboxBoot(compartment)
+        self._processes = SandboxProcesses(compartment, self._boot)
+        self._files = SandboxFiles(compartment)
         self._closer = CloseOnce(self._close)
 
     @property
     def owner(self) -> tuple[int, int]:
-        return self._ids.user, self._ids.user
+        return self.compartment.ids.user, self.compartment.ids.user
+
+    async def boot(self) -> None:
+        self.enforcement.update(await self._boot.start())
+
+    def _refuse_if_closed(self) -> None:
+        if self._closer.started:
+            raise SandboxError(f"sandbox {self.sandbox_id} is closed")
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        keep_background: bool = False,
+        identity: Identity = "user",
+    ) -> CommandResult:
+        self._refuse_if_closed()
+        return await self._processes.run(
+            cmd,
+            timeout_s=timeout_s,
+            env=env,
+            cwd=cwd,
+            max_output_bytes=max_output_bytes,
+            keep_background=keep_background,
+            identity=identity,
+        )
+
+    async def spawn(
+        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, identity: Identity = "user"
+    ) -> LocalProcess:
+        self._refuse_if_closed()
+        return await self._processes.spawn(cmd, env=env, cwd=cwd, identity=identity)
+
+    async def start(
+        self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
+    ) -> LocalProcess:
+        self._refuse_if_closed()
+        return await self._processes.start(cmd, log_path=log_path, env=env, cwd=cwd)
+
+    async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
+        return await self._processes.start_proxy(launch)
+
+    async def write_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
+        await self._files.write_file(path, data, identity=identity)
+
+    async def write_control_file(self, name: str, data: str) -> str:
+        return await self._files.write_control_file(name, data)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._files.read_file(path)
+
+    async def read_tail(self, path: str, limit: int) -> bytes:
+        return await self._files.read_tail(path, limit)
+
+    async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
+        return await self._files.list_files(root, limit=limit)
+
+    async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
+        await self._files.hand_to_grader(protected)
 
     def limits_hit(self) -> list[LimitHit]:
         """The cgroup's record of what it enforced, and `disk` when the rollout's own file system is full now (the
         kernel keeps no count of refused writes; the 1% kept for the host does not count)."""
-        hit = self._cgroup.limits_hit() if self._cgroup is not None else []
+        hit = self._boot.limits_hit()
         if self.layout.disk_image.exists():
             free = os.statvfs(self.layout.fs)
             if free.f_bavail * free.f_frsize < DISK_FULL_BYTES:
@@ -142,11 +185,7 @@ class LocalSandbox(SandboxBoot, SandboxProcesses, SandboxFiles):
         return hit
 
     def egress_attempts(self) -> list[str]:
-        if self._egress is None:
-            return []
-        return [
-            f"{a.host}:{a.port} {'allowed' if a.allowed else 'refused'} ({a.reason})" for a in self._egress.attempts
-        ]
+        return self._boot.egress_attempts()
 
     async def close(self) -> None:
         await self._closer()
@@ -154,36 +193,18 @@ class LocalSandbox(SandboxBoot, SandboxProcesses, SandboxFiles):
     async def _close(self) -> None:
         """Each step runs whatever the one before it did: a sandbox is never left half-released."""
         try:
-            for process in list(self._processes):
-                await process.kill()
-            self._processes.clear()
-            if self._egress is not None:
-                await self._egress.close()
-            for relay in self._relays:
-                await relay.close()
+            await self._processes.kill_all()
         finally:
             try:
-                await self._stop_holder()
+                await self._boot.stop()
             finally:
                 try:
-                    for cgroup in (self._cgroup, self._proxy_cgroup):
-                        if cgroup is not None:
-                            await asyncio.to_thread(cgroup.destroy)
+                    await asyncio.to_thread(remove_rollout, self.layout)
                 finally:
-                    try:
-                        await asyncio.to_thread(remove_rollout, self.layout)
-                    finally:
-                        self._owner_lock.release()
-                        self._lease.release()
-                        if self.on_close is not None:
-                            self.on_close(self)
-
-    async def _stop_holder(self) -> None:
-        if self._holder is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._holder.pid, signal.SIGKILL)
-        await self._holder.wait()
+                    self._owner_lock.release()
+                    self._lease.release()
+                    if self.on_close is not None:
+                        self.on_close(self)
 
 
 def _launched_tools(layout: Layout, tools: ProvidedTools, runtime: HostRuntime) -> ProvidedTools:
@@ -201,12 +222,25 @@ def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
+def _missing_requirement() -> str | None:
+    """What this machine lacks that every local sandbox needs (bubblewrap, root), said with what to do."""
+    if not bwrap_available():
+        return INSTALL_HINT
+    return ROOT_HINT if os.geteuid() != 0 else None
+
+
 class LocalBackend:
     """Creates local sandboxes; the OpenCode binary is installed once per machine by `tools_resolver`. It reads no
     environment: the registry passes the operator's settings (`make_backend`), and each defaults to what an unset
     variable means."""
 
     name = "local"
+    capabilities = Capabilities(
+        enforces_limits=True,
+        proxy_beside_task_root=False,
+        default_concurrency=per_cpu_concurrency(),
+        risk="runs commands on this machine",
+    )
 
     def __init__(
         self,
@@ -236,7 +270,7 @@ class LocalBackend:
         it, and a sandbox's `enforcement["network"]` says when it was set."""
         self._share_host_network = share_host_network
         self._reaped = False
-        self._preflight: str | None = None
+        self._preflight: Preflight | None = None
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
         self._open = OpenSandboxes()
@@ -279,10 +313,8 @@ class LocalBackend:
         return sandbox
 
     async def _create(self, spec: SandboxSpec) -> LocalSandbox:
-        if not bwrap_available():
-            raise SandboxError(INSTALL_HINT)
-        if os.geteuid() != 0:
-            raise SandboxError(ROOT_HINT)
+        if missing := _missing_requirement():
+            raise SandboxError(missing)
         tools = await self._tools_resolver()
         if not self._reaped:
             self._reaped = True
@@ -306,20 +338,19 @@ class LocalBackend:
             await asyncio.to_thread(remove_rollout, layout)
             owner_lock.release()
             raise
-        sandbox = LocalSandbox(
+        compartment = Compartment(
             layout,
-            lease=lease,
-            owner_lock=owner_lock,
-            tools=tools,
-            env=spec.env,
-            spec=spec,
+            lease.ids,
+            spec,
+            tools,
+            host_tools,
+            image=image,
+            runtime=runtime or HOST_ROOT,
             extra_path=self._extra_path,
             share_host_network=self._share_host_network,
             trusted_hosts=self._trusted_hosts,
-            image=image,
-            runtime=runtime or HOST_ROOT,
-            host_tools=host_tools,
         )
+        sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock)
         if image is not None:
             sandbox.enforcement["image"] = f"{image.ref} ({image.image_id[:19]}), id-mapped overlay"
         sandbox.enforcement["disk"] = "loop ext4" if layout.disk_image.exists() else "none (no loop device)"
@@ -332,7 +363,7 @@ class LocalBackend:
             raise
         return sandbox
 
-    async def preflight(self) -> str | None:
+    async def preflight(self) -> Preflight:
         """Run the exact isolation once (one `true` command) and keep the verdict: a machine that cannot isolate
         fails every rollout at once with the reason, never as a setup or agent failure."""
         try:
@@ -345,11 +376,12 @@ class LocalBackend:
         except Exception as error:
             log.warning("the local backend's preflight failed: %s", error)
             problem = str(error)
-        self._preflight = f"{problem}. {PREFLIGHT_HINT}" if problem else None
+        self._preflight = Preflight(f"{problem}. {PREFLIGHT_HINT}" if problem else None, proven=True)
         return self._preflight
 
-    def preflight_problem(self) -> str | None:
-        return self._preflight
+    def preflight_verdict(self) -> Preflight:
+        """The kept preflight, else whether bubblewrap and root are there."""
+        return self._preflight or Preflight(_missing_requirement())
 
     async def close_all(self) -> int:
         return await self._open.close_all()

@@ -29,6 +29,7 @@ from opencode_env.sandbox.addresses import (
     refusal,
     resolved_addresses,
 )
+from opencode_env.settings import variable
 
 log = logging.getLogger("opencode_env.egress")
 HEADER_LIMIT = 64 * 1024
@@ -39,7 +40,6 @@ MAX_CONNECTIONS = 256
 shared by every rollout)."""
 
 
-TRUSTED_HOSTS_VAR = "OPENCODE_ENV_EGRESS_TRUSTED_HOSTS"
 NO_INTERNET = "this rollout has no internet access (network='model_only')"
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
@@ -160,7 +160,9 @@ class EgressProxy:
         if not addresses:
             return self._record(host, port, None, "cannot resolve: no address")
         if name in self.policy.trusted_hosts:
-            return self._record(host, port, str(addresses[0]), f"trusted by the operator ({TRUSTED_HOSTS_VAR})")
+            return self._record(
+                host, port, str(addresses[0]), f"trusted by the operator ({variable('egress_trusted_hosts')})"
+            )
         for address in addresses:
             reason = refusal(address, self._host_networks())
             if reason is not None:

@@ -1,6 +1,6 @@
-"""Starting a local sandbox: its cgroups (the sandbox's and its capture proxy's), its namespace holder (see
-isolation.py), and its network: the egress proxy and the relays to model endpoints on the host's loopback, listening
-inside the sandbox's own network namespace."""
+"""Starting a local sandbox and taking it down: its cgroups (the sandbox's and its capture proxy's), its namespace
+holder (see isolation.py), and its network: the egress proxy and the relays to model endpoints on the host's
+loopback, listening inside the sandbox's own network namespace."""
 
 from __future__ import annotations
 
@@ -11,63 +11,73 @@ import signal
 import subprocess
 from pathlib import Path
 
-from opencode_env.sandbox.base import ProvidedTools, SandboxError, SandboxSpec
+from opencode_env.sandbox.base import SandboxError
 from opencode_env.sandbox.local import netns
 from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup, Limits, cgroup_prefix, detect, proxy_cgroup_name
+from opencode_env.sandbox.local.compartment import Compartment
 from opencode_env.sandbox.local.egress import LOOPBACK_NAMES, EgressPolicy, EgressProxy, LoopbackRelay
-from opencode_env.sandbox.local.host_runtime import BASE_PATH, HostRuntime
+from opencode_env.sandbox.local.host_runtime import BASE_PATH
 from opencode_env.sandbox.local.host_view import sandbox_runtime_paths
-from opencode_env.sandbox.local.images import PreparedImage
-from opencode_env.sandbox.local.isolation import Layout, holder_argv
+from opencode_env.sandbox.local.isolation import holder_argv
+from opencode_env.wire import LimitHit
 
 HOLDER_START_S = 10.0
 EGRESS_PORT = 3128
 
 
 class SandboxBoot:
-    """LocalSandbox's start (a part of LocalSandbox, which sets these attributes)."""
+    """Starts a sandbox's compartment and takes it down: owns its cgroups, its namespace holder and its network
+    (egress proxy, loopback relays)."""
 
-    layout: Layout
-    image: PreparedImage | None
-    tools: ProvidedTools
-    sandbox_id: str
-    enforcement: dict[str, str]
-    _host_tools: ProvidedTools
-    _runtime: HostRuntime
-    _spec: SandboxSpec
-    _extra_path: tuple[str, ...]
-    _share_host_network: bool
-    _trusted_hosts: frozenset[str]
-    _holder: asyncio.subprocess.Process | None
-    _holder_pid: int
-    _cgroup: Cgroup | None
-    _proxy_cgroup: Cgroup | None
-    _egress: EgressProxy | None
-    _relays: list[LoopbackRelay]
+    def __init__(self, compartment: Compartment) -> None:
+        self._compartment = compartment
+        self._holder: asyncio.subprocess.Process | None = None
+        self._holder_pid = 0
+        self._cgroup: Cgroup | None = None
+        self._proxy_cgroup: Cgroup | None = None
+        self._egress: EgressProxy | None = None
+        self._relays: list[LoopbackRelay] = []
 
-    async def boot(self) -> None:
-        """Start the namespace holder, inside the rollout's cgroup, and its egress proxy."""
-        limits = self._spec.limits
+    @property
+    def holder_pid(self) -> int:
+        """The host's pid of the sandbox's pid 1, whose namespaces every command enters (0 before the start)."""
+        return self._holder_pid
+
+    @property
+    def cgroup(self) -> Cgroup | None:
+        return self._cgroup
+
+    @property
+    def proxy_cgroup(self) -> Cgroup | None:
+        return self._proxy_cgroup
+
+    async def start(self) -> dict[str, str]:
+        """Start the namespace holder, inside the rollout's cgroup, and its egress proxy; returns what was enforced
+        (the sandbox's `enforcement` entries "limits" and "network")."""
+        compartment = self._compartment
+        layout, spec = compartment.layout, compartment.spec
+        enforcement: dict[str, str] = {}
         version = detect()
         if version is not None:
-            self._cgroup = Cgroup(self.layout.root.name, version)
+            self._cgroup = Cgroup(layout.root.name, version)
             await asyncio.to_thread(
-                self._cgroup.create, Limits(limits.memory_mb * 2**20, limits.max_processes, limits.cpus)
+                self._cgroup.create,
+                Limits(spec.limits.memory_mb * 2**20, spec.limits.max_processes, spec.limits.cpus),
             )
-            self._proxy_cgroup = Cgroup(proxy_cgroup_name(self.layout.root.name), version)
+            self._proxy_cgroup = Cgroup(proxy_cgroup_name(layout.root.name), version)
             await asyncio.to_thread(self._proxy_cgroup.create, PROXY_LIMITS)
-            self.enforcement["limits"] = f"cgroup {version}"
+            enforcement["limits"] = f"cgroup {version}"
         else:
-            self.enforcement["limits"] = "none (no writable cgroup)"
+            enforcement["limits"] = "none (no writable cgroup)"
         argv = [
             *cgroup_prefix(self._cgroup),
             *holder_argv(
-                self.layout,
-                sandbox_runtime_paths(self._host_tools, self._extra_path),
-                share_host_network=self._share_host_network,
-                config_deps=self.tools.opencode_config_deps,
-                image_root=self.layout.image_root if self.image is not None else None,
-                runtime=self._runtime,
+                layout,
+                sandbox_runtime_paths(compartment.host_tools, compartment.extra_path),
+                share_host_network=compartment.share_host_network,
+                config_deps=compartment.tools.opencode_config_deps,
+                image_root=layout.image_root if compartment.image is not None else None,
+                runtime=compartment.runtime,
             ),
         ]
         self._holder = await asyncio.create_subprocess_exec(
@@ -90,24 +100,62 @@ class SandboxBoot:
             stderr = (await self._holder.stderr.read(4096)).decode(errors="replace").strip()
             raise SandboxError(f"the sandbox could not start: {stderr or 'no message from bubblewrap'}")
         self._holder_pid = _sandbox_init_pid(self._holder.pid)
-        if self._share_host_network:
-            self.enforcement["network"] = "the host's (share_host_network)"
-            return
+        if compartment.share_host_network:
+            enforcement["network"] = "the host's (share_host_network)"
+            return enforcement
+        await self._start_network()
+        enforcement["network"] = f"own namespace, egress {spec.network}"
+        return enforcement
+
+    async def _start_network(self) -> None:
+        compartment = self._compartment
+        spec = compartment.spec
         self._egress = EgressProxy(
             EgressPolicy(
-                internet=self._spec.network == "internet",
-                allowed=frozenset(self._spec.model_endpoints),
-                trusted_hosts=self._trusted_hosts,
+                internet=spec.network == "internet",
+                allowed=frozenset(spec.model_endpoints),
+                trusted_hosts=compartment.trusted_hosts,
             ),
-            rollout=self.sandbox_id,
+            rollout=compartment.sandbox_id,
         )
         await self._egress.serve(netns.listen_in(self._holder_pid, EGRESS_PORT))
-        for host, port in self._spec.model_endpoints:
+        for host, port in spec.model_endpoints:
             if host in LOOPBACK_NAMES:
-                relay = LoopbackRelay(port, self.sandbox_id)
+                relay = LoopbackRelay(port, compartment.sandbox_id)
                 await relay.serve(netns.listen_in(self._holder_pid, port))
                 self._relays.append(relay)
-        self.enforcement["network"] = f"own namespace, egress {self._spec.network}"
+
+    def limits_hit(self) -> list[LimitHit]:
+        return self._cgroup.limits_hit() if self._cgroup is not None else []
+
+    def egress_attempts(self) -> list[str]:
+        if self._egress is None:
+            return []
+        return [
+            f"{a.host}:{a.port} {'allowed' if a.allowed else 'refused'} ({a.reason})" for a in self._egress.attempts
+        ]
+
+    async def stop(self) -> None:
+        """Network, holder, cgroups: each step runs whatever the one before it did."""
+        try:
+            if self._egress is not None:
+                await self._egress.close()
+            for relay in self._relays:
+                await relay.close()
+        finally:
+            try:
+                await self._stop_holder()
+            finally:
+                for cgroup in (self._cgroup, self._proxy_cgroup):
+                    if cgroup is not None:
+                        await asyncio.to_thread(cgroup.destroy)
+
+    async def _stop_holder(self) -> None:
+        if self._holder is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._holder.pid, signal.SIGKILL)
+        await self._holder.wait()
 
 
 def _sandbox_init_pid(bwrap_pid: int) -> int:

@@ -16,40 +16,38 @@ from opencode_env.sandbox.base import (
     FileEntry,
     Identity,
     SandboxError,
-    SandboxSpec,
     task_path,
 )
 from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
 from opencode_env.sandbox.local import hostfs, hostfs_write
-from opencode_env.sandbox.local.host_ids import HostIds
-from opencode_env.sandbox.local.images import PreparedImage
-from opencode_env.sandbox.local.isolation import AGENT_HOME, CONTROL_MOUNT, GRADER_DIR, HARBOR_LOGS, Layout
+from opencode_env.sandbox.local.compartment import Compartment
+from opencode_env.sandbox.local.isolation import AGENT_HOME, CONTROL_MOUNT, GRADER_DIR, HARBOR_LOGS
 
 MAX_READ_BYTES = 64 * 1024 * 1024
 
 
 class SandboxFiles:
-    """LocalSandbox's file operations (a part of LocalSandbox, which sets these attributes)."""
+    """Reads and writes a sandbox's files from the host side."""
 
-    layout: Layout
-    image: PreparedImage | None
-    _ids: HostIds
-    _spec: SandboxSpec
+    def __init__(self, compartment: Compartment) -> None:
+        self._compartment = compartment
+        self._layout = compartment.layout
+        self._ids = compartment.ids
 
     def _relative(self, path: str) -> tuple[Path, str]:
         """The host directory and the path under it that a sandbox path names (within /home/user or /tmp)."""
         absolute = path if path.startswith("/") else f"{WORKDIR}/{path}"
         normal = os.path.normpath(absolute)
         if normal == HOME or normal.startswith(HOME + "/"):
-            return self.layout.home, os.path.relpath(normal, HOME)
+            return self._layout.home, os.path.relpath(normal, HOME)
         if normal == "/tmp" or normal.startswith("/tmp/"):
-            return self.layout.tmp, os.path.relpath(normal, "/tmp")
+            return self._layout.tmp, os.path.relpath(normal, "/tmp")
         if normal == AGENT_HOME or normal.startswith(AGENT_HOME + "/"):
-            return self.layout.agent_home, os.path.relpath(normal, AGENT_HOME)
-        if self.image is not None:
+            return self._layout.agent_home, os.path.relpath(normal, AGENT_HOME)
+        if self._compartment.image is not None:
             if normal == HARBOR_LOGS or normal.startswith(HARBOR_LOGS + "/"):
-                return self.layout.home, os.path.normpath(f"logs/{os.path.relpath(normal, HARBOR_LOGS)}")
-            return self.layout.image_root, os.path.relpath(normal, "/")
+                return self._layout.home, os.path.normpath(f"logs/{os.path.relpath(normal, HARBOR_LOGS)}")
+            return self._layout.image_root, os.path.relpath(normal, "/")
         raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME}, /tmp and {AGENT_HOME})")
 
     async def write_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
@@ -65,7 +63,7 @@ class SandboxFiles:
 
     async def write_control_file(self, name: str, data: str) -> str:
         """A file the sandbox can read but not change or replace; returns its path inside the sandbox."""
-        await asyncio.to_thread(hostfs_write.write_file, self.layout.control, name, data.encode("utf-8"))
+        await asyncio.to_thread(hostfs_write.write_file, self._layout.control, name, data.encode("utf-8"))
         return f"{CONTROL_MOUNT}/{name}"
 
     async def read_file(self, path: str) -> bytes:
@@ -92,16 +90,16 @@ class SandboxFiles:
         verifier directory an empty one of the grader's, and each protected file is written in, replacing whatever
         the agent left at its path (a directory in the way of one is replaced too)."""
         grader = (self._ids.grader, self._ids.grader)
-        if self.layout.inode_reserve.is_dir():
-            await asyncio.to_thread(hostfs_write.release_inodes, self.layout.inode_reserve)
-        home = self.layout.home
-        workdir = self._spec.workdir
+        if self._layout.inode_reserve.is_dir():
+            await asyncio.to_thread(hostfs_write.release_inodes, self._layout.inode_reserve)
+        home = self._layout.home
+        workdir = self._compartment.spec.workdir
         await asyncio.to_thread(hostfs_write.chown_tree, *self._relative(workdir), owner=grader)
         await asyncio.to_thread(hostfs_write.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
-        await asyncio.to_thread(hostfs_write.reset_dir, self.layout.grader_dir, "home", owner=grader, mode=0o700)
+        await asyncio.to_thread(hostfs_write.reset_dir, self._layout.grader_dir, "home", owner=grader, mode=0o700)
         startup = posixpath.join(posixpath.relpath(GRADER_PYTHON_DIR, GRADER_DIR), SITECUSTOMIZE)
         source = SITECUSTOMIZE_SOURCE.encode("utf-8")
-        await asyncio.to_thread(hostfs_write.place_file, self.layout.grader_dir, startup, source, owner=grader)
+        await asyncio.to_thread(hostfs_write.place_file, self._layout.grader_dir, startup, source, owner=grader)
         for path, text in protected.items():
             base, relative = self._relative(task_path(path, workdir))
             await asyncio.to_thread(hostfs_write.place_file, base, relative, text.encode("utf-8"), owner=grader)

@@ -16,24 +16,20 @@ from pathlib import Path
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     HOME,
+    PROXY_TOKEN_ENV_NAME,
     WORKDIR,
-    CloseOnce,
     Identity,
-    ProvidedTools,
     ProxyLaunch,
-    SandboxError,
-    SandboxSpec,
 )
 from opencode_env.sandbox.local import netns
-from opencode_env.sandbox.local.cgroup import Cgroup, cgroup_prefix
+from opencode_env.sandbox.local.cgroup import cgroup_prefix
 from opencode_env.sandbox.local.command_argv import TOOL_SHELL, Roles, command_argv
-from opencode_env.sandbox.local.host_ids import HostIds
-from opencode_env.sandbox.local.host_runtime import BASE_PATH, HostRuntime
+from opencode_env.sandbox.local.compartment import Compartment
+from opencode_env.sandbox.local.host_runtime import BASE_PATH
 from opencode_env.sandbox.local.host_view import HELPERS, runtime_paths, trust_settings
-from opencode_env.sandbox.local.images import PreparedImage
-from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, GRADER_HOME, Layout, proxy_argv
+from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, GRADER_HOME, proxy_argv
 from opencode_env.sandbox.local.proxy import LocalProxy
-from opencode_env.sandbox.local.sandbox_boot import EGRESS_PORT
+from opencode_env.sandbox.local.sandbox_boot import EGRESS_PORT, SandboxBoot
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire import CommandResult
 
@@ -65,42 +61,37 @@ class LocalProcess:
 
 
 class SandboxProcesses:
-    """LocalSandbox's processes (a part of LocalSandbox, which sets these attributes)."""
+    """Starts commands inside a booted sandbox (its environment, its identity, its cgroup) and owns every process it
+    started, the capture proxy's included, until `kill_all`."""
 
-    layout: Layout
-    image: PreparedImage | None
-    tools: ProvidedTools
-    sandbox_id: str
-    _host_tools: ProvidedTools
-    _runtime: HostRuntime
-    _ids: HostIds
-    _spec: SandboxSpec
-    _base_env: dict[str, str]
-    _extra_path: tuple[str, ...]
-    _share_host_network: bool
-    _processes: set[LocalProcess]
-    _holder_pid: int
-    _cgroup: Cgroup | None
-    _proxy_cgroup: Cgroup | None
-    _closer: CloseOnce
+    def __init__(self, compartment: Compartment, boot: SandboxBoot) -> None:
+        self._compartment = compartment
+        self._boot = boot
+        self._processes: set[LocalProcess] = set()
+
+    async def kill_all(self) -> None:
+        for process in list(self._processes):
+            await process.kill()
+        self._processes.clear()
 
     def _environment(self, extra: Mapping[str, str] | None, identity: Identity) -> dict[str, str]:
-        image_env = self.image.env if self.image is not None else {}
-        path = ":".join([*self._extra_path, image_env.get("PATH", BASE_PATH)])
-        if self.tools.opencode:
-            path = f"{Path(self.tools.opencode).parent}:{path}"
+        compartment = self._compartment
+        image_env = compartment.image.env if compartment.image is not None else {}
+        path = ":".join([*compartment.extra_path, image_env.get("PATH", BASE_PATH)])
+        if compartment.tools.opencode:
+            path = f"{Path(compartment.tools.opencode).parent}:{path}"
         home = HOME
         if identity == "grader":
-            home = "/root" if self._spec.grader_is_root else GRADER_HOME
+            home = "/root" if compartment.spec.grader_is_root else GRADER_HOME
         env = {**image_env, "PATH": path, "HOME": home, "USER": "user", "TERM": "dumb", "TMPDIR": "/tmp"}
         env.setdefault("LANG", "C.UTF-8")
-        if not self._share_host_network:
+        if not compartment.share_host_network:
             proxy = f"http://127.0.0.1:{EGRESS_PORT}"
             for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env[name] = proxy
             env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-        env.update({name: self._runtime.inside(value) for name, value in trust_settings(os.environ).items()})
-        env.update(self._base_env)
+        env.update({name: compartment.runtime.inside(value) for name, value in trust_settings(os.environ).items()})
+        env.update(compartment.spec.env)
         env.update(extra or {})
         if identity == "agent":
             env.update(AGENT_ONLY_ENV, SHELL=TOOL_SHELL)
@@ -117,22 +108,21 @@ class SandboxProcesses:
         own_pid_namespace: bool = True,
         identity: Identity = "user",
     ) -> asyncio.subprocess.Process:
-        if self._closer.started:
-            raise SandboxError(f"sandbox {self.sandbox_id} is closed")
+        compartment = self._compartment
         argv = command_argv(
-            self._holder_pid,
-            self._ids,
+            self._boot.holder_pid,
+            compartment.ids,
             cmd,
             cwd,
             own_pid_namespace=own_pid_namespace,
             identity=identity,
             helpers=HELPERS,
-            tmp_mb=self._spec.limits.disk_mb,
-            runtime=self._runtime,
-            roles=Roles(grader_is_root=self._spec.grader_is_root),
+            tmp_mb=compartment.spec.limits.disk_mb,
+            runtime=compartment.runtime,
+            roles=Roles(grader_is_root=compartment.spec.grader_is_root),
         )
         return await asyncio.create_subprocess_exec(
-            *cgroup_prefix(self._cgroup),
+            *cgroup_prefix(self._boot.cgroup),
             *argv,
             env=self._environment(env, identity),
             stdin=subprocess.DEVNULL,
@@ -216,10 +206,11 @@ class SandboxProcesses:
 
     async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
         """The capture proxy, in its own compartment outside the sandbox, listening on 127.0.0.1 inside it."""
-        listener = netns.listen_in(self._holder_pid)
+        layout, ids = self._compartment.layout, self._compartment.ids
+        listener = netns.listen_in(self._boot.holder_pid)
         # The sandbox's TCP table, opened here (as root, from the host's user namespace: its uids are host uids),
         # read by the proxy for each call to check that OpenCode's own uid owns the calling socket.
-        peer_table = os.open(f"/proc/{self._holder_pid}/net/tcp", os.O_RDONLY | os.O_CLOEXEC)
+        peer_table = os.open(f"/proc/{self._boot.holder_pid}/net/tcp", os.O_RDONLY | os.O_CLOEXEC)
         try:
             token = secrets.token_urlsafe(24)
             program = [
@@ -231,25 +222,26 @@ class SandboxProcesses:
                 "--listen-fd",
                 str(listener.fileno()),
                 "--admin-socket",
-                str(self.layout.sockets / "admin.sock"),
+                str(layout.sockets / "admin.sock"),
                 "--trace",
-                str(self.layout.private / "trace.jsonl"),
+                str(layout.private / "trace.jsonl"),
                 "--token-env",
-                "OPENCODE_ENV_PROXY_TOKEN",
+                PROXY_TOKEN_ENV_NAME,
                 "--peer-table-fd",
                 str(peer_table),
                 "--peer-uid",
-                str(self._ids.agent),
+                str(ids.agent),
             ]
-            argv = proxy_argv(self.layout, self._ids, runtime_paths(self._host_tools), program)
-            if self._proxy_cgroup is not None:
-                argv = [*self._proxy_cgroup.join_prefix(), *argv]
-            log_file = self.layout.private / "proxy.log"
+            argv = proxy_argv(layout, ids, runtime_paths(self._compartment.host_tools), program)
+            proxy_cgroup = self._boot.proxy_cgroup
+            if proxy_cgroup is not None:
+                argv = [*proxy_cgroup.join_prefix(), *argv]
+            log_file = layout.private / "proxy.log"
             with log_file.open("ab") as log_handle:
-                os.fchown(log_handle.fileno(), self._ids.root, self._ids.root)
+                os.fchown(log_handle.fileno(), ids.root, ids.root)
                 process = await asyncio.create_subprocess_exec(
                     *argv,
-                    env={"PATH": BASE_PATH, "OPENCODE_ENV_PROXY_TOKEN": token, **launch.env},
+                    env={"PATH": BASE_PATH, PROXY_TOKEN_ENV_NAME: token, **launch.env},
                     stdin=subprocess.DEVNULL,
                     stdout=log_handle.fileno(),
                     stderr=subprocess.STDOUT,
@@ -262,7 +254,7 @@ class SandboxProcesses:
             os.close(peer_table)
         handle = LocalProcess(process)
         self._processes.add(handle)
-        return LocalProxy(handle, self.layout.private, self.layout.sockets / "admin.sock", port=port, token=token)
+        return LocalProxy(handle, layout.private, layout.sockets / "admin.sock", port=port, token=token)
 
 
 def _quote(path: str) -> str:

@@ -1,0 +1,33 @@
+"""What one local sandbox is made of, fixed when the backend creates it: the one typed object its boot, processes and
+files parts (sandbox_boot.py, sandbox_processes.py, sandbox_files.py) all read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opencode_env.sandbox.base import ProvidedTools, SandboxSpec
+from opencode_env.sandbox.local.host_ids import HostIds
+from opencode_env.sandbox.local.host_runtime import HOST_ROOT, HostRuntime
+from opencode_env.sandbox.local.images import PreparedImage
+from opencode_env.sandbox.local.isolation import Layout
+
+
+@dataclass(frozen=True)
+class Compartment:
+    """`tools` as the sandbox starts them (in an image, launchers in the control directory), `host_tools` as the host
+    has them; `image` None runs on the host's own system through `runtime`."""
+
+    layout: Layout
+    ids: HostIds
+    spec: SandboxSpec
+    tools: ProvidedTools
+    host_tools: ProvidedTools
+    image: PreparedImage | None = None
+    runtime: HostRuntime = HOST_ROOT
+    extra_path: tuple[str, ...] = ()
+    share_host_network: bool = False
+    trusted_hosts: frozenset[str] = frozenset()
+
+    @property
+    def sandbox_id(self) -> str:
+        return f"local-{self.layout.root.name}"

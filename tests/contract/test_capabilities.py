@@ -1,0 +1,103 @@
+"""What each backend declares on itself (`capabilities`, `preflight`) is what it does: every registered backend (the
+cloud ones over their fakes) and each test double, checked against the same behaviour."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from opencode_env.rollout.proxy_session import proxy_sources
+from opencode_env.sandbox import BACKENDS
+from opencode_env.sandbox.base import (
+    Capabilities,
+    Preflight,
+    ProxyLaunch,
+    ResourceLimits,
+    RolloutSandbox,
+    SandboxBackend,
+    SandboxSpec,
+)
+from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.stub_backend import StubBackend
+
+pytestmark = pytest.mark.timeout(120)
+CANARY = "canary-key-5d1e0b"
+SPAWNS = 60
+"""Background processes the probe starts: past MAX_PROCESSES, well within any backend's own default."""
+MAX_PROCESSES = 24
+
+
+COVERED = {"local": "backend", "e2b": "e2b_fake", "hf": "hf_fake"}
+"""Each registered backend, by the fixture that builds it here (the cloud ones over their fakes)."""
+
+
+@pytest.fixture(params=[*COVERED, "stub"])
+def declared(request: pytest.FixtureRequest) -> SandboxBackend:
+    if request.param == "stub":
+        return StubBackend()
+    return request.getfixturevalue(COVERED[request.param])  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def limited(declared: SandboxBackend, no_leaks: None) -> AsyncIterator[RolloutSandbox]:
+    box = await declared.create(SandboxSpec(limits=ResourceLimits(max_processes=MAX_PROCESSES)))
+    try:
+        yield box
+    finally:
+        await box.close()
+
+
+def test_every_registered_backend_is_checked_here() -> None:
+    assert set(COVERED) == set(BACKENDS)
+
+
+async def test_enforces_limits_is_what_the_backend_does(declared: SandboxBackend, limited: RolloutSandbox) -> None:
+    """Declared: a command past `max_processes` is refused and `limits_hit()` names it. Not declared: nothing is
+    refused, nothing reported (the VM's size is the bound)."""
+    attack = f"i=0; while [ $i -lt {SPAWNS} ]; do sleep 1 & i=$((i+1)); done; wait"
+    result = await limited.run(attack, timeout_s=60)
+    refused = "fork" in result.stderr  # bash: "fork: retry: Resource temporarily unavailable"; dash: "Cannot fork"
+    reported = "processes" in limited.limits_hit()
+    assert (refused, reported) == (declared.capabilities.enforces_limits,) * 2, result.stderr[-500:]
+
+
+async def test_proxy_beside_task_root_is_whether_the_tasks_root_reaches_the_proxy(
+    declared: SandboxBackend, limited: RolloutSandbox
+) -> None:
+    """Declared: the capture proxy runs where the task's root runs, whose root reaches the code the proxy runs (and
+    so could change it, or read the key from its memory). Not declared: the task's root finds no file of it (the
+    local backend runs the proxy from the host's package in a compartment of its own: tests/integration/test_secrets.py
+    proves its key out of the sandbox's reach)."""
+    sources = {**proxy_sources(), "opencode_env/proxy/canary.txt": CANARY}
+    launch = ProxyLaunch(
+        python=limited.tools.python or sys.executable,
+        args=("--upstream-url", "http://127.0.0.1:9/v1"),
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        sources=sources,
+    )
+    proxy = await limited.start_proxy(launch)
+    try:
+        if not isinstance(declared, StubBackend):
+            assert await proxy.call("/healthz", "GET", 30) is not None
+        look = f"grep -rlsF {CANARY} /tmp /home /run /root /opt /srv 2>/dev/null | head -1"
+        seen = await limited.run(look, timeout_s=60, identity="root")
+        assert bool(seen.stdout.strip()) == declared.capabilities.proxy_beside_task_root, seen.stdout + seen.stderr
+    finally:
+        await proxy.kill()
+
+
+async def test_preflight_is_kept_and_a_verdict_only_when_the_backend_ran_one(declared: SandboxBackend) -> None:
+    before = declared.preflight_verdict()
+    preflight = await declared.preflight()
+    assert declared.preflight_verdict() == preflight
+    assert isinstance(before, Preflight)
+    assert preflight.problem is None, preflight.problem
+    assert preflight.proven == isinstance(declared, LocalBackend)
+
+
+def test_the_declaration_is_one_type_for_every_backend(declared: SandboxBackend) -> None:
+    assert type(declared.capabilities) is Capabilities
+    assert declared.capabilities.default_concurrency >= 1
+    assert declared.capabilities.risk
