@@ -1,10 +1,10 @@
 """The server's memory over model-driven rollouts: the real server (`server.app`, local backend) in a process of its
 own, N rollouts through it one after another, each the real OpenCode driven by the scripted model (one bash step
 and an answer); the server's RSS printed at 0, N/2 and N rollouts (and after each), and with --trace the Python
-allocations that grew most between N/2 and N (tracemalloc in the server). With --compare, the same run first with
-glibc's default malloc arenas (the server's arena limit off), then as the server runs (server/heap.py).
+allocations that grew most between N/2 and N (tracemalloc in the server), and malloc's own bytes in use against
+bytes held (native memory too: pydantic-core's, OpenSSL's, which tracemalloc does not see).
 
-    python -m bench.server_memory [N] [--trace] [--compare]
+    python -m bench.server_memory [N] [--trace]
 """
 
 from __future__ import annotations
@@ -81,13 +81,9 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _serve(dump: str, default_arenas: bool) -> None:
+def _serve(dump: str) -> None:
     """The server; the first SIGUSR1 starts tracemalloc (tracing from the start would slow every import), each later
     one writes the allocations that grew most since the one before to `dump`."""
-    if default_arenas:
-        from server import heap
-
-        heap.limit_arenas = lambda: False
     from server.app import main
 
     previous: list[tracemalloc.Snapshot] = []
@@ -113,7 +109,7 @@ def _serve(dump: str, default_arenas: bool) -> None:
     main(host="127.0.0.1")
 
 
-async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float]:
+async def _run(count: int, trace: bool) -> dict[int, float]:
     port = _free_port()
     dump = Path(tempfile.mkdtemp()) / "growth.txt"
     script = Script(steps=[bash("echo hello > hello.txt", "write a file"), say("done")])
@@ -124,7 +120,7 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
             "OPENCODE_ENV_BACKEND": "local",
             "OPENCODE_ENV_UPSTREAM_ALLOW": f"127.0.0.1:{model.port}",
         }
-        argv = [sys.executable, "-m", "bench.server_memory", "--serve", str(dump), str(default_arenas)]
+        argv = [sys.executable, "-m", "bench.server_memory", "--serve", str(dump)]
         server = await asyncio.create_subprocess_exec(
             *argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )
@@ -150,10 +146,9 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
         finally:
             server.terminate()
             await asyncio.wait_for(server.wait(), 60)
-    name = "glibc's default arenas" if default_arenas else "as served (two arenas)"
     half = count // 2
     points = f"{marks[0]:.0f} / {marks[half]:.0f} / {marks[count]:.0f} MB"
-    print(f"{name}: RSS after 0 / {half} / {count} rollouts: {points}")
+    print(f"RSS after 0 / {half} / {count} rollouts: {points}")
     print(f"    after each: {' '.join(f'{rss:.0f}' for rss in marks.values())}; at the end {parts}")
     print(
         f"    per rollout: first half {(marks[half] - marks[0]) / max(half, 1):.1f} MB, second half "
@@ -169,18 +164,10 @@ async def _run(count: int, trace: bool, default_arenas: bool) -> dict[int, float
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
-        _serve(sys.argv[2], sys.argv[3] == "True")
+        _serve(sys.argv[2])
         return
     args = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-    count, trace = int(args[0]) if args else 6, "--trace" in sys.argv
-    if "--compare" in sys.argv:
-        before = asyncio.run(_run(count, trace, default_arenas=True))
-        after = asyncio.run(_run(count, trace, default_arenas=False))
-        half = count // 2
-        slope = [(marks[count] - marks[half]) / max(count - half, 1) for marks in (before, after)]
-        print(f"second-half growth per rollout: {slope[0]:.1f} MB -> {slope[1]:.1f} MB")
-        return
-    asyncio.run(_run(count, trace, default_arenas=False))
+    asyncio.run(_run(int(args[0]) if args else 6, "--trace" in sys.argv))
 
 
 if __name__ == "__main__":

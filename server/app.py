@@ -121,7 +121,6 @@ def served(settings: Settings | None = None) -> StagedApp:
 
         return create_app(Runtime.build(settings))
 
-    heap.limit_arenas()
     return StagedApp(build, built=heap.settle)
 
 

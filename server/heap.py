@@ -13,21 +13,8 @@ collection ran in 512 calls at 128 in flight, so there was no walk of that heap 
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import logging
 
-log = logging.getLogger("opencode_env.server")
-
-MALLOC_ARENAS = 2
-"""glibc's malloc gives each thread that allocates its own arena (up to 8 per core), and the server's threads (file
-work off the event loop, the OpenEnv handlers, uvicorn's) touch a different mix of them each rollout: their free
-holes stayed resident. Measured with bench.server_memory (the real server, 12-20 rollouts of the real OpenCode,
-RSS after each): with glibc's default the RSS kept rising 9.0 MB per rollout after the first ten (194 -> 490 -> 580 MB
-at 0 / 10 / 20); with two arenas 0.3 MB per rollout after the first six (194 -> 540 -> 542 MB at 0 / 6 / 12), the
-warm-up (imports, the first rollout's caches) the same either way."""
-M_ARENA_MAX = -8
-"""mallopt's parameter number for the arena limit (glibc's malloc.h)."""
 YOUNG_COLLECTION_ALLOCATIONS = 50_000
 MIDDLE_COLLECTION_EVERY = 20
 FULL_COLLECTION_EVERY = 100
@@ -36,14 +23,3 @@ FULL_COLLECTION_EVERY = 100
 def settle() -> None:
     """Collect the young generation less often (the server calls this once its app is built)."""
     gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, MIDDLE_COLLECTION_EVERY, FULL_COLLECTION_EVERY)
-
-
-def limit_arenas() -> bool:
-    """At most MALLOC_ARENAS malloc arenas from here on (the server calls this before it starts a thread); False
-    where the C library is not glibc (musl keeps one heap)."""
-    libc = ctypes.CDLL(None)
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        log.debug("no mallopt in this C library: the malloc arenas are left as they are")
-        return False
-    return bool(mallopt(M_ARENA_MAX, MALLOC_ARENAS))

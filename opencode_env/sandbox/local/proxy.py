@@ -46,8 +46,9 @@ class LocalProxy:
 
     async def call(self, path: str, method: str, wait_s: float) -> dict[str, Any] | None:
         # No TLS on a unix socket: verify=False keeps httpx from loading the CA bundle into a new SSL context on
-        # every call (about 1 MB of OpenSSL memory each, once a second per rollout, freed only when the gc's rare
-        # full collection reached the client: the server's RSS grew ~16 MB per rollout, bench.server_memory).
+        # every call (42 ms of CPU and ~0.9 MB of OpenSSL memory each, once a second per rollout, freed only when
+        # the gc's rare full collection reached the client). bench.server_memory, 10 rollouts: the server's RSS went
+        # 195 -> 369 MB with it, 195 -> 210 MB without.
         transport = httpx.AsyncHTTPTransport(uds=str(self._admin_socket), verify=False)
         headers = {"authorization": f"Bearer {self.token}"}
         deadline = asyncio.get_running_loop().time() + wait_s
