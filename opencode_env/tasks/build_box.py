@@ -283,16 +283,7 @@ def run_group(
     goes there as it is printed (and is kept for the result as well)."""
     if on_line is not None:
         return _run_group_streaming(argv, timeout_s, env=env, what=what, stdin=stdin, on_line=on_line)
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL if stdin is None else stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        env=env,
-        start_new_session=True,
-    ) as process:
+    with _popen(argv, env, stdin) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -301,12 +292,9 @@ def run_group(
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
-def _run_group_streaming(
-    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None, on_line: OnLine
-) -> subprocess.CompletedProcess[str]:
-    """run_group, reading both pipes line by line in threads (a pipe read whole at the end would hide a build's
-    steps until it ends)."""
-    with subprocess.Popen(
+def _popen(argv: list[str], env: dict[str, str], stdin: int | IO[bytes] | None) -> subprocess.Popen[str]:
+    """argv in a process group of its own (stopped whole), both pipes as text."""
+    return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL if stdin is None else stdin,
         stdout=subprocess.PIPE,
@@ -315,7 +303,15 @@ def _run_group_streaming(
         errors="replace",
         env=env,
         start_new_session=True,
-    ) as process:
+    )
+
+
+def _run_group_streaming(
+    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None, on_line: OnLine
+) -> subprocess.CompletedProcess[str]:
+    """run_group, reading both pipes line by line in threads (a pipe read whole at the end would hide a build's
+    steps until it ends)."""
+    with _popen(argv, env, stdin) as process:
         assert process.stdout is not None
         assert process.stderr is not None
         stdout: list[str] = []
