@@ -34,7 +34,9 @@ async def fastmcp(url: str) -> list[str]:
 
 
 async def openenv(url: str) -> list[str]:
-    async with MCPToolClient(base_url=url) as env:
+    # Its WebSocket handshake gives up after 10 s by default; a loading server completes it once loaded, which on a
+    # busy 2-core machine can take longer (docs/results.md says to pass connect_timeout_s or wait on /ready).
+    async with MCPToolClient(base_url=url, connect_timeout_s=120) as env:
         return [tool.name for tool in await env.list_tools()]
 
 
