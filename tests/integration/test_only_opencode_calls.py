@@ -185,9 +185,12 @@ async def test_a_call_opencode_did_not_make_never_decides_the_status(e2b_fake: E
     """On E2B the tools hold OpenCode's token: a tool's own call without tools, failed by the model server, then the
     agent runs out its time. The call is in the record, unattributed; the status is the agent's timeout (a policy
     outcome, graded), not the model endpoint's failure (no reward)."""
-    script = Script(
-        steps=[write("/home/user/workdir/add.py", ADD), bash(FAILING_STRANGER + sleep_cmd(600)), say("never")]
+    # The bash tool's own timeout (2 min by default) would end the sleep before the agent's 150 s deadline on a quiet
+    # machine and let the agent finish; 10 min (OpenCode's most) keeps the ending the agent's timeout on any machine.
+    outlasting = ToolCallStep(
+        name="bash", arguments={"command": FAILING_STRANGER + sleep_cmd(600), "description": "wait", "timeout": 600_000}
     )
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), Step(tool_calls=[outlasting]), say("never")])
     with leaking_model(script) as (model, url):
         result = await run_rollout(demo_request(url, agent_timeout_s=150.0), e2b_fake)
     assert any(exchange.request.get("messages") == [1] for exchange in model.exchanges)
