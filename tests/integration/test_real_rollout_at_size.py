@@ -201,3 +201,16 @@ def test_the_two_rollouts_ran_in_their_own_sessions_and_left_nothing(delivered: 
     assert len(delivered.sent) == 2
     assert list(sandbox_base.iterdir()) == []
     assert processes_mentioning(str(sandbox_base)) == []
+
+
+def test_a_real_capture_names_alternatives_by_text_so_its_turns_travel_as_lists(delivered: Delivered) -> None:
+    """An OpenAI-compatible server (vLLM included, unless asked for `return_tokens_as_token_ids`) names the top
+    alternatives by text only, and the packed layout keys every text by its id: such turns keep version 3's lists
+    on the wire (docs/results.md)."""
+    turns = delivered.via_env.proxy_turns
+    assert {token_id for turn in turns for position in turn.top_logprobs for _, _, token_id in position} == {None}
+    assert [turn.packed_for_wire().packed for turn in turns] == [None] * TURNS
+    wire = json.loads(delivered.via_env.model_dump_json())["proxy_turns"]
+    assert [(turn["packed"], turn["completion_token_ids"]) for turn in wire] == [
+        (None, turn.completion_token_ids) for turn in turns
+    ]
