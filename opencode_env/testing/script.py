@@ -31,6 +31,12 @@ class Step(BaseModel):
     stall_s: float = 0.0
     disconnect_after_tokens: int | None = None
     token_delay_s: float = 0.0
+    tokens_per_chunk: int = Field(
+        1,
+        ge=1,
+        description="Up to this many tokens of one segment per streamed chunk, as vLLM's --stream-interval sends "
+        "them: a reply of tens of thousands of tokens streams in seconds, not in one event per token.",
+    )
 
 
 class Script(BaseModel):

@@ -105,12 +105,28 @@ def _logprob_entry(token: PlannedToken, as_ids: bool, top_k: int) -> dict[str, A
     }
 
 
-def _delta(token: PlannedToken, step: Step, first_of_call: bool, serial: int) -> dict[str, Any]:
+def chunk_groups(step: Step, tokens: list[PlannedToken]) -> list[tuple[int, list[PlannedToken]]]:
+    """The tokens of each streamed chunk, with the position of its first: up to `step.tokens_per_chunk` tokens of
+    one segment, a new chunk wherever the step stalls or disconnects."""
+    cuts = {step.stall_after_tokens, step.disconnect_after_tokens}
+    groups: list[tuple[int, list[PlannedToken]]] = []
+    for position, token in enumerate(tokens):
+        if groups:
+            _, group = groups[-1]
+            if len(group) < step.tokens_per_chunk and group[-1].segment is token.segment and position not in cuts:
+                group.append(token)
+                continue
+        groups.append((position, [token]))
+    return groups
+
+
+def _delta(token: PlannedToken, step: Step, first_of_call: bool, serial: int, text: str) -> dict[str, Any]:
+    """The delta of a chunk that starts with `token`; `text`: the chunk's tokens' text (one segment's)."""
     segment = token.segment
     if segment.kind == "content":
-        return {"content": token.text}
+        return {"content": text}
     if segment.kind == "reasoning":
-        return {"reasoning_content": token.text}
+        return {"reasoning_content": text}
     if segment.kind == "tool_head" and first_of_call:
         call = step.tool_calls[segment.tool_index]
         return {
@@ -124,7 +140,7 @@ def _delta(token: PlannedToken, step: Step, first_of_call: bool, serial: int) ->
             ]
         }
     if segment.kind == "tool_args":
-        return {"tool_calls": [{"index": segment.tool_index, "function": {"arguments": token.text}}]}
+        return {"tool_calls": [{"index": segment.tool_index, "function": {"arguments": text}}]}
     return {}
 
 
@@ -306,25 +322,26 @@ class ScriptedModel:
         extra = {"prompt_token_ids": exchange.prompt_token_ids} if want_ids else {}
         yield self._event(exchange, self._chunk(exchange, [first], **extra))
         seen_calls: set[int] = set()
-        for position, token in enumerate(exchange.tokens):
+        for position, group in chunk_groups(step, exchange.tokens):
             if step.disconnect_after_tokens is not None and position == step.disconnect_after_tokens:
                 return
             if step.stall_after_tokens is not None and position == step.stall_after_tokens:
                 await asyncio.sleep(step.stall_s)
             if step.token_delay_s:
                 await asyncio.sleep(step.token_delay_s)
+            token = group[0]
             first_of_call = token.segment.tool_index not in seen_calls
             if token.segment.kind == "tool_head":
                 seen_calls.add(token.segment.tool_index)
-            last = position == len(exchange.tokens) - 1
+            last = position + len(group) == len(exchange.tokens)
             choice: dict[str, Any] = {
                 "index": 0,
-                "delta": _delta(token, step, first_of_call, exchange.serial),
-                "logprobs": {"content": [_logprob_entry(token, as_ids, top_k)]} if want_logprobs else None,
+                "delta": _delta(token, step, first_of_call, exchange.serial, "".join(t.text for t in group)),
+                "logprobs": {"content": [_logprob_entry(t, as_ids, top_k) for t in group]} if want_logprobs else None,
                 "finish_reason": _finish_reason(step) if last else None,
             }
             if want_ids:
-                choice["token_ids"] = [token.token_id]
+                choice["token_ids"] = [t.token_id for t in group]
             yield self._event(exchange, self._chunk(exchange, [choice]))
         if (body.get("stream_options") or {}).get("include_usage"):
             yield self._event(exchange, self._chunk(exchange, [], usage=self._usage(exchange)))
