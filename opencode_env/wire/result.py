@@ -4,14 +4,16 @@ Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResu
 kept as they are; everything added is optional with a safe default. Unknown fields are ignored, but a result
 of a schema version newer than this code knows is refused, naming the version: version 4 packs the token lists that
 a version 3 reader would otherwise read as empty, version 5 leaves out of `packed.ids` the sampled tokens a version
-4 reader would look for there, and a trainer must never train on that silently.
+4 reader would look for there, version 6 names alternatives by a text table a version 5 reader does not know, and a
+trainer must never train on that silently.
 
-The wire shape of a result (schema_version 5; a result without `schema_version` is version 1; version 3 added
+The wire shape of a result (schema_version 6; a result without `schema_version` is version 1; version 3 added
 `task`, `warnings` and each turn's session, parent session and prompt source; version 4 packs a turn's per-token
 arrays (`packed`, below); version 5 writes a sampled token that is one of its own alternatives as its rank there
-(`packed.sampled_rank`); every earlier result still parses):
+(`packed.sampled_rank`); version 6 packs alternatives without an id too, which is how an OpenAI-compatible server,
+vLLM included, names them (`packed.top_texts` and `packed.alt_texts`); every earlier result still parses):
 - A turn's `completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs` travel as `packed`
-  (base64 of little-endian int32 / float32-or-float64 arrays and each token's text once; the layout is in
+  (base64 of little-endian int32 / float32-or-float64 arrays and each text once per result; the layout is in
   token_packing.py) whenever that holds them exactly, the four lists then empty on the wire; in Python they are
   always the lists.
 - In Python, `RolloutTurn.prompt_token_ids` always holds the turn's whole prompt.
@@ -55,6 +57,7 @@ from opencode_env.wire.grading import GradedTest, IntegrityFinding, findings_sum
 from opencode_env.wire.provenance import Provenance
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
+from opencode_env.wire.token_packing import ResultTexts
 from opencode_env.wire.turn import PromptBase, RolloutTurn, unpacked_turn
 
 Phase = Literal["validate", "sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
@@ -260,7 +263,7 @@ def expanded_prompt(turn: RolloutTurn, earlier: dict[int, RolloutTurn], index: i
 
 
 TOOL_NAME = "run_rollout"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 RESULT_REQUIRED_IN_JSON = ("task_id", "status", "reward")
 """What a result in JSON carries in every schema version; defaults stay for results built in Python."""
 UNPACKED_CONTEXT = "unpacked_tokens"
@@ -413,7 +416,7 @@ class RolloutResult(BaseModel):
         unpacked = isinstance(info.context, dict) and info.context.get(UNPACKED_CONTEXT)
         if not info.mode_is_json() or unpacked:
             return compact
-        known: dict[int, str] = {}
+        known = ResultTexts()
         return [turn.packed_for_wire(known) for turn in compact]
 
     @model_validator(mode="before")
@@ -422,7 +425,7 @@ class RolloutResult(BaseModel):
         """Packed turns name each token's text once per result: unpacked in order, with one map of texts."""
         if not isinstance(data, dict) or not isinstance(data.get("proxy_turns"), list):
             return data
-        known: dict[int, str] = {}
+        known = ResultTexts()
         return {**data, "proxy_turns": [unpacked_turn(turn, known) for turn in data["proxy_turns"]]}
 
     def prompt_ids(self, index: int) -> list[int]:

@@ -1,29 +1,41 @@
-"""A turn's per-token arrays packed for the wire (schema_version 4, and 5 with `sampled_rank`): base64 of
-little-endian arrays.
+"""A turn's per-token arrays packed for the wire (schema_version 4; 5 with `sampled_rank`; 6 with alternatives
+named by text): base64 of little-endian arrays.
 
 Four per-token lists of a turn (`completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs`)
-cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed they cost 48 bytes of arrays (64 in
-base64) plus each distinct token's text once. The sampled token is most often one of its own alternatives (always
-the first under greedy decoding), with the very same logprob: version 5 then writes one byte, its rank among the
-alternatives, instead of its id and logprob again (41 bytes of arrays, ~55 in base64, at a position where it is).
-Nothing is lost: ids and their order, every logprob bit for bit (float32 when every value of the turn is a
-float32, which is what vLLM computes; float64 otherwise), every alternative in its order, every token's text.
+cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed they cost ~45 bytes of arrays (~60 in
+base64) plus each distinct text once per result. An OpenAI-compatible server (vLLM included) names a top
+alternative by its text only, without an id: version 6 writes each such text once per result, in a table, and the
+alternative as an index into it. The sampled token is most often one of its own alternatives (vLLM puts it first),
+with the very same logprob: version 5 then writes one byte, its rank among the alternatives, instead of its logprob
+(and its id, when that alternative has one) again. Nothing is lost: ids and their order, every logprob bit for bit
+(float32 when every value of the turn is a float32, which is what vLLM computes; float64 otherwise), every
+alternative's id or text, in its order, every sampled token's text.
 
 The layout, for a reader in any language (n sampled tokens, k alternatives at every position):
-- `ids`: int32[n], the sampled token ids.
-- `logprobs`: float32[n] or float64[n] (`float` says which), the sampled tokens' logprobs.
-- `top_ids`: int32[n*k] and `top_logprobs`: float[n*k], row-major (position by position, alternatives in order);
-  an alternative without an id is -1. Absent (k = 0) when the turn has no alternatives.
-- `sampled_rank`: int8[n] (version 5; absent or "" in version 4): at each position, the index among that
-  position's alternatives of the one that is the sampled token (same id, same logprob bit for bit), or -1. When
-  present, `ids` and `logprobs` hold only the positions whose rank is -1, in order; the others are the ranked
-  alternative's id and logprob.
+- `top_logprobs`: float[n*k], row-major (position by position, alternatives in their order); "" when k = 0.
+- `top_ids`: int32[n*k], row-major: each alternative's token id, or -1 for an alternative without one. "" when no
+  alternative of the turn has an id (then every entry reads as -1), and when k = 0.
+- `top_texts` (version 6): int32[n*k], row-major: for an alternative without an id, the index of its text in the
+  result's text table (below); -1 for an alternative with an id. "" when every alternative of the turn has an id
+  (then every entry reads as -1). Every alternative has exactly one of the two: an id (its text is that id's text,
+  see `vocab`) or a text index.
+- `sampled_rank`: int8[n] (version 5; "" or absent: every position is -1): at each position, the index among that
+  position's alternatives of one that is the sampled token, or -1. An alternative is the sampled token when its
+  logprob is the sampled logprob bit for bit (a NaN never matches) and, when it has an id, the id is the sampled
+  id, when it has none, its text is the sampled token's text.
+- `ids`: int32, the sampled ids of the positions whose rank is -1 or whose ranked alternative has no id, in order
+  (n entries when `sampled_rank` is ""); at the other positions the sampled id is the ranked alternative's id.
+- `logprobs`: float (`float` says f32 or f64), the sampled logprobs of the positions whose rank is -1, in order
+  (n entries when `sampled_rank` is ""); at the other positions it is the ranked alternative's logprob.
 - `vocab_ids` int32[m] and `vocab` (m strings): the text of each token id first used by this turn; a token's text
-  is `vocab[index of its id in vocab_ids]` of this turn or of an earlier packed turn of the same result (each id's
-  text is written once per result: read the turns in order, keeping one id -> text map).
+  (a sampled token's always, an alternative's when it has an id) is `vocab[index of its id in vocab_ids]` of this
+  turn or of an earlier packed turn of the same result (each id's text is written once per result).
+- `alt_texts` (version 6): the texts this turn adds to the result's text table, in first-use order. The table is
+  the concatenation of the `alt_texts` of the result's packed turns in order (each text written once per result),
+  so read the turns in order, keeping one id -> text map and one text table.
 Every array is little-endian, then standard base64 (RFC 4648, with padding). NaN and the infinities are the IEEE
-values themselves. A turn packs only when this layout holds all of it (every position has an id and k
-alternatives, one text per id); otherwise its lists travel as JSON, as before.
+values themselves. A turn packs only when this layout holds all of it (every sampled token has an id other than -1,
+every position k alternatives, one text per id); otherwise its lists travel as JSON, as in version 3.
 """
 
 from __future__ import annotations
@@ -33,12 +45,14 @@ import math
 import sys
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 NO_ID = -1
+NO_TEXT = -1
 NOT_RANKED = -1
 RANKABLE_TOP_K = 127
 """The most alternatives a rank (one signed byte) can index."""
@@ -52,20 +66,55 @@ class PackedTokens(BaseModel):
     count: int = Field(ge=0, description="n: the sampled tokens.")
     top_k: int = Field(ge=0, description="k: alternatives at every position (0: none recorded).")
     float: FloatWidth = Field(description="The width of every logprob array: f32 or f64, little-endian.")
-    ids: str = Field(description="base64 of int32[n]: the sampled token ids.")
-    logprobs: str = Field(description="base64 of float[n]: the sampled tokens' logprobs.")
-    top_ids: str = Field("", description="base64 of int32[n*k], row-major; -1 for an alternative without an id.")
+    ids: str = Field(
+        description="base64 of int32: the sampled ids of the positions ranked -1 or whose ranked alternative has no "
+        "id (every position when sampled_rank is empty)."
+    )
+    logprobs: str = Field(
+        description="base64 of float: the sampled logprobs of the positions ranked -1 (every position when "
+        "sampled_rank is empty)."
+    )
+    top_ids: str = Field(
+        "",
+        description="base64 of int32[n*k], row-major; -1 for an alternative without an id; empty when no alternative "
+        "has an id.",
+    )
     top_logprobs: str = Field("", description="base64 of float[n*k], row-major.")
+    top_texts: str = Field(
+        "",
+        description="base64 of int32[n*k], row-major: an id-less alternative's index in the result's text table (the "
+        "alt_texts of its packed turns, in order); -1 for an alternative with an id; empty when every alternative "
+        "has an id (schema_version 6).",
+    )
     sampled_rank: str = Field(
         "",
-        description="base64 of int8[n]: the sampled token's index among its position's alternatives, or -1; when set, "
-        "ids and logprobs hold only the positions ranked -1 (schema_version 5).",
+        description="base64 of int8[n]: the index among its position's alternatives of one that is the sampled token "
+        "(same logprob bit for bit; same id, or same text when it has no id), or -1 (schema_version 5).",
     )
     vocab_ids: str = Field(description="base64 of int32[m]: every token id whose text is in `vocab`.")
     vocab: list[str] = Field(description="The text of each id of vocab_ids, in the same order.")
+    alt_texts: list[str] = Field(
+        default_factory=list,
+        description="The texts this turn adds to the result's text table of id-less alternatives (schema_version 6).",
+    )
 
 
 Alternative = tuple[str, float, int | None]
+
+
+@dataclass
+class ResultTexts:
+    """The texts a result's packed turns carry, read or written turn by turn in order: each token id's text, and the
+    table of the texts of alternatives without an id."""
+
+    by_id: dict[int, str] = field(default_factory=dict)
+    table: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+
+    def extend_table(self, texts: Sequence[str]) -> None:
+        for text in texts:
+            self.index.setdefault(text, len(self.table))
+            self.table.append(text)
 
 
 def _b64(values: array) -> str:  # type: ignore[type-arg]
@@ -75,11 +124,14 @@ def _b64(values: array) -> str:  # type: ignore[type-arg]
     return base64.b64encode(values.tobytes()).decode("ascii")
 
 
-def _unb64(text: str, typecode: str, expected: int, field: str) -> array:  # type: ignore[type-arg]
+def _unb64(text: str, typecode: str, expected: int, name: str) -> array:  # type: ignore[type-arg]
     values = array(typecode)
-    raw = base64.b64decode(text, validate=True)
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError as error:
+        raise ValueError(f"packed.{name}: not base64 ({error})") from None
     if len(raw) != expected * values.itemsize:
-        raise ValueError(f"packed.{field}: {len(raw)} bytes, expected {expected * values.itemsize}")
+        raise ValueError(f"packed.{name}: {len(raw)} bytes, expected {expected * values.itemsize}")
     values.frombytes(raw)
     if sys.byteorder != "little":
         values.byteswap()
@@ -97,19 +149,13 @@ def _same_float(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-def _ranks(
-    ids: Sequence[int], logprobs: Sequence[float], top_ids: list[int], top_logprobs: list[float], k: int
-) -> list[int]:
-    """Each position's sampled token as an index among its alternatives, or NOT_RANKED."""
-    ranks = []
-    for position, token_id in enumerate(ids):
-        start = position * k
-        row = top_ids[start : start + k]
-        rank = row.index(token_id) if token_id in row else NOT_RANKED
-        if rank != NOT_RANKED and not _same_float(top_logprobs[start + rank], logprobs[position]):
-            rank = NOT_RANKED
-        ranks.append(rank)
-    return ranks
+def _rank(token_id: int, text: str, logprob: float, row: Sequence[Alternative]) -> int:
+    """The first alternative of the row that is the sampled token (see the module doc), or NOT_RANKED."""
+    for rank, (alt_text, alt_logprob, alt_id) in enumerate(row):
+        same_token = alt_id == token_id if alt_id is not None else alt_text == text
+        if same_token and _same_float(alt_logprob, logprob):
+            return rank
+    return NOT_RANKED
 
 
 def pack(
@@ -117,105 +163,144 @@ def pack(
     logprobs: Sequence[float],
     texts: Sequence[str],
     top: Sequence[Sequence[Alternative]],
-    known: dict[int, str] | None = None,
+    known: ResultTexts | None = None,
 ) -> PackedTokens | None:
     """The packed form of one turn's arrays, or None when the layout cannot hold them exactly. `known`: the texts
-    earlier packed turns of the result carry (left out of this turn's vocab); the turn's new ones are added to it
-    when it packs."""
+    earlier packed turns of the result carry (left out of this turn's); the turn's new ones are added to it when it
+    packs."""
     count = len(ids)
     if count == 0 or len(logprobs) != count or len(texts) != count or (top and len(top) != count):
         return None
     top_k = len(top[0]) if top else 0
-    known = {} if known is None else known
+    known = ResultTexts() if known is None else known
     new: dict[int, str] = {}
+    new_texts: dict[str, int] = {}
 
-    def one_text(token_id: int | None, text: str) -> bool:
-        if token_id is None:
-            return False
-        seen = known.get(token_id)
+    def one_text(token_id: int, text: str) -> bool:
+        seen = known.by_id.get(token_id)
         return (new.setdefault(token_id, text) if seen is None else seen) == text
+
+    def text_index(text: str) -> int:
+        index = known.index.get(text)
+        return new_texts.setdefault(text, len(known.table) + len(new_texts)) if index is None else index
 
     if not all(one_text(token_id, text) for token_id, text in zip(ids, texts, strict=True)):
         return None
     top_ids: list[int] = []
+    top_texts: list[int] = []
     top_logprobs: list[float] = []
     for position in top:
-        if len(position) != top_k or not all(one_text(token_id, text) for text, _, token_id in position):
+        if len(position) != top_k:
             return None
-        for _, logprob, token_id in position:
-            top_ids.append(token_id)  # type: ignore[arg-type]
+        for text, logprob, token_id in position:
+            if token_id is None:
+                top_ids.append(NO_ID)
+                top_texts.append(text_index(text))
+            elif one_text(token_id, text):
+                top_ids.append(token_id)
+                top_texts.append(NO_TEXT)
+            else:
+                return None
             top_logprobs.append(logprob)
     if any(not INT32_MIN <= token_id <= INT32_MAX or token_id == NO_ID for token_id in new):
         return None
     width = _float_width([*logprobs, *top_logprobs])
     code = _TYPECODE[width]
-    known.update(new)
-    ranks = _ranks(ids, logprobs, top_ids, top_logprobs, top_k) if 0 < top_k <= RANKABLE_TOP_K else []
-    if any(rank != NOT_RANKED for rank in ranks):
-        unranked = [position for position, rank in enumerate(ranks) if rank == NOT_RANKED]
-        ids = [ids[position] for position in unranked]
-        logprobs = [logprobs[position] for position in unranked]
-    else:
-        ranks = []
+    known.by_id.update(new)
+    known.extend_table(list(new_texts))
+    ranks = [NOT_RANKED] * count
+    if 0 < top_k <= RANKABLE_TOP_K:
+        ranks = [_rank(*token, row) for token, row in zip(zip(ids, texts, logprobs, strict=True), top, strict=True)]
+    own_ids = [
+        token_id
+        for position, (token_id, rank) in enumerate(zip(ids, ranks, strict=True))
+        if rank == NOT_RANKED or top_ids[position * top_k + rank] == NO_ID
+    ]
+    own_logprobs = [logprob for logprob, rank in zip(logprobs, ranks, strict=True) if rank == NOT_RANKED]
+    ranked = any(rank != NOT_RANKED for rank in ranks)
     return PackedTokens(
         count=count,
         top_k=top_k,
         float=width,
-        ids=_b64(array("i", ids)),
-        logprobs=_b64(array(code, logprobs)),
-        top_ids=_b64(array("i", top_ids)) if top_k else "",
+        ids=_b64(array("i", own_ids if ranked else ids)),
+        logprobs=_b64(array(code, own_logprobs if ranked else logprobs)),
+        top_ids=_b64(array("i", top_ids)) if any(token_id != NO_ID for token_id in top_ids) else "",
         top_logprobs=_b64(array(code, top_logprobs)) if top_k else "",
-        sampled_rank=_b64(array("b", ranks)) if ranks else "",
+        top_texts=_b64(array("i", top_texts)) if any(index != NO_TEXT for index in top_texts) else "",
+        sampled_rank=_b64(array("b", ranks)) if ranked else "",
         vocab_ids=_b64(array("i", new)),
         vocab=list(new.values()),
+        alt_texts=list(new_texts),
     )
 
 
 def unpack(
-    packed: PackedTokens, known: dict[int, str] | None = None
+    packed: PackedTokens, known: ResultTexts | None = None
 ) -> tuple[list[int], list[float], list[str], list[list[Alternative]]]:
     """The turn's lists back: (ids, logprobs, texts, alternatives per position). `known`: the texts of earlier
     packed turns of the same result; this turn's own are added to it."""
     count, top_k, code = packed.count, packed.top_k, _TYPECODE[packed.float]
+    known = ResultTexts() if known is None else known
     vocab_ids = _unb64(packed.vocab_ids, "i", len(packed.vocab), "vocab_ids")
-    text_of = {} if known is None else known
-    text_of.update(zip(vocab_ids.tolist(), packed.vocab, strict=True))
-    alt_ids: list[int] = []
+    known.by_id.update(zip(vocab_ids.tolist(), packed.vocab, strict=True))
+    known.extend_table(packed.alt_texts)
+    slots = count * top_k
+    alt_ids: list[int] = [NO_ID] * slots
+    alt_texts: list[int] = [NO_TEXT] * slots
     alt_logprobs: list[float] = []
     if top_k:
-        alt_ids = _unb64(packed.top_ids, "i", count * top_k, "top_ids").tolist()
-        alt_logprobs = _unb64(packed.top_logprobs, code, count * top_k, "top_logprobs").tolist()
-    if packed.sampled_rank:
-        ids, logprobs = _ranked(packed, alt_ids, alt_logprobs)
-    else:
-        ids = _unb64(packed.ids, "i", count, "ids").tolist()
-        logprobs = _unb64(packed.logprobs, code, count, "logprobs").tolist()
+        alt_logprobs = _unb64(packed.top_logprobs, code, slots, "top_logprobs").tolist()
+        if packed.top_ids:
+            alt_ids = _unb64(packed.top_ids, "i", slots, "top_ids").tolist()
+        if packed.top_texts:
+            alt_texts = _unb64(packed.top_texts, "i", slots, "top_texts").tolist()
+    elif packed.top_ids or packed.top_texts or packed.top_logprobs:
+        raise ValueError("packed.top_k: 0, yet the turn carries alternatives (top_ids, top_texts or top_logprobs)")
     try:
-        texts = [text_of[token_id] for token_id in ids]
-        alternatives: list[Alternative] = [(text_of[i], lp, i) for i, lp in zip(alt_ids, alt_logprobs, strict=True)]
+        alternatives = [
+            _alternative(known, token_id, index, logprob, slot)
+            for slot, (token_id, index, logprob) in enumerate(zip(alt_ids, alt_texts, alt_logprobs, strict=True))
+        ]
+        ids, logprobs = _sampled(packed, alt_ids, alt_logprobs)
+        texts = [known.by_id[token_id] for token_id in ids]
     except KeyError as missing:
         raise ValueError(f"packed.vocab: no text for token id {missing}") from None
-    top = [alternatives[start : start + top_k] for start in range(0, count * top_k, top_k)] if top_k else []
+    top = [alternatives[start : start + top_k] for start in range(0, slots, top_k)] if top_k else []
     return ids, logprobs, texts, top
 
 
-def _ranked(packed: PackedTokens, alt_ids: list[int], alt_logprobs: list[float]) -> tuple[list[int], list[float]]:
-    """The sampled ids and logprobs of a turn packed with `sampled_rank`: a ranked position's from its alternative,
-    the others in order from `ids` and `logprobs`."""
-    count, top_k = packed.count, packed.top_k
+def _alternative(known: ResultTexts, token_id: int, index: int, logprob: float, slot: int) -> Alternative:
+    if token_id != NO_ID:
+        if index != NO_TEXT:
+            raise ValueError(f"packed.top_texts: alternative {slot} has both an id and a text index")
+        return known.by_id[token_id], logprob, token_id
+    if index == NO_TEXT:
+        raise ValueError(f"packed.top_texts: alternative {slot} has neither an id (top_ids) nor a text index")
+    if not 0 <= index < len(known.table):
+        raise ValueError(
+            f"packed.top_texts: alternative {slot}'s index {index} is outside the result's {len(known.table)} "
+            "alt_texts so far"
+        )
+    return known.table[index], logprob, None
+
+
+def _sampled(packed: PackedTokens, alt_ids: list[int], alt_logprobs: list[float]) -> tuple[list[int], list[float]]:
+    """The sampled ids and logprobs: a ranked position's logprob (and id, when its alternative has one) from its
+    alternative, the others in order from `ids` and `logprobs`."""
+    count, top_k, code = packed.count, packed.top_k, _TYPECODE[packed.float]
+    if not packed.sampled_rank:
+        return _unb64(packed.ids, "i", count, "ids").tolist(), _unb64(packed.logprobs, code, count, "logprobs").tolist()
     ranks = _unb64(packed.sampled_rank, "b", count, "sampled_rank").tolist()
     if not top_k or any(not NOT_RANKED <= rank < top_k for rank in ranks):
         raise ValueError(f"packed.sampled_rank: a rank outside -1..{top_k - 1}")
-    unranked = ranks.count(NOT_RANKED)
-    own_ids = iter(_unb64(packed.ids, "i", unranked, "ids").tolist())
-    own_logprobs = iter(_unb64(packed.logprobs, _TYPECODE[packed.float], unranked, "logprobs").tolist())
+    slots = [position * top_k + rank for position, rank in enumerate(ranks)]
+    own_id_count = sum(rank == NOT_RANKED or alt_ids[slot] == NO_ID for rank, slot in zip(ranks, slots, strict=True))
+    own_ids = iter(_unb64(packed.ids, "i", own_id_count, "ids").tolist())
+    own_logprobs = iter(_unb64(packed.logprobs, code, ranks.count(NOT_RANKED), "logprobs").tolist())
     ids: list[int] = []
     logprobs: list[float] = []
-    for position, rank in enumerate(ranks):
-        if rank == NOT_RANKED:
-            ids.append(next(own_ids))
-            logprobs.append(next(own_logprobs))
-        else:
-            ids.append(alt_ids[position * top_k + rank])
-            logprobs.append(alt_logprobs[position * top_k + rank])
+    for rank, slot in zip(ranks, slots, strict=True):
+        ranked = rank != NOT_RANKED
+        ids.append(alt_ids[slot] if ranked and alt_ids[slot] != NO_ID else next(own_ids))
+        logprobs.append(alt_logprobs[slot] if ranked else next(own_logprobs))
     return ids, logprobs

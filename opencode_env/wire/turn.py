@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from opencode_env.wire.shared import WireFloat
-from opencode_env.wire.token_packing import PackedTokens, pack, unpack
+from opencode_env.wire.token_packing import PackedTokens, ResultTexts, pack, unpack
 
 TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy's record cannot tie to one of OpenCode's sessions (kept in the record, never trained,
@@ -81,9 +81,9 @@ class MessagesBase(BaseModel):
 _PACKED_LISTS = ("completion_token_ids", "per_token_logps", "completion_tokens", "top_logprobs")
 
 
-def unpacked_turn(data: Any, known: dict[int, str]) -> Any:
-    """A turn's wire form with its `packed` arrays back in the lists; `known`: the token texts of the result's
-    earlier turns (this turn's are added)."""
+def unpacked_turn(data: Any, known: ResultTexts) -> Any:
+    """A turn's wire form with its `packed` arrays back in the lists; `known`: the texts of the result's earlier
+    turns (this turn's are added)."""
     if not isinstance(data, dict) or not data.get("packed"):
         return data
     packed = PackedTokens.model_validate(data["packed"])
@@ -166,7 +166,7 @@ class RolloutTurn(BaseModel):
     )
     packed: PackedTokens | None = Field(
         None,
-        description="Wire only (schema_version 4 and 5): completion_token_ids, per_token_logps, completion_tokens and "
+        description="Wire only (schema_version 4 to 6): completion_token_ids, per_token_logps, completion_tokens and "
         "top_logprobs packed as base64 little-endian arrays, those four lists then empty; see "
         "opencode_env/wire/token_packing.py for the layout. In Python the lists are always filled.",
     )
@@ -174,12 +174,13 @@ class RolloutTurn(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _unpack_tokens(cls, data: Any) -> Any:
-        """A turn read on its own: its vocab holds every text it needs (RolloutResult unpacks its turns in order)."""
-        return unpacked_turn(data, {})
+        """A turn read on its own: its vocab and alt_texts hold every text it needs (RolloutResult unpacks its turns
+        in order)."""
+        return unpacked_turn(data, ResultTexts())
 
-    def packed_for_wire(self, known: dict[int, str] | None = None) -> RolloutTurn:
+    def packed_for_wire(self, known: ResultTexts | None = None) -> RolloutTurn:
         """This turn with its per-token lists packed (itself when they cannot be, or are already); `known`: the
-        token texts earlier turns of its result carry (see token_packing)."""
+        texts earlier turns of its result carry (see token_packing)."""
         if self.packed is not None:
             return self
         packed = pack(self.completion_token_ids, self.per_token_logps, self.completion_tokens, self.top_logprobs, known)

@@ -104,7 +104,7 @@ async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_
         exchanges = list(model.exchanges)
     assert answer.structured_content is not None
     wire = answer.structured_content["result"]
-    assert wire["schema_version"] == SCHEMA_VERSION == 5
+    assert wire["schema_version"] == SCHEMA_VERSION == 6
     assert [turn["prompt_base"] is not None for turn in wire["proxy_turns"]] == [False, True, True]
     assert all(turn["prompt_token_ids"] == [] for turn in wire["proxy_turns"][1:])
     result = parse_result(wire)

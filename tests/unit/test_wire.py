@@ -54,7 +54,7 @@ def long_rollout(turns: int, *, start: int = 200, completion: int = 20, tool_out
 def test_the_compact_shape_round_trips_losslessly_and_writes_each_prompt_id_once() -> None:
     result = long_rollout(50)
     wire = json.loads(result.model_dump_json())
-    assert wire["schema_version"] == SCHEMA_VERSION == 5
+    assert wire["schema_version"] == SCHEMA_VERSION == 6
     turns = wire["proxy_turns"]
     assert len(turns[0]["prompt_token_ids"]) == 200
     assert turns[0]["prompt_base"] is None
