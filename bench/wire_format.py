@@ -1,8 +1,9 @@
 """Bytes on the wire per sampled token with top-5 alternatives, and the time to encode and decode 100k of them:
-version 3's JSON lists against version 4's packed arrays, each also gzip-compressed (as the result route sends it),
-side by side in one run. Then the prompt compaction of version 2: bytes per rollout and per completion token, old
-shape (every turn carries its whole prompt) vs the compact shape, and the time to parse a 1,000-turn result and
-expand every prompt.
+version 3's JSON lists against the packed arrays of versions 4 and 5 (alternatives with ids) and 6 (alternatives
+named by text only, as an OpenAI-compatible server such as vLLM sends them), some also gzip-compressed (as the
+result route sends it), side by side in one run. Then the prompt compaction of version 2: bytes per rollout and per
+completion token, old shape (every turn carries its whole prompt) vs the compact shape, and the time to parse a
+1,000-turn result and expand every prompt.
 
     uv run --frozen python -m bench.wire_format [--tokens 100000] [--turns 10 100 1000] [--start 10000]
 
@@ -51,12 +52,20 @@ def synthetic(turns: int, *, start: int, growth: int, completion: int, top_k: in
     return RolloutResult(task_id="synthetic", proxy_turns=records)
 
 
-def sampled(tokens: int, *, in_top: float = 1.0, per_turn: int = 1000, top_k: int = 5, seed: int = 7) -> RolloutResult:
+def sampled(
+    tokens: int,
+    *,
+    in_top: float = 1.0,
+    by_text: bool = False,
+    per_turn: int = 1000,
+    top_k: int = 5,
+    seed: int = 7,
+) -> RolloutResult:
     """`tokens` sampled tokens over turns of `per_turn`, as vLLM gives them: float32 logprobs, texts one per id; ids
     log-uniform over the vocabulary (text is Zipfian: a few ids recur, most are rare). At a share `in_top` of the
     positions the sampled token is one of its own alternatives with the same logprob (first of them four times in
     five: greedy decoding puts it first every time); elsewhere all k alternatives are other tokens, more likely than
-    it."""
+    it. `by_text`: the alternatives carry their text and no id, as an OpenAI-compatible server sends them."""
     rng = random.Random(seed)
     texts = {token_id: f"t{token_id}" for token_id in range(152_000)}
     turns = []
@@ -71,11 +80,12 @@ def sampled(tokens: int, *, in_top: float = 1.0, per_turn: int = 1000, top_k: in
             above = [logprob + rng.expovariate(0.8) for _ in range(rank)]
             below = [logprob - rng.expovariate(0.8) for _ in range(top_k - 1 - rank)] if ranked else []
             others = array("f", sorted(above + below, reverse=True)).tolist()
-            alternatives = [
-                (texts[i], lp, i) for i, lp in zip(rng.sample(range(5000), len(others)), others, strict=True)
+            alternatives: list[tuple[str, float, int | None]] = [
+                (texts[i], lp, None if by_text else i)
+                for i, lp in zip(rng.sample(range(5000), len(others)), others, strict=True)
             ]
             if ranked:
-                alternatives.insert(rank, (texts[token_id], logprob, token_id))
+                alternatives.insert(rank, (texts[token_id], logprob, None if by_text else token_id))
             top.append(alternatives)
         turns.append(
             RolloutTurn(
@@ -93,17 +103,24 @@ def sampled(tokens: int, *, in_top: float = 1.0, per_turn: int = 1000, top_k: in
 
 def token_rows(tokens: int) -> None:
     print(f"{tokens} sampled tokens, top-5 alternatives each; times per 100k tokens")
-    print(f"{'form':<44} {'B/token':>8} {'encode ms':>10} {'decode ms':>10} {'vs v3 JSON':>11}")
+    print(f"{'form':<52} {'B/token':>8} {'encode ms':>10} {'decode ms':>10} {'vs v3 JSON':>11}")
     base = None
-    for name, in_top, context, compress in (
-        ("v3 JSON lists", 0.9, {UNPACKED_CONTEXT: True}, False),
-        ("v4 packed (v5, sampled never in its top-5)", 0.0, None, False),
-        ("v5 packed, sampled in its top-5 at 90%", 0.9, None, False),
-        ("v5 packed, sampled in its top-5 always", 1.0, None, False),
-        ("v3 JSON lists + gzip -1", 0.9, {UNPACKED_CONTEXT: True}, True),
-        ("v5 packed + gzip -1, in top-5 at 90%", 0.9, None, True),
+    lists = {UNPACKED_CONTEXT: True}
+    for name, in_top, by_text, context, compress in (
+        ("v3 JSON lists, alternatives with ids", 0.9, False, lists, False),
+        ("v4 packed (v5, sampled never in its top-5)", 0.0, False, None, False),
+        ("v5 packed, ids, sampled in its top-5 at 90%", 0.9, False, None, False),
+        ("v5 packed, ids, sampled in its top-5 always", 1.0, False, None, False),
+        ("v3 JSON lists, alternatives by text (v5 sends these)", 0.9, True, lists, False),
+        ("v6 packed, by text, sampled in its top-5 at 90%", 0.9, True, None, False),
+        ("v6 packed, by text, sampled in its top-5 always", 1.0, True, None, False),
+        ("v6 packed, by text, sampled never in its top-5", 0.0, True, None, False),
+        ("v3 JSON lists, ids + gzip -1", 0.9, False, lists, True),
+        ("v5 packed, ids + gzip -1, in top-5 at 90%", 0.9, False, None, True),
+        ("v3 JSON lists, by text + gzip -1", 0.9, True, lists, True),
+        ("v6 packed, by text + gzip -1, in top-5 at 90%", 0.9, True, None, True),
     ):
-        result = sampled(tokens, in_top=in_top)
+        result = sampled(tokens, in_top=in_top, by_text=by_text)
         per_100k = 100_000 / tokens
         started = time.perf_counter()
         wire = result.model_dump_json(context=context).encode()
@@ -117,7 +134,7 @@ def token_rows(tokens: int) -> None:
         per_token = len(wire) / tokens
         base = base or per_token
         print(
-            f"{name:<44} {per_token:>8.1f} {encode_s * 1000 * per_100k:>10.0f} {decode_s * 1000 * per_100k:>10.0f} "
+            f"{name:<52} {per_token:>8.1f} {encode_s * 1000 * per_100k:>10.0f} {decode_s * 1000 * per_100k:>10.0f} "
             f"{per_token / base:>10.2f}x"
         )
 

@@ -2,7 +2,7 @@
 named by text): base64 of little-endian arrays.
 
 Four per-token lists of a turn (`completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs`)
-cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed they cost ~45 bytes of arrays (~60 in
+cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed they cost 35-48 bytes of arrays (47-64 in
 base64) plus each distinct text once per result. An OpenAI-compatible server (vLLM included) names a top
 alternative by its text only, without an id: version 6 writes each such text once per result, in a table, and the
 alternative as an index into it. The sampled token is most often one of its own alternatives (vLLM puts it first),
@@ -15,10 +15,10 @@ The layout, for a reader in any language (n sampled tokens, k alternatives at ev
 - `top_logprobs`: float[n*k], row-major (position by position, alternatives in their order); "" when k = 0.
 - `top_ids`: int32[n*k], row-major: each alternative's token id, or -1 for an alternative without one. "" when no
   alternative of the turn has an id (then every entry reads as -1), and when k = 0.
-- `top_texts` (version 6): int32[n*k], row-major: for an alternative without an id, the index of its text in the
-  result's text table (below); -1 for an alternative with an id. "" when every alternative of the turn has an id
-  (then every entry reads as -1). Every alternative has exactly one of the two: an id (its text is that id's text,
-  see `vocab`) or a text index.
+- `top_texts` (version 6): int16[n*k] or int32[n*k] (`top_texts_width`, "i16" or "i32", says which), row-major:
+  for an alternative without an id, the index of its text in the result's text table (below); -1 for an
+  alternative with an id. "" when every alternative of the turn has an id (then every entry reads as -1). Every
+  alternative has exactly one of the two: an id (its text is that id's text, see `vocab`) or a text index.
 - `sampled_rank`: int8[n] (version 5; "" or absent: every position is -1): at each position, the index among that
   position's alternatives of one that is the sampled token, or -1. An alternative is the sampled token when its
   logprob is the sampled logprob bit for bit (a NaN never matches) and, when it has an id, the id is the sampled
@@ -51,13 +51,15 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT16_MAX = 2**15 - 1
 NO_ID = -1
 NO_TEXT = -1
 NOT_RANKED = -1
 RANKABLE_TOP_K = 127
 """The most alternatives a rank (one signed byte) can index."""
 FloatWidth = Literal["f32", "f64"]
-_TYPECODE: dict[FloatWidth, str] = {"f32": "f", "f64": "d"}
+IndexWidth = Literal["i16", "i32"]
+_TYPECODE: dict[FloatWidth | IndexWidth, str] = {"f32": "f", "f64": "d", "i16": "h", "i32": "i"}
 
 
 class PackedTokens(BaseModel):
@@ -85,6 +87,10 @@ class PackedTokens(BaseModel):
         description="base64 of int32[n*k], row-major: an id-less alternative's index in the result's text table (the "
         "alt_texts of its packed turns, in order); -1 for an alternative with an id; empty when every alternative "
         "has an id (schema_version 6).",
+    )
+    top_texts_width: IndexWidth = Field(
+        "i32",
+        description="The width of top_texts: i16 while the result's text table has at most 32768 texts, else i32.",
     )
     sampled_rank: str = Field(
         "",
@@ -208,6 +214,7 @@ def pack(
     code = _TYPECODE[width]
     known.by_id.update(new)
     known.extend_table(list(new_texts))
+    index_width: IndexWidth = "i16" if len(known.table) <= INT16_MAX + 1 else "i32"
     ranks = [NOT_RANKED] * count
     if 0 < top_k <= RANKABLE_TOP_K:
         ranks = [_rank(*token, row) for token, row in zip(zip(ids, texts, logprobs, strict=True), top, strict=True)]
@@ -226,7 +233,8 @@ def pack(
         logprobs=_b64(array(code, own_logprobs if ranked else logprobs)),
         top_ids=_b64(array("i", top_ids)) if any(token_id != NO_ID for token_id in top_ids) else "",
         top_logprobs=_b64(array(code, top_logprobs)) if top_k else "",
-        top_texts=_b64(array("i", top_texts)) if any(index != NO_TEXT for index in top_texts) else "",
+        top_texts=_b64(array(_TYPECODE[index_width], top_texts)) if any(i != NO_TEXT for i in top_texts) else "",
+        top_texts_width=index_width,
         sampled_rank=_b64(array("b", ranks)) if ranked else "",
         vocab_ids=_b64(array("i", new)),
         vocab=list(new.values()),
@@ -253,7 +261,7 @@ def unpack(
         if packed.top_ids:
             alt_ids = _unb64(packed.top_ids, "i", slots, "top_ids").tolist()
         if packed.top_texts:
-            alt_texts = _unb64(packed.top_texts, "i", slots, "top_texts").tolist()
+            alt_texts = _unb64(packed.top_texts, _TYPECODE[packed.top_texts_width], slots, "top_texts").tolist()
     elif packed.top_ids or packed.top_texts or packed.top_logprobs:
         raise ValueError("packed.top_k: 0, yet the turn carries alternatives (top_ids, top_texts or top_logprobs)")
     try:

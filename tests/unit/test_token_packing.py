@@ -248,8 +248,8 @@ def test_alternatives_named_by_text_pack_into_a_text_table_written_once_per_resu
     assert all(isinstance(p, dict) for p in packed)
     assert [p["top_ids"] for p in packed] == ["", ""]
     assert [p["alt_texts"] for p in packed] == [[" the", " a", "\n", " cat"], [" sat"]]
-    assert decoded(packed[0], "top_texts", "i") == [0, 1, 2, 3, 0, 1]
-    assert decoded(packed[1], "top_texts", "i") == [4, 3, 2]
+    assert decoded(packed[0], "top_texts", "h") == [0, 1, 2, 3, 0, 1]
+    assert decoded(packed[1], "top_texts", "h") == [4, 3, 2]
     assert [decoded(p, "sampled_rank", "b") for p in packed] == [[0, 0], [0]]
     assert [decoded(p, "ids", "i") for p in packed] == [[11, 12], [13]]
     assert [p["logprobs"] for p in packed] == ["", ""]
@@ -279,9 +279,19 @@ def test_ids_hold_the_unranked_and_the_positions_ranked_to_an_alternative_withou
     assert decoded(packed, "ids", "i") == [6, 7, 8, 9, 9]
     assert bits(decoded(packed, "logprobs", "f")) == bits([-3.0, -0.0, math.nan])  # type: ignore[arg-type]
     assert decoded(packed, "top_ids", "i") == [5, -1, 5, -1, 5, -1, -1, -1, -1, -1, -1, 9]
-    assert decoded(packed, "top_texts", "i") == [-1, 0, -1, 0, -1, 0, 0, 0, 1, 1, 1, -1]
+    assert decoded(packed, "top_texts", "h") == [-1, 0, -1, 0, -1, 0, 0, 0, 1, 1, 1, -1]
     assert packed["alt_texts"] == ["y", "w"]
     assert_same(RolloutResult.model_validate_json(result.model_dump_json()).proxy_turns[0], result.proxy_turns[0])
+
+
+def test_text_indices_are_int16_until_the_result_has_more_texts_than_int16_indexes() -> None:
+    many = 2**15 + 1
+    rows = [(1, "s", -0.5, [(f"t{i}", -1.0, None)]) for i in range(many)]
+    result = RolloutResult(proxy_turns=[by_text_turn(0, rows[: many - 1]), by_text_turn(1, rows[many - 1 :])])
+    packed = [t["packed"] for t in wire_turns(result)]
+    assert [p["top_texts_width"] for p in packed] == ["i16", "i32"]  # type: ignore[index]
+    assert decoded(packed[1], "top_texts", "i") == [many - 1]  # type: ignore[arg-type]
+    assert RolloutResult.model_validate_json(result.model_dump_json()).proxy_turns == result.proxy_turns
 
 
 def test_a_turn_read_on_its_own_carries_every_text_it_needs() -> None:
@@ -300,9 +310,11 @@ def packed_result(turns: list[RolloutTurn]) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("top_texts", array("i", [0, 7]), r"packed.top_texts: alternative 1's index 7 is outside the result's 2"),
-        ("top_texts", array("i", [0, -1]), r"packed.top_texts: alternative 1 has neither an id \(top_ids\)"),
-        ("top_texts", array("i", [0]), r"packed.top_texts: 4 bytes, expected 8"),
+        ("top_texts", array("h", [0, 7]), r"packed.top_texts: alternative 1's index 7 is outside the result's 2"),
+        ("top_texts", array("h", [0, -1]), r"packed.top_texts: alternative 1 has neither an id \(top_ids\)"),
+        ("top_texts", array("h", [0]), r"packed.top_texts: 2 bytes, expected 4"),
+        ("top_texts_width", "i32", r"packed.top_texts: 4 bytes, expected 8"),
+        ("top_texts_width", "i8", r"top_texts_width"),
         ("top_texts", "not base64!", r"packed.top_texts: not base64"),
         ("top_ids", array("i", [1, 1]), r"packed.top_texts: alternative 0 has both an id and a text index"),
         ("sampled_rank", array("b", [2]), r"packed.sampled_rank: a rank outside -1..1"),
