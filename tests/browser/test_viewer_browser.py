@@ -187,6 +187,61 @@ def test_packed_turns_show_every_token_whose_text_or_id_an_earlier_turn_or_its_r
     assert popup.find_element(By.CLASS_NAME, "popup-logprob").text.startswith("logprob: -6.0000")
 
 
+def test_packed_turns_whose_alternatives_have_no_ids_show_every_text_id_and_logprob(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """Schema 6 on the page, as vLLM names alternatives (by text, no id): their texts in the result's table (the
+    second turn adds one text and reuses the first turn's), ranked sampled tokens' ids in `ids`, one unranked token
+    (its id and logprob in `ids`/`logprobs`)."""
+    texts = {7: " seven", 8: " eight", 9: " nine"}
+
+    def by_text_turn(number: int, ids: list[int], logprobs: list[float], extra: str) -> RolloutTurn:
+        return RolloutTurn(
+            turn=number,
+            completion_token_ids=ids,
+            completion_tokens=[texts[i] for i in ids],
+            per_token_logps=logprobs,
+            top_logprobs=[[(" seven", -0.5, None), (" eight", -1.5, None), (extra, -7.0, None)] for _ in ids],
+            request={"messages": [{"role": "user", "content": f"turn {number}"}]},
+        )
+
+    result = RolloutResult(
+        task_id="by-text",
+        proxy_turns=[
+            by_text_turn(0, [7, 8, 9], [-0.5, -1.5, -6.0], " else"),
+            by_text_turn(1, [8, 9, 7], [-1.5, -6.0, -0.5], " other"),
+        ],
+    )
+    wire = result.model_dump_json()
+    assert '"top_ids":""' in wire
+    assert '"alt_texts":[" seven"," eight"," else"]' in wire
+    assert '"alt_texts":[" other"]' in wire
+    open_page(browser, result, tmp_path)
+    for number, want in ((0, [" seven", " eight", " nine"]), (1, [" eight", " nine", " seven"])):
+        tokens = f"#turn-{number} .tok"
+        browser.execute_script(f"document.getElementById('turn-{number}').scrollIntoView()")
+        WebDriverWait(browser, 20).until(lambda b, css=tokens: len(b.find_elements(By.CSS_SELECTOR, css)) == 3)
+        assert [tok.text for tok in browser.find_elements(By.CSS_SELECTOR, tokens)] == want
+    popup = browser.find_element(By.ID, "tok-popup")
+    for index, (want_id, want_logprob) in enumerate(((8, "-1.5000"), (9, "-6.0000"))):
+        tok = browser.find_elements(By.CSS_SELECTOR, "#turn-1 .tok")[index]
+        ActionChains(browser).move_to_element(tok).perform()
+        WebDriverWait(browser, 5).until(
+            lambda _, i=want_id: popup.find_element(By.CLASS_NAME, "popup-id").text == f"id: {i}"
+        )
+        assert popup.find_element(By.CLASS_NAME, "popup-logprob").text.startswith(f"logprob: {want_logprob}")
+    rows = [
+        [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+        for row in popup.find_elements(By.CSS_SELECTOR, "table.topk tr")[1:]
+    ]
+    assert [(row[1], row[2], row[4]) for row in rows] == [
+        ('" seven"', "-0.5000", "?"),
+        ('" eight"', "-1.5000", "?"),
+        ('" nine" (not in top-k)', "-6.0000", "9"),
+        ('" other"', "-7.0000", "?"),
+    ]
+
+
 def test_a_thousand_turns_are_built_only_as_they_scroll_into_view(browser: WebDriver, tmp_path: Path) -> None:
     turn = RolloutTurn(
         turn=0, completion_tokens=["x"] * 300, completion_token_ids=[1] * 300, per_token_logps=[-0.5] * 300

@@ -53,47 +53,55 @@
   const arr = (x) => (Array.isArray(x) ? x : []);
   const obj = (x) => (x && typeof x === "object" && !Array.isArray(x) ? x : {});
 
-  /* A turn's per-token arrays may travel packed (schema_version 4 and 5; opencode_env/wire/token_packing.py): base64
-     of little-endian int32 / float32 or float64 arrays, each token id's text once per result in `vocab` (textOf is
-     the result's map, filled turn by turn in order), and in version 5 a sampled token that is one of its own
-     alternatives as its rank there (`sampled_rank`, int8; -1: read from `ids`/`logprobs`, which hold only those). */
+  /* A turn's per-token arrays may travel packed (schema_version 4 to 6; opencode_env/wire/token_packing.py): base64
+     of little-endian int32 / float32 or float64 arrays, each token id's text once per result in `vocab` (texts.byId
+     is the result's map, filled turn by turn in order); in version 5 a sampled token that is one of its own
+     alternatives as its rank there (`sampled_rank`, int8; -1: read from `ids`/`logprobs`); in version 6 an
+     alternative without an id as an index (`top_texts`, int16 or int32) into the result's table of texts
+     (texts.table: every packed turn's `alt_texts`, in order). `ids` holds the positions ranked -1 or ranked to an
+     alternative without an id, `logprobs` the positions ranked -1. */
   function littleEndian(b64, kind, count) {
     const bytes = Uint8Array.from(atob(b64 || ""), (c) => c.charCodeAt(0));
     const view = new DataView(bytes.buffer);
-    const size = kind === "f64" ? 8 : kind === "i8" ? 1 : 4;
-    const read = kind === "i32" ? (o) => view.getInt32(o, true) : kind === "i8" ? (o) => view.getInt8(o) : kind === "f32" ? (o) => view.getFloat32(o, true) : (o) => view.getFloat64(o, true);
+    const size = kind === "f64" ? 8 : kind === "i8" ? 1 : kind === "i16" ? 2 : 4;
+    const read = kind === "i32" ? (o) => view.getInt32(o, true) : kind === "i16" ? (o) => view.getInt16(o, true) : kind === "i8" ? (o) => view.getInt8(o) : kind === "f32" ? (o) => view.getFloat32(o, true) : (o) => view.getFloat64(o, true);
     return Array.from({ length: Math.min(count, bytes.length / size) }, (_, i) => read(i * size));
   }
 
-  function unpackedTurn(turn, textOf) {
+  function unpackedTurn(turn, texts) {
     const p = turn && turn.packed;
     if (!p) return turn;
     const n = p.count, k = p.top_k;
     const vocabIds = littleEndian(p.vocab_ids, "i32", arr(p.vocab).length);
-    vocabIds.forEach((id, i) => textOf.set(id, p.vocab[i]));
-    const altIds = littleEndian(p.top_ids, "i32", n * k);
+    vocabIds.forEach((id, i) => texts.byId.set(id, p.vocab[i]));
+    arr(p.alt_texts).forEach((t) => texts.table.push(t));
+    const altIds = p.top_ids ? littleEndian(p.top_ids, "i32", n * k) : Array(n * k).fill(-1);
+    const altText = p.top_texts ? littleEndian(p.top_texts, p.top_texts_width || "i32", n * k) : Array(n * k).fill(-1);
     const altLps = littleEndian(p.top_logprobs, p.float, n * k);
     const ranks = p.sampled_rank ? littleEndian(p.sampled_rank, "i8", n) : Array(n).fill(-1);
-    const own = ranks.filter((r) => r < 0).length;
-    const ownIds = littleEndian(p.ids, "i32", own), ownLps = littleEndian(p.logprobs, p.float, own);
-    let next = 0;
+    const ownIdCount = ranks.filter((r, pos) => r < 0 || altIds[pos * k + r] < 0).length;
+    const ownIds = littleEndian(p.ids, "i32", ownIdCount);
+    const ownLps = littleEndian(p.logprobs, p.float, ranks.filter((r) => r < 0).length);
+    let nextId = 0, nextLp = 0;
     const ids = [], lps = [];
     ranks.forEach((r, pos) => {
-      if (r < 0) { ids.push(ownIds[next]); lps.push(ownLps[next]); next += 1; }
-      else { ids.push(altIds[pos * k + r]); lps.push(altLps[pos * k + r]); }
+      const slot = pos * k + r;
+      ids.push(r >= 0 && altIds[slot] >= 0 ? altIds[slot] : ownIds[nextId++]);
+      lps.push(r >= 0 ? altLps[slot] : ownLps[nextLp++]);
     });
+    const alternative = (slot) => altIds[slot] >= 0 ? [texts.byId.get(altIds[slot]), altLps[slot], altIds[slot]] : [texts.table[altText[slot]], altLps[slot], null];
     return Object.assign({}, turn, {
       packed: null,
       completion_token_ids: ids,
-      completion_tokens: ids.map((id) => textOf.get(id)),
+      completion_tokens: ids.map((id) => texts.byId.get(id)),
       per_token_logps: lps,
-      top_logprobs: k ? ids.map((_, pos) => altIds.slice(pos * k, pos * k + k).map((id, j) => [textOf.get(id), altLps[pos * k + j], id])) : [],
+      top_logprobs: k ? ids.map((_, pos) => Array.from({ length: k }, (_, j) => alternative(pos * k + j))) : [],
     });
   }
 
   function unpackedTurns(turns) {
-    const textOf = new Map();
-    return turns.map((turn) => unpackedTurn(turn, textOf));
+    const texts = { byId: new Map(), table: [] };
+    return turns.map((turn) => unpackedTurn(turn, texts));
   }
 
   function statusClass(status) {
