@@ -12,6 +12,7 @@ import asyncio
 import json
 import random
 import time
+from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -83,6 +84,14 @@ def plan_tokens(step: Step, rng: random.Random, top_k: int) -> list[PlannedToken
             alternatives.append((alt_text, token_id(alt_text), min(alt_logprob, 0.0)))
         planned.append(PlannedToken(text, tid, sampled, tuple(alternatives), segment))
     return planned
+
+
+def _float32(token: PlannedToken) -> PlannedToken:
+    def narrowed(value: float) -> float:
+        return array("f", [value])[0]
+
+    alternatives = tuple((text, tid, narrowed(logprob)) for text, tid, logprob in token.alternatives)
+    return PlannedToken(token.text, token.token_id, narrowed(token.logprob), alternatives, token.segment)
 
 
 def _finish_reason(step: Step) -> str:
@@ -162,8 +171,11 @@ class ScriptedModel:
         template_switch_after: int | None = None,
         policy_version: str = "",
         refuse_tools: bool = False,
+        float32_logprobs: bool = False,
     ) -> None:
         self.script = script
+        self.float32_logprobs = float32_logprobs
+        """Every logprob a float32 value, as vLLM computes them (by default, float64 values no float32 holds)."""
         self.refuse_tools = refuse_tools
         """Like vLLM started without --enable-auto-tool-choice: a request that offers tools is answered 400."""
         self.sub_script = sub_script
@@ -251,6 +263,8 @@ class ScriptedModel:
         top_k = int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
         rng = random.Random(self._seed * 1_000_003 + (-1 if probing else len(self.exchanges)))
         exchange.tokens = self._processed(plan_tokens(step, rng, top_k=max(top_k, 1)), body.get("temperature"))
+        if self.float32_logprobs:
+            exchange.tokens = [_float32(token) for token in exchange.tokens]
         tokens = body.get("tokens")
         if request.url.path.endswith("/tokens"):
             if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):

@@ -253,17 +253,16 @@ def unpack(
     known.by_id.update(zip(vocab_ids.tolist(), packed.vocab, strict=True))
     known.extend_table(packed.alt_texts)
     slots = count * top_k
-    alt_ids: list[int] = [NO_ID] * slots
-    alt_texts: list[int] = [NO_TEXT] * slots
-    alt_logprobs: list[float] = []
-    if top_k:
-        alt_logprobs = _unb64(packed.top_logprobs, code, slots, "top_logprobs").tolist()
-        if packed.top_ids:
-            alt_ids = _unb64(packed.top_ids, "i", slots, "top_ids").tolist()
-        if packed.top_texts:
-            alt_texts = _unb64(packed.top_texts, _TYPECODE[packed.top_texts_width], slots, "top_texts").tolist()
-    elif packed.top_ids or packed.top_texts or packed.top_logprobs:
+    if not top_k and (packed.top_ids or packed.top_texts or packed.top_logprobs):
         raise ValueError("packed.top_k: 0, yet the turn carries alternatives (top_ids, top_texts or top_logprobs)")
+    # Decoded first: its length bounds n*k by the bytes actually sent before any list of that size is made.
+    alt_logprobs: list[float] = _unb64(packed.top_logprobs, code, slots, "top_logprobs").tolist()
+    alt_ids = _unb64(packed.top_ids, "i", slots, "top_ids").tolist() if packed.top_ids else [NO_ID] * slots
+    alt_texts = (
+        _unb64(packed.top_texts, _TYPECODE[packed.top_texts_width], slots, "top_texts").tolist()
+        if packed.top_texts
+        else [NO_TEXT] * slots
+    )
     try:
         alternatives = [
             _alternative(known, token_id, index, logprob, slot)

@@ -137,7 +137,7 @@ async def delivered(backend: LocalBackend) -> Delivered:
     server = ThreadedServer(app_for(backend, max_rollouts=2))
     server.start()
     try:
-        with ScriptedModelServer(long_script()) as model:
+        with ScriptedModelServer(long_script(), float32_logprobs=True) as model:
             (answer_json, answer, by_resources, by_route), via_env = await asyncio.gather(
                 through_the_mcp_sdk(server.url, long_request(model.base_url, "at_size_mcp_sdk")),
                 through_opencode_env(server.url, long_request(model.base_url, "at_size_opencode_env")),
@@ -207,16 +207,17 @@ def test_the_two_rollouts_ran_in_their_own_sessions_and_left_nothing(delivered: 
 def test_a_real_capture_names_alternatives_by_text_and_its_turns_travel_packed(delivered: Delivered) -> None:
     """An OpenAI-compatible server (vLLM included, unless asked for `return_tokens_as_token_ids`) names the top
     alternatives by text only: schema 6 packs them as indices into a table of texts, so the whole result of 52.8k
-    sampled tokens is under the issue's 64 bytes per sampled token as JSON, and reads back bit for bit (the tests
-    above check the very same bytes). Printed beside it: the same result as version 3's lists, which is what
-    schema 5 sent for such turns."""
+    sampled tokens (float32 logprobs, as vLLM computes them) is under the issue's 64 bytes per sampled token as
+    JSON, and reads back bit for bit (the tests above check the very same bytes). Printed beside it: the same
+    result as version 3's lists, which is what schema 5 sent for such turns."""
     turns = delivered.via_env.proxy_turns
     assert {token_id for turn in turns for position in turn.top_logprobs for _, _, token_id in position} == {None}
     result_json = gzip.decompress(delivered.by_resources)
     wire = json.loads(result_json)
     assert wire["schema_version"] == SCHEMA_VERSION == 6
     packed = [turn["packed"] for turn in wire["proxy_turns"]]
-    assert [(p["top_k"], p["top_ids"] != "", p["top_texts"] != "") for p in packed] == [(TOP_K, False, True)] * TURNS
+    shapes = [(p["top_k"], p["float"], p["top_ids"], p["top_texts"] != "") for p in packed]
+    assert shapes == [(TOP_K, "f32", "", True)] * TURNS
     assert [(turn["completion_token_ids"], turn["top_logprobs"]) for turn in wire["proxy_turns"]] == [([], [])] * TURNS
     sampled = sum(p["count"] for p in packed)
     as_lists = RolloutResult.model_validate_json(result_json).model_dump_json(context={UNPACKED_CONTEXT: True})

@@ -391,3 +391,12 @@ def test_any_mix_of_alternatives_with_and_without_ids_round_trips_bit_for_bit(re
     for got, want in zip(parsed.proxy_turns, result.proxy_turns, strict=True):
         assert_same(got, want)
         assert got.packed is None
+
+
+def test_a_count_the_arrays_do_not_hold_is_refused_before_anything_that_size_is_made() -> None:
+    wire = packed_result([by_text_turn(0, [(1, "a", -0.5, [("a", -0.5, None), ("b", -1.5, None)])])])
+    turns = wire["proxy_turns"]
+    assert isinstance(turns, list)
+    turns[0]["packed"]["count"] = 10**12
+    with pytest.raises(ValueError, match=r"packed.top_logprobs: 8 bytes, expected 8000000000000"):
+        RolloutResult.model_validate({"task_id": "t", "status": "completed", "reward": 1.0, **wire})

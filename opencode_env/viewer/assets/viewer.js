@@ -75,9 +75,9 @@
     const vocabIds = littleEndian(p.vocab_ids, "i32", arr(p.vocab).length);
     vocabIds.forEach((id, i) => texts.byId.set(id, p.vocab[i]));
     arr(p.alt_texts).forEach((t) => texts.table.push(t));
-    const altIds = p.top_ids ? littleEndian(p.top_ids, "i32", n * k) : Array(n * k).fill(-1);
-    const altText = p.top_texts ? littleEndian(p.top_texts, p.top_texts_width || "i32", n * k) : Array(n * k).fill(-1);
     const altLps = littleEndian(p.top_logprobs, p.float, n * k);
+    const altIds = p.top_ids ? littleEndian(p.top_ids, "i32", n * k) : altLps.map(() => -1);
+    const altText = p.top_texts ? littleEndian(p.top_texts, p.top_texts_width || "i32", n * k) : altLps.map(() => -1);
     const ranks = p.sampled_rank ? littleEndian(p.sampled_rank, "i8", n) : Array(n).fill(-1);
     const ownIdCount = ranks.filter((r, pos) => r < 0 || altIds[pos * k + r] < 0).length;
     const ownIds = littleEndian(p.ids, "i32", ownIdCount);
