@@ -2,14 +2,14 @@
 named by text): base64 of little-endian arrays.
 
 Four per-token lists of a turn (`completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs`)
-cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed they cost 35-48 bytes of arrays (47-64 in
-base64) plus each distinct text once per result. An OpenAI-compatible server (vLLM included) names a top
-alternative by its text only, without an id: version 6 writes each such text once per result, in a table, and the
-alternative as an index into it. The sampled token is most often one of its own alternatives (vLLM puts it first),
-with the very same logprob: version 5 then writes one byte, its rank among the alternatives, instead of its logprob
-(and its id, when that alternative has one) again. Nothing is lost: ids and their order, every logprob bit for bit
-(float32 when every value of the turn is a float32, which is what vLLM computes; float64 otherwise), every
-alternative's id or text, in its order, every sampled token's text.
+cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed (float32 logprobs) they cost 35-49 bytes
+of arrays (47-66 in base64) plus each distinct text once per result. An OpenAI-compatible server (vLLM included)
+names a top alternative by its text only, without an id: version 6 writes each such text once per result, in a
+table, and the alternative as an index into it. The sampled token is most often one of its own alternatives (vLLM
+puts it first), with the very same logprob: version 5 then writes one byte, its rank among the alternatives, instead
+of its logprob (and its id, when that alternative has one) again. Nothing is lost: ids and their order, every
+logprob bit for bit (float32 when every value of the turn is a float32, which is what vLLM computes; float64
+otherwise), every alternative's id or text, in its order, every sampled token's text.
 
 The layout, for a reader in any language (n sampled tokens, k alternatives at every position):
 - `top_logprobs`: float[n*k], row-major (position by position, alternatives in their order); "" when k = 0.
