@@ -102,6 +102,12 @@ async def test_every_transport_is_listed_and_a_restarted_server_still_lists_them
         assert row["message"].startswith(f"{result.status}{where}"), row
     assert (before["form"]["status"], before["form"]["failed_phase"]) == ("completed", None)
     assert before["form"]["reward"] == 1.0
+    # A run is listed as finished before its files are written (the write runs in a thread): the restarted server
+    # reads the directory once they are all there.
+    for _ in range(400):
+        if len(list(results_env.glob("*.json"))) >= 2 * len(transports):
+            break
+        await asyncio.sleep(0.05)
 
     with stub_server(command_s=0.02) as restarted:
         after = {row["task_id"]: row for row in await listed(restarted.url)}
