@@ -118,7 +118,7 @@ def _fold_tool_call_delta(fold: Fold, delta: dict[str, Any]) -> None:
 
 def fold_chunk(fold: Fold, chunk: dict[str, Any]) -> None:
     if isinstance(chunk.get("prompt_token_ids"), list):
-        fold.prompt_token_ids = [int(i) for i in chunk["prompt_token_ids"]]
+        fold.prompt_token_ids = list(map(int, chunk["prompt_token_ids"]))
     if isinstance(chunk.get("usage"), dict):
         fold.usage = {k: v for k, v in chunk["usage"].items() if isinstance(v, int)}
     if chunk.get("error") is not None:
@@ -136,7 +136,7 @@ def fold_chunk(fold: Fold, chunk: dict[str, Any]) -> None:
             _fold_tool_call_delta(fold, call)
         _fold_logprobs(fold, choice.get("logprobs"))
         if isinstance(choice.get("token_ids"), list):
-            fold.token_ids.extend(int(i) for i in choice["token_ids"])
+            fold.token_ids.extend(map(int, choice["token_ids"]))
         if choice.get("finish_reason"):
             fold.finish_reason = str(choice["finish_reason"])
 

@@ -59,50 +59,51 @@ class ChunkedDecoder:
                     break
                 size = _chunk_size(buffer[position:line_end])
                 position = line_end + 2
-                if size == 0:
-                    state = _State.TRAILER
-                    continue
                 data_end = position + size
-                if data_end + 2 <= end:
+                if size and data_end + 2 <= end:
                     if buffer[data_end : data_end + 2] != CRLF:
                         raise ValueError("a chunk's data is not followed by CRLF")
                     pieces.append(buffer[position:data_end])
                     position = data_end + 2
                     continue
                 self._remaining = size
-                state = _State.DATA
-            elif state is _State.DATA:
-                take = min(self._remaining, end - position)
-                if take == 0:
-                    break
-                pieces.append(buffer[position : position + take])
-                position += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    state = _State.DATA_END
-            elif state is _State.DATA_END:
-                if end - position < 2:
-                    break
-                if buffer[position : position + 2] != CRLF:
-                    raise ValueError("a chunk's data is not followed by CRLF")
-                position += 2
-                state = _State.SIZE
-            else:
-                line_end = buffer.find(CRLF, position)
-                if line_end < 0:
-                    break
-                trailer_line = line_end > position
-                position = line_end + 2
-                if not trailer_line:
-                    state = _State.DONE
-                    self.leftover = buffer[position:]
-                    position = end
-                    break
+                state = _State.DATA if size else _State.TRAILER
+                continue
+            step = self._step(state, buffer, position, pieces)
+            if step is None:
+                break
+            position, state = step
         if (state is _State.SIZE or state is _State.TRAILER) and end - position > MAX_LINE:
             raise ValueError(f"a chunk-size or trailer line is over {MAX_LINE} bytes")
         self._state = state
         self._buffer = buffer[position:] if position < end else b""
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _step(self, state: _State, buffer: bytes, position: int, pieces: list[bytes]) -> tuple[int, _State] | None:
+        """One step of a chunk cut by a read's edge, or of the trailer; None when `buffer` holds too little."""
+        end = len(buffer)
+        if state is _State.DATA:
+            take = min(self._remaining, end - position)
+            if take == 0:
+                return None
+            pieces.append(buffer[position : position + take])
+            self._remaining -= take
+            return position + take, _State.DATA if self._remaining else _State.DATA_END
+        if state is _State.DATA_END:
+            if end - position < 2:
+                return None
+            if buffer[position : position + 2] != CRLF:
+                raise ValueError("a chunk's data is not followed by CRLF")
+            return position + 2, _State.SIZE
+        if state is _State.DONE:
+            return None
+        line_end = buffer.find(CRLF, position)
+        if line_end < 0:
+            return None
+        if line_end > position:
+            return line_end + 2, _State.TRAILER
+        self.leftover = buffer[line_end + 2 :]
+        return end, _State.DONE
 
 
 def _chunk_size(line: bytes) -> int:

@@ -81,9 +81,12 @@ def test_alternatives_keep_their_text_value_and_id_whatever_their_json_type() ->
     }
     chunk = {"choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [entry]}}]}
     fold = fold_stream(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
-    assert fold.logprobs == [-1.0] and type(fold.logprobs[0]) is float
+    assert fold.logprobs == [-1.0]
+    assert type(fold.logprobs[0]) is float
     (top,) = fold.top_logprobs
-    assert top[0][0] == "token_id:42" and math.isnan(top[0][1]) and top[0][2] == 42
+    assert top[0][0] == "token_id:42"
+    assert math.isnan(top[0][1])
+    assert top[0][2] == 42
     assert top[1:] == [("7", -0.5, None), ("token_id:x", 0.0, None), ("", -2.25, None)]
     assert all(type(value) is float for _, value, _ in top)
     assert fold.first_token_offset is not None
