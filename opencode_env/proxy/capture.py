@@ -71,6 +71,8 @@ class Fold:
 
 
 def _id_of(token: str) -> int | None:
+    if not token.startswith("token_id:"):
+        return None
     match = _TOKEN_ID_STRING.match(token)
     return int(match.group(1)) if match else None
 
@@ -79,22 +81,27 @@ def _logprob(entry: dict[str, Any]) -> float:
     """A null is NaN: vLLM's JSON (pydantic) writes a NaN or infinite logprob as null, and which one it was is
     lost (seen on vLLM 0.32 with a model whose logits went NaN: every token the pad id, every logprob null)."""
     value = entry.get("logprob", 0.0)
+    if type(value) is float:
+        return value
     return math.nan if value is None else float(value)
 
 
+def _top_entry(alt: dict[str, Any]) -> TopEntry:
+    token = alt.get("token", "")
+    if type(token) is not str:
+        token = str(token)
+    return token, _logprob(alt), _id_of(token)
+
+
 def _fold_logprobs(fold: Fold, logprobs: Any) -> None:
+    """Once per sampled token (five alternatives each at top-5): the fold's hottest loop, kept to plain calls."""
     if not isinstance(logprobs, dict):
         return
+    tokens, values, tops = fold.tokens, fold.logprobs, fold.top_logprobs
     for entry in logprobs.get("content") or []:
-        token = str(entry.get("token", ""))
-        fold.tokens.append(token)
-        fold.logprobs.append(_logprob(entry))
-        fold.top_logprobs.append(
-            [
-                (str(alt.get("token", "")), _logprob(alt), _id_of(str(alt.get("token", ""))))
-                for alt in entry.get("top_logprobs") or []
-            ]
-        )
+        tokens.append(str(entry.get("token", "")))
+        values.append(_logprob(entry))
+        tops.append([_top_entry(alt) for alt in entry.get("top_logprobs") or []])
 
 
 def _fold_tool_call_delta(fold: Fold, delta: dict[str, Any]) -> None:
@@ -111,7 +118,7 @@ def _fold_tool_call_delta(fold: Fold, delta: dict[str, Any]) -> None:
 
 def fold_chunk(fold: Fold, chunk: dict[str, Any]) -> None:
     if isinstance(chunk.get("prompt_token_ids"), list):
-        fold.prompt_token_ids = [int(i) for i in chunk["prompt_token_ids"]]
+        fold.prompt_token_ids = list(map(int, chunk["prompt_token_ids"]))
     if isinstance(chunk.get("usage"), dict):
         fold.usage = {k: v for k, v in chunk["usage"].items() if isinstance(v, int)}
     if chunk.get("error") is not None:
@@ -129,7 +136,7 @@ def fold_chunk(fold: Fold, chunk: dict[str, Any]) -> None:
             _fold_tool_call_delta(fold, call)
         _fold_logprobs(fold, choice.get("logprobs"))
         if isinstance(choice.get("token_ids"), list):
-            fold.token_ids.extend(int(i) for i in choice["token_ids"])
+            fold.token_ids.extend(map(int, choice["token_ids"]))
         if choice.get("finish_reason"):
             fold.finish_reason = str(choice["finish_reason"])
 
@@ -166,10 +173,10 @@ def fold_stream(raw: bytes | bytearray) -> Fold:
     raw = bytes(raw)
     parse = loads_for(raw)
     for event, offset in _events(raw):
-        data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
+        data = _event_data(event)
         if not data:
             continue
-        if data.strip() == b"[DONE]":
+        if data[-1:] != b"}" and data.strip() == b"[DONE]":
             fold.done = True
             continue
         try:
@@ -177,12 +184,24 @@ def fold_stream(raw: bytes | bytearray) -> Fold:
         except ValueError:
             fold.unparsed_events += 1
             continue
-        if isinstance(chunk, dict):
-            had_tokens = len(fold.tokens) + len(fold.token_ids)
+        if not isinstance(chunk, dict):
+            continue
+        if fold.first_token_offset is not None:
             fold_chunk(fold, chunk)
-            if fold.first_token_offset is None and len(fold.tokens) + len(fold.token_ids) > had_tokens:
-                fold.first_token_offset = offset
+            continue
+        had_tokens = len(fold.tokens) + len(fold.token_ids)
+        fold_chunk(fold, chunk)
+        if len(fold.tokens) + len(fold.token_ids) > had_tokens:
+            fold.first_token_offset = offset
     return fold
+
+
+def _event_data(event: bytes) -> bytes:
+    """An SSE event's data: its `data:` lines' values joined by newlines (an event of one such line, vLLM's every
+    event, without the split and join)."""
+    if b"\n" not in event and event.startswith(b"data:"):
+        return event[5:].lstrip(b" ")
+    return b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
 
 
 def fold_response(raw: bytes) -> Fold:
