@@ -175,11 +175,7 @@ def test_packed_turns_show_every_token_whose_text_or_id_an_earlier_turn_or_its_r
     assert '"sampled_rank":"' in wire
     assert '"vocab":[]' in wire
     open_page(browser, result, tmp_path)
-    for number, want in ((0, [" seven", " eight", " nine"]), (1, [" eight", " nine", " seven"])):
-        tokens = f"#turn-{number} .tok"
-        browser.execute_script(f"document.getElementById('turn-{number}').scrollIntoView()")
-        WebDriverWait(browser, 20).until(lambda b, css=tokens: len(b.find_elements(By.CSS_SELECTOR, css)) == 3)
-        assert [tok.text for tok in browser.find_elements(By.CSS_SELECTOR, tokens)] == want
+    assert_seven_eight_nine_in_two_turns(browser)
     nine = browser.find_elements(By.CSS_SELECTOR, "#turn-1 .tok")[1]
     ActionChains(browser).move_to_element(nine).perform()
     popup = browser.find_element(By.ID, "tok-popup")
@@ -217,11 +213,7 @@ def test_packed_turns_whose_alternatives_have_no_ids_show_every_text_id_and_logp
     assert '"alt_texts":[" seven"," eight"," else"]' in wire
     assert '"alt_texts":[" other"]' in wire
     open_page(browser, result, tmp_path)
-    for number, want in ((0, [" seven", " eight", " nine"]), (1, [" eight", " nine", " seven"])):
-        tokens = f"#turn-{number} .tok"
-        browser.execute_script(f"document.getElementById('turn-{number}').scrollIntoView()")
-        WebDriverWait(browser, 20).until(lambda b, css=tokens: len(b.find_elements(By.CSS_SELECTOR, css)) == 3)
-        assert [tok.text for tok in browser.find_elements(By.CSS_SELECTOR, tokens)] == want
+    assert_seven_eight_nine_in_two_turns(browser)
     popup = browser.find_element(By.ID, "tok-popup")
     for index, (want_id, want_logprob) in enumerate(((8, "-1.5000"), (9, "-6.0000"))):
         tok = browser.find_elements(By.CSS_SELECTOR, "#turn-1 .tok")[index]
@@ -446,3 +438,12 @@ def test_unknown_fields_are_shown_when_present(browser: WebDriver, tmp_path: Pat
     field = [s for s in other.find_elements(By.CSS_SELECTOR, "details details > summary") if s.text == "training_notes"]
     field[0].click()
     WebDriverWait(browser, 20).until(lambda _: '"aligned": true' in other.text)
+
+
+def assert_seven_eight_nine_in_two_turns(browser: WebDriver) -> None:
+    """The two turns' tokens as the page shows them, once each turn has rendered its three."""
+    for number, want in ((0, [" seven", " eight", " nine"]), (1, [" eight", " nine", " seven"])):
+        tokens = f"#turn-{number} .tok"
+        browser.execute_script(f"document.getElementById('turn-{number}').scrollIntoView()")
+        WebDriverWait(browser, 20).until(lambda b, css=tokens: len(b.find_elements(By.CSS_SELECTOR, css)) == 3)
+        assert [tok.text for tok in browser.find_elements(By.CSS_SELECTOR, tokens)] == want

@@ -45,15 +45,7 @@ def test_float32_and_float64_logprobs_round_trip_bit_for_bit() -> None:
     assert all(t["completion_token_ids"] == [] and t["top_logprobs"] == [] for t in wire)
     parsed = RolloutResult.model_validate_json(result.model_dump_json())
     for got, want in zip(parsed.proxy_turns, result.proxy_turns, strict=True):
-        assert got.completion_token_ids == want.completion_token_ids
-        assert got.completion_tokens == want.completion_tokens
-        assert bits(got.per_token_logps) == bits(want.per_token_logps)
-        assert [[(t, i) for t, _, i in p] for p in got.top_logprobs] == [
-            [(t, i) for t, _, i in p] for p in want.top_logprobs
-        ]
-        assert bits([lp for p in got.top_logprobs for _, lp, _ in p]) == bits(
-            [lp for p in want.top_logprobs for _, lp, _ in p]
-        )
+        assert_same(got, want)
         assert got.packed is None
 
 
