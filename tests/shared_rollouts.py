@@ -28,13 +28,24 @@ class SharedRollouts:
         self._sandbox_base = sandbox_base
         self._plans = plans
         self._outcomes: dict[str, Outcome] = {}
+        self._failures: dict[str, Exception] = {}
 
     async def get(self, name: str) -> Outcome:
+        """The named rollout's outcome; a rollout that failed fails each test that reads it, without running again."""
+        if name in self._failures:
+            raise RuntimeError(f"the shared rollout {name!r} failed in an earlier test") from self._failures[name]
         if name not in self._outcomes:
-            plan = self._plans[name]
-            before = set(self._sandbox_base.iterdir())
-            outcome = await rollout(self._backend, plan.script, **plan.fields)
-            assert set(self._sandbox_base.iterdir()) - before == set(), f"rollout {name!r} left its sandbox"
-            assert processes_mentioning(str(self._sandbox_base)) == [], f"rollout {name!r} left processes"
-            self._outcomes[name] = outcome
+            try:
+                self._outcomes[name] = await self._run(name)
+            except Exception as error:
+                self._failures[name] = error
+                raise
         return self._outcomes[name]
+
+    async def _run(self, name: str) -> Outcome:
+        plan = self._plans[name]
+        before = set(self._sandbox_base.iterdir())
+        outcome = await rollout(self._backend, plan.script, **plan.fields)
+        assert set(self._sandbox_base.iterdir()) - before == set(), f"rollout {name!r} left its sandbox"
+        assert processes_mentioning(str(self._sandbox_base)) == [], f"rollout {name!r} left processes"
+        return outcome
