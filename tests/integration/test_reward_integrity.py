@@ -28,7 +28,6 @@ from tests.helpers import Outcome, rollout
 from tests.shared_rollouts import Plan, SharedRollouts
 
 REWARD = "/home/user/logs/verifier/reward.txt"
-FAILING_VERIFY = ["cd /home/user/workdir && python3 -c 'import sys; sys.exit(1)'"]
 ADD = "def add(a, b):\n    return a + b\n"
 WRONG_ADD = "def add(a, b):\n    return a - b\n"
 WRITE_REWARD = f"open({REWARD!r}, 'w').write('1')"
