@@ -5,12 +5,18 @@ verify, 1.0 for honest work), never 1.0 for a failing verify and never None, and
 Classes (the issue's): hooks verify would load from the agent's HOME, /tmp or configuration; breaking a directory
 the pipeline uses or leaving odd names, to turn a failure into an infrastructure failure; calls OpenCode did not
 make, and killing OpenCode; planting tests the task restores; verify in a fresh sandbox.
+
+Attacks that act on different things share one rollout (a real OpenCode run is the suite's biggest cost), each
+checked on its own: the four hooks in one bash step, each leaving its own marker; breakages of different paths
+together; see the plans in SHARED for why each group's attacks cannot mask each other. Attacks on the same path
+(the logs dir as a link, as a file, its verifier dir as a link) stay in rollouts of their own.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,29 +25,48 @@ from opencode_env.testing.demo import DEMO_VERIFY
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, write
 from opencode_env.wire import RolloutResult
 from tests.helpers import Outcome, rollout
+from tests.shared_rollouts import Plan, SharedRollouts
 
 REWARD = "/home/user/logs/verifier/reward.txt"
-FAILING_VERIFY = ["cd /home/user/workdir && python3 -c 'import sys; sys.exit(1)'"]
 ADD = "def add(a, b):\n    return a + b\n"
 WRONG_ADD = "def add(a, b):\n    return a - b\n"
 WRITE_REWARD = f"open({REWARD!r}, 'w').write('1')"
-USER_SITE = "$(python3 -c 'import site; print(site.getusersitepackages())')"
+SITE = "python3 -c 'import site; print(site.getusersitepackages())'"
+
+
+def python_hook(name: str) -> str:
+    """A hook's Python line: prints HOOK-<name> and writes the reward. The marker is spelled in two literals, so
+    only the hook running prints it whole (the command that plants it never holds it)."""
+    return f"import os; print('HOOK' '-{name}'); {WRITE_REWARD}"
+
 
 HOOKS = {
-    "usercustomize": f'mkdir -p {USER_SITE} && echo "{WRITE_REWARD}" > {USER_SITE}/usercustomize.py',
-    "pth file": f'mkdir -p {USER_SITE} && echo "import os; {WRITE_REWARD}" > {USER_SITE}/zz-hook.pth',
+    "usercustomize": ("usercustomize", f'echo "{python_hook("usercustomize")}" > "$site/usercustomize.py"'),
+    "pth file": ("pth", f'echo "{python_hook("pth")}" > "$site/zz-hook.pth"'),
     "git fsmonitor": (
-        f"printf '#!/bin/sh\\necho 1 > {REWARD}\\n' > /home/user/hook.sh && chmod +x /home/user/hook.sh && "
-        "git config --global core.fsmonitor /home/user/hook.sh && git -C /home/user/workdir init -q"
+        "fsmonitor",
+        f"printf '#!/bin/sh\\necho HOOK\"-\"fsmonitor >&2\\necho 1 > {REWARD}\\n' > /home/user/hook.sh && "
+        "chmod +x /home/user/hook.sh && git config --global core.fsmonitor /home/user/hook.sh && "
+        "git -C /home/user/workdir init -q",
     ),
-    "the grader's own HOME in /tmp": (
-        "site=$(HOME=/tmp/home python3 -c 'import site; print(site.getusersitepackages())') && "
-        f'mkdir -p "$site" && echo "{WRITE_REWARD}" > "$site/usercustomize.py"'
-    ),
+    "the grader's own HOME in /tmp": ("tmp-home", f'echo "{python_hook("tmp-home")}" > "$tmpsite/usercustomize.py"'),
 }
-HOOK_VERIFY = {
-    "git fsmonitor": ["git -C /home/user/workdir status >/dev/null 2>&1; exit 1"],
-}
+"""Each hook: its marker and how the agent plants it. They cannot mask each other: each lives in its own file
+(the user site of /home/user, of HOME=/tmp/home, git's global config), each writes the reward on its own and prints
+its own marker, and a hook failing never stops another from running (site.py goes on past a failing .pth line or
+usercustomize; git and Python are separate programs)."""
+PLANT_HOOKS = " && ".join(
+    [
+        f"site=$({SITE}) && tmpsite=$(HOME=/tmp/home {SITE})",
+        'mkdir -p "$site" "$tmpsite"',
+        *(plant for _, plant in HOOKS.values()),
+    ]
+)
+PROBE_HOOKS = "python3 -c pass; HOME=/tmp/home python3 -c pass; git -C /home/user/workdir status >/dev/null"
+"""The agent runs what each hook hooks, so each hook is shown to run where it was planted (its marker in the tool's
+output) before verify is shown not to run it. The reward each writes then is the agent's, which verify replaces."""
+HOOK_VERIFY = ["cd /home/user/workdir && git status; python3 -c 'import sys; sys.exit(1)'"]
+"""A failing verify that runs Python (the site hooks) and git status (the fsmonitor), with their output kept."""
 
 
 def roundtrips(result: RolloutResult) -> RolloutResult:
@@ -56,12 +81,24 @@ def tool_outputs(outcome: Outcome) -> str:
     return json.dumps([exchange.request.get("messages", []) for exchange in outcome.exchanges])
 
 
+@pytest.fixture(scope="module")
+def shared(backend: LocalBackend, sandbox_base: Path) -> SharedRollouts:
+    return SharedRollouts(backend, sandbox_base, SHARED)
+
+
+def verify_output(result: RolloutResult) -> str:
+    return "".join(command.stdout + command.stderr for command in result.verify_results)
+
+
 @pytest.mark.parametrize("hook", sorted(HOOKS))
-async def test_hooks_the_agent_plants_never_run_in_verify(backend: LocalBackend, no_leaks: None, hook: str) -> None:
-    script = Script(steps=[bash(HOOKS[hook]), say("planted")])
-    outcome = await rollout(backend, script, verify=HOOK_VERIFY.get(hook, FAILING_VERIFY), task_id="hook")
+async def test_hooks_the_agent_plants_never_run_in_verify(shared: SharedRollouts, hook: str) -> None:
+    outcome = await shared.get("hooks")
     result = roundtrips(outcome.result)
+    marker = "HOOK-" + HOOKS[hook][0]
+    assert marker in tool_outputs(outcome), "the hook never ran for the agent: planted where nothing loads it"
     assert result.status == "completed", result.error
+    assert marker not in verify_output(result), result.verify_results
+    assert not any(marker in text for text in result.files.values())
     assert (result.reward, result.reward_source) == (0.0, "verify_pass_rate")
 
 
@@ -71,14 +108,19 @@ BREAKAGES = {
     "the verifier dir made a link": "rm -rf /home/user/logs/verifier && ln -s /etc /home/user/logs/verifier",
     "opencode's data dir attacked": "rm -rf /home/opencode 2>&1; ls /home/opencode 2>&1; true",
 }
+BREAKAGE_ROLLOUT = {
+    "logs made a link to /tmp": "logs as a link, opencode's data dir, odd names",
+    "opencode's data dir attacked": "logs as a link, opencode's data dir, odd names",
+    "logs made a file": "logs as a file",
+    "the verifier dir made a link": "the verifier dir as a link, killing opencode",
+}
+"""The breakages of /home/user/logs each in a rollout of its own (each acts on that path: one would undo another)."""
 
 
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
-async def test_breaking_a_directory_we_use_keeps_the_honest_reward(
-    backend: LocalBackend, no_leaks: None, breakage: str
-) -> None:
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(BREAKAGES[breakage]), say("done")])
-    result = roundtrips((await rollout(backend, script, task_id="breaker")).result)
+async def test_breaking_a_directory_we_use_keeps_the_honest_reward(shared: SharedRollouts, breakage: str) -> None:
+    outcome = await shared.get(BREAKAGE_ROLLOUT[breakage])
+    result = roundtrips(outcome.result)
     assert result.status == "completed", result.error
     assert (result.reward, result.reward_source) == (1.0, "reward_txt")
 
@@ -103,9 +145,8 @@ ODD_NAMES = (
 )
 
 
-async def test_odd_file_names_leave_a_result_that_serialises(backend: LocalBackend, no_leaks: None) -> None:
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(ODD_NAMES), say("done")])
-    result = roundtrips((await rollout(backend, script)).result)
+async def test_odd_file_names_leave_a_result_that_serialises(shared: SharedRollouts) -> None:
+    result = roundtrips((await shared.get("logs as a link, opencode's data dir, odd names")).result)
     assert result.status == "completed", result.error
     assert result.reward == 1.0
     assert "new\nline.txt" in result.files
@@ -140,9 +181,8 @@ for token in tokens:
 EOF"""
 
 
-async def test_calls_opencode_did_not_make_are_never_recorded(backend: LocalBackend, no_leaks: None) -> None:
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(FORGE), say("done")])
-    outcome = await rollout(backend, script)
+async def test_calls_opencode_did_not_make_are_never_recorded(shared: SharedRollouts) -> None:
+    outcome = await shared.get("forged calls, protected files")
     result = roundtrips(outcome.result)
     assert result.status == "completed", result.error
     forged = [exchange for exchange in outcome.exchanges if exchange.request["messages"][0]["content"] == "FORGED call"]
@@ -153,17 +193,18 @@ async def test_calls_opencode_did_not_make_are_never_recorded(backend: LocalBack
     assert result.reward == 1.0
 
 
-async def test_the_agent_cannot_kill_opencode_or_spoil_its_proxy(backend: LocalBackend, no_leaks: None) -> None:
+KILL_OPENCODE = (
+    "python3 -c \"import json, os, urllib.request; c = json.load(open(os.environ['OPENCODE_CONFIG'])); "
+    "u = next(iter(c['provider'].values()))['options']['baseURL'] + '/chat/completions'; "
+    "t = os.environ.get('OPENCODE_ENV_UPSTREAM_KEY', 'none'); "
+    "urllib.request.urlopen(urllib.request.Request(u, data=b'{not json', headers={'authorization': 'Bearer ' + t}))"
+    '" 2>&1 | tail -1; pkill -KILL -x opencode; pkill -KILL -x .opencode; kill -KILL $PPID; echo still here'
+)
+
+
+async def test_the_agent_cannot_kill_opencode_or_spoil_its_proxy(shared: SharedRollouts) -> None:
     """A malformed call to its own proxy, then killing OpenCode: OpenCode lives on and the model never failed."""
-    attack = (
-        "python3 -c \"import json, os, urllib.request; c = json.load(open(os.environ['OPENCODE_CONFIG'])); "
-        "u = next(iter(c['provider'].values()))['options']['baseURL'] + '/chat/completions'; "
-        "t = os.environ.get('OPENCODE_ENV_UPSTREAM_KEY', 'none'); "
-        "urllib.request.urlopen(urllib.request.Request(u, data=b'{not json', headers={'authorization': 'Bearer ' + t}))"
-        '" 2>&1 | tail -1; pkill -KILL -x opencode; pkill -KILL -x .opencode; kill -KILL $PPID; echo still here'
-    )
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(attack), say("done")])
-    outcome = await rollout(backend, script)
+    outcome = await shared.get("the verifier dir as a link, killing opencode")
     result = roundtrips(outcome.result)
     assert result.status == "completed", result.error
     assert result.reward == 1.0
@@ -171,6 +212,10 @@ async def test_the_agent_cannot_kill_opencode_or_spoil_its_proxy(backend: LocalB
 
 
 PROTECTED_TEST = "import sys\nfrom add import add\nsys.exit(0 if add(2, 3) == 5 else 1)\n"
+PROTECTED = {
+    "verify": ["cd /home/user/workdir && python3 -m tests.test_add"],
+    "verify_files": {"tests/test_add.py": PROTECTED_TEST},
+}
 PLANT_TESTS = (
     "ls /home/user/workdir/tests 2>&1; mkdir -p /tmp/mine && echo 'import sys; sys.exit(0)' > /tmp/mine/test_add.py "
     "&& ln -s /tmp/mine /home/user/workdir/tests && ls -la /home/user/workdir/tests/"
@@ -181,12 +226,7 @@ async def test_protected_files_replace_what_the_agent_left_and_are_never_seen(
     backend: LocalBackend, no_leaks: None
 ) -> None:
     script = Script(steps=[write("/home/user/workdir/add.py", WRONG_ADD), bash(PLANT_TESTS), say("done")])
-    outcome = await rollout(
-        backend,
-        script,
-        verify=["cd /home/user/workdir && python3 -m tests.test_add"],
-        verify_files={"tests/test_add.py": PROTECTED_TEST},
-    )
+    outcome = await rollout(backend, script, **PROTECTED)
     result = roundtrips(outcome.result)
     assert result.status == "completed", result.error
     assert "No such file or directory" in tool_outputs(outcome)
@@ -194,15 +234,13 @@ async def test_protected_files_replace_what_the_agent_left_and_are_never_seen(
     assert result.files.get("tests/test_add.py") == PROTECTED_TEST
 
 
-async def test_protected_files_let_honest_work_pass(backend: LocalBackend, no_leaks: None) -> None:
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), say("done")])
-    outcome = await rollout(
-        backend,
-        script,
-        verify=["cd /home/user/workdir && python3 -m tests.test_add"],
-        verify_files={"tests/test_add.py": PROTECTED_TEST},
-    )
-    assert (outcome.result.reward, outcome.result.status) == (1.0, "completed")
+async def test_protected_files_let_honest_work_pass(shared: SharedRollouts) -> None:
+    """The honest add.py under the protected test passes (its rollout also tries forged calls, which touch no file
+    and no grade: see SHARED)."""
+    outcome = await shared.get("forged calls, protected files")
+    assert outcome.result.files.get("tests/test_add.py") == PROTECTED_TEST
+    assert (outcome.result.reward, outcome.result.reward_source) == (1.0, "verify_pass_rate")
+    assert outcome.result.status == "completed"
 
 
 async def test_a_fresh_verify_sees_the_work_dir_and_nothing_else(backend: LocalBackend, no_leaks: None) -> None:
@@ -222,13 +260,7 @@ async def test_a_fresh_verify_sees_the_work_dir_and_nothing_else(backend: LocalB
 async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks: None) -> None:
     fill = "head -c 400M /dev/zero > /home/user/workdir/fill 2>&1; df -h /home/user | tail -1"
     script = Script(steps=[write("/home/user/workdir/add.py", ADD), bash(fill), say("done")])
-    outcome = await rollout(
-        backend,
-        script,
-        disk_mb=128,
-        verify=["cd /home/user/workdir && python3 -m tests.test_add"],
-        verify_files={"tests/test_add.py": PROTECTED_TEST},
-    )
+    outcome = await rollout(backend, script, disk_mb=128, **PROTECTED)
     result = roundtrips(outcome.result)
     assert result.status in ("completed", "agent_error"), result.error
     assert (result.reward, result.reward_source) == (1.0, "verify_pass_rate")
@@ -236,10 +268,59 @@ async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks
     assert "disk" in result.limits_hit
 
 
-async def test_opencode_still_stops_a_tool_command_past_its_timeout(backend: LocalBackend, no_leaks: None) -> None:
+TOOL_TIMEOUT = Step(
+    tool_calls=[ToolCallStep(name="bash", arguments={"command": "sleep 90", "description": "wait", "timeout": 2000})]
+)
+
+
+async def test_opencode_still_stops_a_tool_command_past_its_timeout(shared: SharedRollouts) -> None:
     """OpenCode and its tools are two uids now: its own tool timeout must still end the command (it holds kill)."""
-    arguments = {"command": "sleep 90", "description": "wait", "timeout": 2000}
-    slow = Step(tool_calls=[ToolCallStep(name="bash", arguments=arguments)])
-    outcome = await rollout(backend, Script(steps=[slow, say("done")]), verify=FAILING_VERIFY)
+    outcome = await shared.get("hooks")
     assert outcome.result.status == "completed", outcome.result.error
     assert "terminated command after exceeding timeout 2000 ms" in tool_outputs(outcome)
+
+
+def in_turn(*commands: str) -> str:
+    """Several attacks as one bash command (one tool step), each in a subshell of its own."""
+    return "; ".join(f"({command})" for command in commands)
+
+
+HONEST = write("/home/user/workdir/add.py", ADD)
+SHARED = {
+    "hooks": Plan(
+        Script(steps=[bash(f"{PLANT_HOOKS}; {PROBE_HOOKS}"), TOOL_TIMEOUT, say("planted")]),
+        {"verify": HOOK_VERIFY, "task_id": "hook"},
+    ),
+    "logs as a link, opencode's data dir, odd names": Plan(
+        Script(
+            steps=[
+                HONEST,
+                bash(
+                    in_turn(BREAKAGES["opencode's data dir attacked"], ODD_NAMES, BREAKAGES["logs made a link to /tmp"])
+                ),
+                say("done"),
+            ]
+        ),
+        {"task_id": "breaker"},
+    ),
+    "logs as a file": Plan(
+        Script(steps=[HONEST, bash(BREAKAGES["logs made a file"]), say("done")]), {"task_id": "breaker"}
+    ),
+    "the verifier dir as a link, killing opencode": Plan(
+        Script(steps=[HONEST, bash(f"{BREAKAGES['the verifier dir made a link']}; {KILL_OPENCODE}"), say("done")]),
+        {"task_id": "breaker"},
+    ),
+    "forged calls, protected files": Plan(Script(steps=[HONEST, bash(FORGE), say("done")]), PROTECTED),
+}
+"""The shared rollouts, and why the attacks of each cannot mask each other:
+- hooks: see HOOKS; the tool timeout's step (a `sleep` OpenCode must end) runs no Python and no git, and its own
+  message is what its test reads.
+- opencode's data dir (/home/opencode), odd names (inside the work dir) and logs as a link (/home/user/logs, last):
+  three paths apart. Each breakage can only cost the honest grade (the test wants 1.0 from reward.txt and status
+  completed), odd names only the files' listing and the result's parsing, which its own test reads.
+- the verifier dir as a link, then killing OpenCode (last: it ends its own shell): the link acts on the grade's
+  directory, the kill on OpenCode and its proxy; either getting through shows on its own (the reward or status for
+  the link; OpenCode's exit code or the status for the kill), and neither can raise a grade.
+- forged calls with the honest answer under a protected test: the forged calls act on the proxy only (no file, no
+  grade); the forge's test counts the proxy's turns, honest work's reads the grade from the protected test.
+"""
