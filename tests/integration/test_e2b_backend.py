@@ -28,7 +28,7 @@ from opencode_env.testing.fake_e2b import (
     FakeCommands,
     FakeFilesystem,
 )
-from opencode_env.testing.script import demo_script
+from opencode_env.testing.script import Script, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
 from tests.helpers import sleep_cmd
@@ -63,7 +63,9 @@ def test_the_fake_has_the_sdks_signatures(real: Callable[..., Any], fake: Callab
 async def test_a_template_without_opencode_installs_it_at_run_time(fake_cloud: FakeCloud, no_leaks: None) -> None:
     backend = E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
     reports: list[tuple[str, str]] = []
-    with ScriptedModelServer(demo_script()) as model:
+    # The demo's solution without its bash check: the installed OpenCode writes it, verify grades it.
+    script = Script(steps=[write("/home/user/workdir/add.py", "def add(a, b):\n    return a + b\n"), say("done")])
+    with ScriptedModelServer(script) as model:
         result = await run_rollout(
             demo_request(model.base_url, template="base"),
             backend,
