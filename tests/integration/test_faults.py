@@ -8,8 +8,9 @@ and the agent's huge and binary files (each backend's output capture and file li
 endpoint's faults (unreachable, 500s, 429 with Retry-After, a stall before or mid stream) run on the local backend
 only: the capture proxy meets them with the same code on every backend (the cloud backend uploads the same
 `opencode_env.proxy` package), and the pipeline classifies the turns it records with the same code; what the cloud
-backend adds around them (starting the proxy, reading its turns, the agent's command and its timeout) every E2B
-rollout here and in test_cloud_backends.py runs.
+backend adds around them (starting the proxy, reading its turns, running the agent's command) every E2B rollout here
+and in test_cloud_backends.py runs, and a command's deadline on E2B is one code path for every identity
+(`E2BSandbox._run_as`), which the hanging setup and verify commands below take.
 """
 
 from __future__ import annotations
