@@ -1,6 +1,7 @@
 """What both cloud backends do the same way, over their fakes (real local processes, each SDK's own exception
-types): a full rollout, a creation cancelled midway, the cap on sandboxes. Each backend's own behaviour (its
-creation failures, its reaper, its image or template) stays in test_e2b_backend.py and test_hf_backend.py."""
+types): a full rollout, where the caller's env reaches, a creation cancelled midway, the cap on sandboxes. Each
+backend's own behaviour (its creation failures, its reaper, its image or template) stays in test_e2b_backend.py and
+test_hf_backend.py."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from opencode_env.testing.fake_e2b import FakeCloud
 from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.wire import RolloutResult
+from tests.shared_rollout import assert_nothing_left
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,41 @@ def shared_cloud(provider: Provider, fake_cloud: FakeCloud, hf_cloud: FakeHfClou
     return fake_cloud if provider.name == "e2b" else hf_cloud
 
 
-async def test_a_full_rollout(provider: Provider, shared_cloud: FakeCloud | FakeHfCloud, no_leaks: None) -> None:
+@dataclass(frozen=True)
+class FullRollout:
+    provider: Provider
+    result: RolloutResult
+    reports: list[tuple[str, str]]
+
+
+CALLER_MARKER = "caller-preload-marker"
+
+
+@pytest.fixture(scope="module", params=PROVIDERS, ids=[provider.name for provider in PROVIDERS])
+async def full_rollout(
+    request: pytest.FixtureRequest, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud, sandbox_base: Path
+) -> FullRollout:
+    """One demo rollout per cloud, with a caller's `env` and a setup command that prints it, read by the tests of
+    the full rollout and of where the caller's env reaches: the setup step and the env add nothing the full
+    rollout's assertions read (its status, turns, reward, version, install reports), and those assertions read
+    nothing of the env's."""
+    provider: Provider = request.param
     reports: list[tuple[str, str]] = []
     with ScriptedModelServer(demo_script()) as model:
+        rollout_request = demo_request(
+            model.base_url, env={"CALLER_MARKER": CALLER_MARKER}, setup=["echo seen=$CALLER_MARKER"]
+        )
         result = await run_rollout(
-            demo_request(model.base_url),
-            provider.backend(shared_cloud),
+            rollout_request,
+            provider.backend(fake_cloud if provider.name == "e2b" else hf_cloud),
             progress=lambda phase, text: reports.append((phase, text)),
         )
+    assert_nothing_left(sandbox_base, fake_cloud, hf_cloud)
+    return FullRollout(provider, result, reports)
+
+
+def test_a_full_rollout(full_rollout: FullRollout) -> None:
+    provider, result, reports = full_rollout.provider, full_rollout.result, full_rollout.reports
     assert result.status == "completed", result.error
     assert (result.backend, result.reward, len(result.proxy_turns)) == (provider.name, 1.0, 3)
     assert result.sandbox_id.startswith(provider.sandbox_id_prefix)
@@ -75,6 +105,15 @@ async def test_a_full_rollout(provider: Provider, shared_cloud: FakeCloud | Fake
     assert all(turn.aligned for turn in result.proxy_turns)
     assert result.timings.install_s is not None
     assert [text for phase, text in reports if phase == "install"] == [], "the template or image has it baked in"
+
+
+def test_a_callers_env_reaches_the_task_but_never_our_root_steps_or_the_proxy(full_rollout: FullRollout) -> None:
+    """In a cloud VM the capture proxy runs as root beside the task: the caller's `env` goes to setup, verify and the
+    agent only (loader variables such as LD_PRELOAD are refused in the request itself)."""
+    result = full_rollout.result
+    assert result.status == "completed", result.error
+    assert result.setup_results[0].stdout.strip() == f"seen={CALLER_MARKER}"
+    assert "caller-preload" not in result.proxy_log_tail
 
 
 async def test_a_cancelled_creation_still_kills_the_sandbox(

@@ -28,7 +28,7 @@ from opencode_env.testing.fake_e2b import (
     FakeCommands,
     FakeFilesystem,
 )
-from opencode_env.testing.script import demo_script
+from opencode_env.testing.script import Script, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
 from tests.helpers import sleep_cmd
@@ -63,7 +63,9 @@ def test_the_fake_has_the_sdks_signatures(real: Callable[..., Any], fake: Callab
 async def test_a_template_without_opencode_installs_it_at_run_time(fake_cloud: FakeCloud, no_leaks: None) -> None:
     backend = E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
     reports: list[tuple[str, str]] = []
-    with ScriptedModelServer(demo_script()) as model:
+    # The demo's solution without its bash check: the installed OpenCode writes it, verify grades it.
+    script = Script(steps=[write("/home/user/workdir/add.py", "def add(a, b):\n    return a + b\n"), say("done")])
+    with ScriptedModelServer(script) as model:
         result = await run_rollout(
             demo_request(model.base_url, template="base"),
             backend,
@@ -185,21 +187,3 @@ async def test_a_template_built_by_an_older_version_is_refused_with_the_fix(sand
     assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
     assert "rebuild the template" in (result.error or "")
     assert cloud.alive == {}
-
-
-@pytest.mark.parametrize("cloud", ["e2b_fake", "hf_fake"])
-async def test_a_callers_env_reaches_the_task_but_never_our_root_steps_or_the_proxy(
-    cloud: str, request: pytest.FixtureRequest, no_leaks: None
-) -> None:
-    """In a cloud VM the capture proxy runs as root beside the task: the caller's `env` goes to setup, verify and the
-    agent only (loader variables such as LD_PRELOAD are refused in the request itself)."""
-    backend = request.getfixturevalue(cloud)
-    preload = "caller-preload-marker"
-    with ScriptedModelServer(demo_script()) as model:
-        rollout_request = demo_request(
-            model.base_url, env={"CALLER_MARKER": preload}, setup=["echo seen=$CALLER_MARKER"]
-        )
-        result = await run_rollout(rollout_request, backend)
-    assert result.status == "completed", result.error
-    assert result.setup_results[0].stdout.strip() == f"seen={preload}"
-    assert "caller-preload" not in result.proxy_log_tail

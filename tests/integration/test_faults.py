@@ -1,9 +1,21 @@
 """The fault matrix: each fault gives its status, keeps every turn captured so far, and leaves nothing behind.
 
-Runs on the local backend and on the E2B backend over the fake."""
+A fault runs on the E2B backend over the fake as well as on the local backend when the backend's own code handles it:
+the capture proxy dying (the cloud proxy is a root background process the backend starts, watches and reads through
+root commands), OpenCode killed by its own tool (on a cloud VM the tools run as OpenCode's user, locally as another
+uid), a setup or verify command that hangs (each backend's timeout and kill), a verify command's megabytes of output
+and the agent's huge and binary files (each backend's output capture and file listing and reading). The model
+endpoint's faults (unreachable, 500s, 429 with Retry-After, a stall before or mid stream) run on the local backend
+only: the capture proxy meets them with the same code on every backend (the cloud backend uploads the same
+`opencode_env.proxy` package), and the pipeline classifies the turns it records with the same code; what the cloud
+backend adds around them (starting the proxy, reading its turns, running the agent's command) every E2B rollout here
+and in test_cloud_backends.py runs, and a command's deadline on E2B is one code path for every identity
+(`E2BSandbox._run_as`), which the hanging setup and verify commands below take.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,10 +29,13 @@ from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import demo_request
+from opencode_env.testing.fake_e2b import FakeCloud
+from opencode_env.testing.fake_hf import FakeHfCloud
 from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
-from tests.helpers import rollout, sleep_cmd
+from tests.helpers import Outcome, rollout, sleep_cmd
+from tests.shared_rollout import assert_nothing_left
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,9 +65,9 @@ def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
     return found
 
 
-async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leaks: None) -> None:
+async def test_upstream_down_from_the_start(backend: LocalBackend, no_leaks: None) -> None:
     request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15, verify=["true", "true"])
-    result = await run_rollout(request, any_backend)
+    result = await run_rollout(request, backend)
     assert (result.status, result.failed_phase) == ("upstream_error", "agent")
     assert result.proxy_turns
     assert {turn.outcome for turn in result.proxy_turns} == {"unreachable"}
@@ -60,16 +75,16 @@ async def test_upstream_down_from_the_start(any_backend: SandboxBackend, no_leak
     assert (result.reward, result.reward_source) == (None, "none")
 
 
-async def test_upstream_500_forever(any_backend: SandboxBackend, no_leaks: None) -> None:
-    outcome = await rollout(any_backend, Script(steps=[fail(500)] * 30), agent_timeout_s=15)
+async def test_upstream_500_forever(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(backend, Script(steps=[fail(500)] * 30), agent_timeout_s=15)
     result = outcome.result
     assert result.status == "upstream_error"
     assert len(result.proxy_turns) == len(outcome.exchanges) >= 1
     assert {(turn.upstream_status, turn.outcome) for turn in result.proxy_turns} == {(500, "upstream_error")}
 
 
-async def test_upstream_429_with_retry_after_is_honoured(any_backend: SandboxBackend, no_leaks: None) -> None:
-    outcome = await rollout(any_backend, Script(steps=[fail(429, retry_after_s=1.5), say("done")]), verify=[])
+async def test_upstream_429_with_retry_after_is_honoured(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(backend, Script(steps=[fail(429, retry_after_s=1.5), say("done")]), verify=[])
     result = outcome.result
     assert result.status == "completed", result.error
     first, second = result.proxy_turns
@@ -77,16 +92,16 @@ async def test_upstream_429_with_retry_after_is_honoured(any_backend: SandboxBac
     assert second.timestamp - first.timestamp >= 1.4
 
 
-async def test_upstream_hangs_before_the_first_byte(any_backend: SandboxBackend, no_leaks: None) -> None:
-    outcome = await rollout(any_backend, Script(steps=[stall(60), say("done")]), upstream_idle_timeout_s=2, verify=[])
+async def test_upstream_hangs_before_the_first_byte(backend: LocalBackend, no_leaks: None) -> None:
+    outcome = await rollout(backend, Script(steps=[stall(60), say("done")]), upstream_idle_timeout_s=2, verify=[])
     result = outcome.result
     assert result.status == "completed", result.error
     assert [turn.outcome for turn in result.proxy_turns] == ["stalled", "complete"]
 
 
-async def test_upstream_hangs_mid_stream(any_backend: SandboxBackend, no_leaks: None) -> None:
+async def test_upstream_hangs_mid_stream(backend: LocalBackend, no_leaks: None) -> None:
     outcome = await rollout(
-        any_backend, Script(steps=[stall(60, after_tokens=3), say("done")]), upstream_idle_timeout_s=2, verify=[]
+        backend, Script(steps=[stall(60, after_tokens=3), say("done")]), upstream_idle_timeout_s=2, verify=[]
     )
     result = outcome.result
     stalled = result.proxy_turns[0]
@@ -100,8 +115,6 @@ async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_b
     script = Script(steps=[bash("echo step one"), stall(60)])
     with ScriptedModelServer(script) as model:
         task = run_rollout(demo_request(model.base_url, agent_timeout_s=20), any_backend)
-        import asyncio
-
         running = asyncio.ensure_future(task)
         for _ in range(1200):
             if len(model.exchanges) >= 2:
@@ -153,16 +166,43 @@ async def test_a_setup_command_hangs(any_backend: SandboxBackend, no_leaks: None
 
 
 async def test_a_verify_command_hangs(any_backend: SandboxBackend, no_leaks: None) -> None:
-    result = (await rollout(any_backend, demo_script(), verify=[sleep_cmd(300), "true"], verify_timeout_s=1)).result
+    script = Script(steps=[say("done")])
+    result = (await rollout(any_backend, script, verify=[sleep_cmd(300), "true"], verify_timeout_s=1)).result
     assert result.status == "completed", result.error
     assert [(r.timed_out, r.exit_code) for r in result.verify_results] == [(True, None), (False, 0)]
     assert result.reward == 0.5
     assert processes_mentioning(sleep_cmd(300)) == []
 
 
-async def test_a_verify_command_prints_megabytes(any_backend: SandboxBackend, no_leaks: None) -> None:
-    verify = ["head -c 20000000 /dev/zero | tr '\\\\0' x; echo tail-end"]
-    result = (await rollout(any_backend, demo_script(), verify=verify)).result
+@pytest.fixture(scope="module", params=["local", "e2b-fake"])
+async def big_outputs(
+    request: pytest.FixtureRequest,
+    backend: LocalBackend,
+    fake_cloud: FakeCloud,
+    hf_cloud: FakeHfCloud,
+    sandbox_base: Path,
+) -> Outcome:
+    """One rollout per backend for both big outputs: the agent writes huge and binary files, then verify prints
+    megabytes. They cannot mask each other: the files are the agent's, read from the work dir when the rollout is
+    collected, and the printing is verify's, its output captured by the backend's command runner; each test reads
+    only its own part of the result."""
+    chosen: SandboxBackend = (
+        backend
+        if request.param == "local"
+        else E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+    )
+    writes = bash(
+        "head -c 3000000 /dev/urandom > big.bin && head -c 2000000 /dev/zero | tr '\\\\0' a > big.txt"
+        " && echo small > small.txt"
+    )
+    prints = "head -c 20000000 /dev/zero | tr '\\\\0' x; echo tail-end"
+    outcome = await rollout(chosen, Script(steps=[writes, say("done")]), verify=[prints])
+    assert_nothing_left(sandbox_base, fake_cloud, hf_cloud)
+    return outcome
+
+
+def test_a_verify_command_prints_megabytes(big_outputs: Outcome) -> None:
+    result = big_outputs.result
     printed = result.verify_results[0]
     assert printed.output_truncated
     assert printed.stdout.endswith("tail-end\n")
@@ -170,12 +210,8 @@ async def test_a_verify_command_prints_megabytes(any_backend: SandboxBackend, no
     assert len(result.model_dump_json()) < 2_000_000
 
 
-async def test_the_agent_writes_huge_and_binary_files(any_backend: SandboxBackend, no_leaks: None) -> None:
-    step = bash(
-        "head -c 3000000 /dev/urandom > big.bin && head -c 2000000 /dev/zero | tr '\\\\0' a > big.txt"
-        " && echo small > small.txt"
-    )
-    result = (await rollout(any_backend, Script(steps=[step, say("done")]), verify=[])).result
+def test_the_agent_writes_huge_and_binary_files(big_outputs: Outcome) -> None:
+    result = big_outputs.result
     assert result.status == "completed", result.error
     assert sorted(result.files_extra) == ["big.bin", "big.txt"]
     assert result.files["small.txt"] == "small\n"

@@ -26,7 +26,6 @@ from opencode_env.testing.scripted_model import ScriptedModel
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.training.sequences import training_sequences
 from opencode_env.wire import RolloutResult
-from tests.helpers import sleep_cmd
 
 pytestmark = pytest.mark.timeout(480)
 """Each test is a real OpenCode rollout of several steps, some with a sub-agent, whose agent deadline is generous:
@@ -182,21 +181,25 @@ EOF
 
 
 async def test_a_call_opencode_did_not_make_never_decides_the_status(e2b_fake: E2BBackend, no_leaks: None) -> None:
-    """On E2B the tools hold OpenCode's token: a tool's own call without tools, failed by the model server, then the
-    agent runs out its time. The call is in the record, unattributed; the status is the agent's timeout (a policy
-    outcome, graded), not the model endpoint's failure (no reward)."""
-    # The bash tool's own timeout (2 min by default) would end the sleep before the agent's 150 s deadline on a quiet
-    # machine and let the agent finish; 10 min (OpenCode's most) keeps the ending the agent's timeout on any machine.
-    outlasting = ToolCallStep(
-        name="bash", arguments={"command": FAILING_STRANGER + sleep_cmd(600), "description": "wait", "timeout": 600_000}
-    )
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), Step(tool_calls=[outlasting]), say("never")])
+    """On E2B the tools hold OpenCode's token, and run as OpenCode's user: a tool's own call without tools, failed by
+    the model server, then the same tool kills OpenCode. The call is in the record, unattributed, and the last call
+    the proxy recorded; the status is the agent's failure (a policy outcome, graded), not the model endpoint's
+    failure (no reward).
+
+    The agent's failure is its crash rather than its timeout (as in an earlier round, which waited out a 150 s
+    deadline): the pipeline hands both to the one classification (`classify_agent_phase`), whose only step of its
+    own for a timeout relabels a last call cut by our deadline, which this rollout has none of, so the crash meets
+    the same decision without the idle wait."""
+    failing_then_crashing = bash(FAILING_STRANGER + "kill -9 $PPID", "Call the model, then end OpenCode")
+    script = Script(steps=[write("/home/user/workdir/add.py", ADD), failing_then_crashing, say("never")])
     with leaking_model(script) as (model, url):
         result = await run_rollout(demo_request(url, agent_timeout_s=150.0), e2b_fake)
     assert any(exchange.request.get("messages") == [1] for exchange in model.exchanges)
     [stranger] = [turn for turn in result.proxy_turns if turn.upstream_status == 500]
     assert (stranger.kind, stranger.outcome) == ("unattributed", "upstream_error")
-    assert result.status == "agent_timeout", result.error
+    assert stranger.timestamp > max(turn.timestamp for turn in result.proxy_turns if turn is not stranger)
+    assert (result.status, result.failed_phase) == ("agent_error", "agent"), result.error
+    assert result.agent_exit_code not in (0, None)
     assert result.reward == 1.0
     assert result.usage.llm_calls == 2
     assert trained_turns(result) == [turn.turn for turn in result.proxy_turns if turn.kind == "agent"]
