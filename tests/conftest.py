@@ -145,6 +145,12 @@ def hf_fake(hf_cloud: FakeHfCloud) -> HFBackend:
 def no_leaks(sandbox_base: Path, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> Iterator[None]:
     """After the test: no sandbox directory, no process of any sandbox and no (fake) E2B or HF sandbox is left."""
     yield
+    assert_nothing_left(sandbox_base, fake_cloud, hf_cloud)
+
+
+def assert_nothing_left(sandbox_base: Path, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> None:
+    """No sandbox directory, no process of any sandbox and no (fake) E2B or HF sandbox is left: `no_leaks` after a
+    test, and a module fixture whose one rollout several tests read, right after that rollout."""
     assert fake_cloud.alive == {}
     assert hf_cloud.alive == {}
     assert list(sandbox_base.iterdir()) == []

@@ -22,7 +22,7 @@ from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
-from tests.shared_rollout import assert_nothing_left
+from tests.conftest import assert_nothing_left
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,8 @@ from opencode_env.testing.fake_e2b import FakeCloud
 from opencode_env.testing.fake_hf import FakeHfCloud
 from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from tests.conftest import processes_mentioning
+from tests.conftest import assert_nothing_left, processes_mentioning
 from tests.helpers import Outcome, rollout, sleep_cmd
-from tests.shared_rollout import assert_nothing_left
 
 pytestmark = pytest.mark.timeout(180)
 
