@@ -15,11 +15,10 @@ from fastmcp import Client
 from opencode_env.client.client import parse_result
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import SCHEMA_VERSION
 from tests.server_app import app_for
+from tests.stand_in import StandInRollouts, recorded_result, stand_in_server
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -66,17 +65,18 @@ def test_an_example_without_a_server_says_how_to_start_one(example: str) -> None
 
 @pytest.mark.timeout(600)
 def test_grpo_group(server_url: str, no_leaks: None) -> None:
-    done = run_example("grpo_group.py", server_url, "--size", "4")
+    # A group of two (the smallest GRPO group) runs the example's every line; each more rollout adds only its cost.
+    done = run_example("grpo_group.py", server_url, "--size", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     rollouts = [line for line in done.stdout.splitlines() if line.startswith("rollout ")]
-    assert len(rollouts) == 4
+    assert len(rollouts) == 2
     for line in rollouts:
         assert "completed" in line
         assert "reward 1.0" in line
         assert "sequences 2" in line
         assert "(template_drift)" in line
-    assert "TRL batch: 4 rows" in done.stdout
-    assert "rewards seen by TRL: [1.0, 1.0, 1.0, 1.0]" in done.stdout
+    assert "TRL batch: 2 rows" in done.stdout
+    assert "rewards seen by TRL: [1.0, 1.0]" in done.stdout
 
 
 @pytest.mark.timeout(900)
@@ -95,17 +95,20 @@ def test_trl_grpo_step_when_trl_is_installed(opencode_binary: Path) -> None:
     assert "'rewards/rollout_reward/mean': 0.5" in done.stdout
 
 
-async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_prompt(
-    server_url: str, no_leaks: None
-) -> None:
-    with ScriptedModelServer(demo_script()) as model:
-        async with Client(f"{server_url}/mcp/stream") as client:
-            answer = await client.call_tool("run_rollout", demo_request(model.base_url).model_dump(mode="json"))
-        exchanges = list(model.exchanges)
+async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_prompt() -> None:
+    """The shape is the server's answer path, not the agent's: a stand-in rollout answers with a recorded real
+    result (whose prompts each extend the one before, as OpenCode's do), and every prompt comes back token for token."""
+    recorded = recorded_result()
+    with stand_in_server(StandInRollouts(recorded)) as url:
+        async with Client(f"{url}/mcp/stream") as client:
+            answer = await client.call_tool(
+                "run_rollout", demo_request("http://127.0.0.1:9/v1").model_dump(mode="json")
+            )
     assert answer.structured_content is not None
     wire = answer.structured_content["result"]
     assert wire["schema_version"] == SCHEMA_VERSION == 6
     assert [turn["prompt_base"] is not None for turn in wire["proxy_turns"]] == [False, True, True]
     assert all(turn["prompt_token_ids"] == [] for turn in wire["proxy_turns"][1:])
     result = parse_result(wire)
-    assert [turn.prompt_token_ids for turn in result.proxy_turns] == [e.prompt_token_ids for e in exchanges]
+    assert [turn.prompt_token_ids for turn in result.proxy_turns] == [t.prompt_token_ids for t in recorded.proxy_turns]
+    assert all(len(turn.prompt_token_ids) > 3000 for turn in result.proxy_turns)

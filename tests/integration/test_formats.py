@@ -11,7 +11,7 @@ from opencode_env.cli import main
 from opencode_env.evals.trl_rollout import InProcess, make_rollout_func
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
+from opencode_env.testing.script import Script, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
 from opencode_env.wire import RolloutRequest, RolloutResult
@@ -85,7 +85,10 @@ def test_the_openenv_harness_result_carries_the_final_sequence() -> None:
 
 
 async def test_the_rollout_func_runs_each_prompt_and_returns_rows_in_order(backend: LocalBackend) -> None:
-    with ScriptedModelServer(demo_script()) as model:
+    # Two turns with a tool's output between them (masked): the demo without its check step, which adds nothing here.
+    solution = "def add(a, b):\n    return a + b\n"
+    script = Script(steps=[write("/home/user/workdir/add.py", solution), say("I wrote add.py.")])
+    with ScriptedModelServer(script) as model:
 
         def to_request(prompt: str) -> RolloutRequest:
             return demo_request(model.base_url, task_id=prompt)

@@ -3,45 +3,68 @@ reach OpenCode as labels, never as flags."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from opencode_env.proxy.request import turn_kind
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, demo_script, fail, stall
+from opencode_env.testing.script import Script, Step, fail, say, stall
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.helpers import rollout
+from tests.stub_server import wait_until
 
 
-async def test_a_tight_total_deadline_still_leaves_verify_its_time(backend: LocalBackend, no_leaks: None) -> None:
-    outcome = await rollout(
-        backend,
-        Script(steps=[stall(300)]),
-        total_timeout_s=40,
-        agent_timeout_s=600,
-        verify=["true"],
-        verify_timeout_s=5,
-    )
-    result = outcome.result
+@pytest.fixture(scope="module")
+async def deadlines(backend: LocalBackend) -> dict[str, RolloutResult]:
+    """The two rollouts that wait for a deadline, waiting together (they share nothing but the backend: each its own
+    sandbox, scripted model and deadline). The deadline cut goes first: its deadline leaves OpenCode time to boot and
+    call even when other rollouts share the cores (the sixteen-rollout test runs alone), and the tight total deadline
+    starts once that call is in, so its OpenCode's boot is not in the cut's way; the cut's answer streams for 80 s, so
+    its deadline always lands inside it. Both are over before a test reads them, so each test's leak check holds."""
+    streaming = Script(steps=[Step(content="word " * 800, token_delay_s=0.1)])
+    with ScriptedModelServer(streaming) as slow, ScriptedModelServer(Script(steps=[stall(300)])) as stalled:
+        cut_request = demo_request(slow.base_url, task_id="deadline_cut", agent_timeout_s=35, verify=["true"])
+        cut = asyncio.ensure_future(run_rollout(cut_request, backend))
+        await wait_until(lambda: bool(slow.exchanges) or cut.done(), 120)
+        tight = demo_request(
+            stalled.base_url,
+            task_id="tight_total",
+            total_timeout_s=40,
+            agent_timeout_s=600,
+            verify=["true"],
+            verify_timeout_s=5,
+        )
+        results = await asyncio.gather(cut, run_rollout(tight, backend))
+    return {result.task_id: result for result in results}
+
+
+@pytest.mark.timeout(240)
+async def test_a_tight_total_deadline_still_leaves_verify_its_time(
+    deadlines: dict[str, RolloutResult], no_leaks: None
+) -> None:
+    result = deadlines["tight_total"]
     assert (result.status, result.failed_phase) == ("agent_timeout", "agent"), result.error
     assert [r.exit_code for r in result.verify_results] == [0]
     assert result.reward == 1.0
 
 
 async def test_a_task_id_that_looks_like_a_flag_is_only_a_title(backend: LocalBackend, no_leaks: None) -> None:
-    outcome = await rollout(backend, demo_script(), task_id="-rf")
+    outcome = await rollout(backend, Script(steps=[say("ok")]), task_id="-rf", verify=["true"])
     assert outcome.result.status == "completed", outcome.result.error
     assert outcome.result.task_id == "-rf"
+    assert outcome.exchanges, "OpenCode ran and called the model"
 
 
+@pytest.mark.timeout(240)
 async def test_a_turn_our_deadline_cut_is_labelled_and_the_status_stays_agent_timeout(
-    backend: LocalBackend, no_leaks: None
+    deadlines: dict[str, RolloutResult], no_leaks: None
 ) -> None:
-    # The deadline leaves OpenCode time to boot and call even when another test's rollouts share the cores (the
-    # sixteen-rollout test runs alone); the answer streams for 80 s, so the deadline always lands inside it.
-    slow = Step(content="word " * 800, token_delay_s=0.1)
-    outcome = await rollout(backend, Script(steps=[slow]), agent_timeout_s=35, verify=["true"])
-    result = outcome.result
+    result = deadlines["deadline_cut"]
     assert (result.status, result.failed_phase) == ("agent_timeout", "agent"), result.error
     assert result.proxy_turns, f"no turn recorded before the 35 s deadline; proxy log: {result.proxy_log_tail}"
     assert result.proxy_turns[-1].outcome == "cut_by_deadline"

@@ -7,7 +7,6 @@ a result of that size, so that these tests test the answer's path, not the agent
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
 import hashlib
@@ -225,35 +224,6 @@ async def test_a_result_is_read_only_with_the_token_and_its_own_id() -> None:
 
 def assert_same(got: RolloutResult, want: RolloutResult) -> None:
     assert got.proxy_turns == want.proxy_turns
-
-
-class SlowRollouts(SizedRollouts):
-    def __init__(self, result: RolloutResult, seconds: float) -> None:
-        super().__init__(result)
-        self.seconds = seconds
-
-    async def run(self, request: RolloutRequest, progress: Progress | None = None, *, record: Any = None) -> Any:
-        await asyncio.sleep(self.seconds)
-        return await super().run(request, progress, record=record)
-
-
-async def test_openenv_mcp_tool_client_waits_past_60_s_with_the_documented_timeout() -> None:
-    """MCPToolClient reads each answer under `message_timeout_s` (60 s by default); a WebSocket ping does not count
-    as an answer, so the caller passes more than the rollout's budget (docs/results.md)."""
-    expected = sized_result(1_000)
-    runtime = runtime_for(StubBackend(command_s=0), token="")
-    runtime.rollouts = SlowRollouts(expected, seconds=65)
-    runtime.mcp = build_mcp(runtime.rollouts, runtime.results)
-    server = ThreadedServer(create_app(runtime))
-    server.start()
-    try:
-        async with MCPToolClient(base_url=server.url, message_timeout_s=3600) as env:
-            data = await env.call_tool("run_rollout", **arguments("slow"))
-    finally:
-        server.stop()
-    result = RolloutResult.model_validate(data)
-    assert result.task_id == "slow"
-    assert result.proxy_turns == expected.proxy_turns
 
 
 @pytest.mark.skipif(shutil.which("npx") is None or shutil.which("curl") is None, reason="needs Node's npx and curl")

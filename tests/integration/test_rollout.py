@@ -6,10 +6,13 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.script import Script, bash, demo_script, say, stall, write
 from tests.helpers import rollout
 
+WRITES_ADD_PY = Script(steps=[write("/home/user/workdir/add.py", "def add(a, b):\n    return a + b\n"), say("Done.")])
+"""The agent's part of the verify tests: one file for verify to find (the demo's check step is not what they test)."""
+
 
 async def test_one_of_two_verify_commands_failing_gives_half(backend: LocalBackend, no_leaks: None) -> None:
     verify = ["test -f /home/user/workdir/add.py", "test -f /home/user/workdir/missing.py"]
-    result = (await rollout(backend, demo_script(), verify=verify)).result
+    result = (await rollout(backend, WRITES_ADD_PY, verify=verify)).result
     assert (result.reward, result.reward_source) == (0.5, "verify_pass_rate")
     assert [r.exit_code for r in result.verify_results] == [0, 1]
     assert [r.cmd for r in result.verify_results] == verify
@@ -17,10 +20,10 @@ async def test_one_of_two_verify_commands_failing_gives_half(backend: LocalBacke
 
 async def test_reward_file_overrides_pass_rate(backend: LocalBackend, no_leaks: None) -> None:
     verify = ["exit 1", "echo 0.25 > /home/user/logs/verifier/reward.txt"]
-    result = (await rollout(backend, demo_script(), verify=verify)).result
+    result = (await rollout(backend, Script(steps=[say("ok")]), verify=verify)).result
     assert (result.reward, result.reward_source) == (0.25, "reward_txt")
     json_verify = [*verify, "echo '{\"reward\": 0.75}' > /home/user/logs/verifier/reward.json"]
-    result = (await rollout(backend, demo_script(), verify=json_verify)).result
+    result = (await rollout(backend, Script(steps=[say("ok")]), verify=json_verify)).result
     assert (result.reward, result.reward_source) == (0.75, "reward_json")
 
 
