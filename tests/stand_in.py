@@ -52,10 +52,10 @@ class StandInRollouts(Rollouts):
 
 
 @contextmanager
-def stand_in_server(rollouts: Rollouts) -> Iterator[str]:
-    """The app as `server.app` serves it (every transport, the results store, loopback-only access), with
-    `rollouts` answering the tool; yields its URL."""
-    runtime = runtime_for(StubBackend(command_s=0), token="")
+def stand_in_server(rollouts: Rollouts, token: str = "") -> Iterator[str]:
+    """The app as `server.app` serves it (every transport, the results store; loopback-only access, or `token`'s),
+    with `rollouts` answering the tool; yields its URL."""
+    runtime = runtime_for(StubBackend(command_s=0), token=token)
     runtime.rollouts = rollouts
     runtime.mcp = build_mcp(runtime.rollouts, runtime.results)
     server = ThreadedServer(create_app(runtime))

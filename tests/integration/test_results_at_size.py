@@ -27,14 +27,11 @@ from openenv.core.mcp_client import MCPToolClient
 
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutTurn
 from opencode_env.wire.answer import INLINE_MAX_BYTES, RolloutAnswer
-from server.app import create_app
 from server.rollouts import Progress, Rollouts
-from server.tool import build_mcp
 from tests.integration.test_mcp_clients import INSPECTOR_PACKAGE, run_inspector
-from tests.server_app import runtime_for
+from tests.stand_in import stand_in_server
 
 TOKENS = 52_000
 
@@ -79,15 +76,8 @@ def expected() -> RolloutResult:
 
 @pytest.fixture(scope="module")
 def url(expected: RolloutResult) -> Iterator[str]:
-    runtime = runtime_for(StubBackend(command_s=0), token="")
-    runtime.rollouts = SizedRollouts(expected)
-    runtime.mcp = build_mcp(runtime.rollouts, runtime.results)
-    server = ThreadedServer(create_app(runtime))
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with stand_in_server(SizedRollouts(expected)) as served:
+        yield served
 
 
 def arguments(task_id: str = "sized") -> dict[str, Any]:
@@ -197,14 +187,9 @@ async def test_a_result_is_read_only_with_the_token_and_its_own_id() -> None:
     """The route follows the tool's access rule, and an id is a capability: no token, a wrong token, a made-up or
     truncated id, a path trick: each is refused; the caller's own id with the token reads its result."""
     token = "result-route-token"
-    runtime = runtime_for(StubBackend(command_s=0), token=token)
-    runtime.rollouts = SizedRollouts(sized_result(10))
-    runtime.mcp = build_mcp(runtime.rollouts, runtime.results)
-    server = ThreadedServer(create_app(runtime))
-    server.start()
-    try:
+    with stand_in_server(SizedRollouts(sized_result(10)), token) as served:
         bearer = {"authorization": f"Bearer {token}"}
-        async with FastMCPClient(f"{server.url}/mcp", auth=token) as client:
+        async with FastMCPClient(f"{served}/mcp", auth=token) as client:
             called = await client.call_tool("run_rollout", arguments())
         answer = RolloutAnswer.model_validate(called.structured_content)
         assert answer.result is not None, "a small result is also inline"
@@ -214,12 +199,10 @@ async def test_a_result_is_read_only_with_the_token_and_its_own_id() -> None:
             assert (await http.get(ref.url)).status_code == 401
             assert (await http.get(ref.url, headers={"authorization": "Bearer wrong"})).status_code == 401
             for forged in (ref.id[:-1] + ("A" if ref.id[-1] != "A" else "B"), ref.id[:20], "..%2F..%2Fetc%2Fpasswd"):
-                assert (await http.get(f"{server.url}/results/{forged}", headers=bearer)).status_code == 404
+                assert (await http.get(f"{served}/results/{forged}", headers=bearer)).status_code == 404
             own = await http.get(ref.url, headers=bearer)
         assert own.status_code == 200
         assert_same(RolloutResult.model_validate_json(own.content), answer.result)
-    finally:
-        server.stop()
 
 
 def assert_same(got: RolloutResult, want: RolloutResult) -> None:
