@@ -30,16 +30,21 @@ async def deadlines(backend: LocalBackend) -> dict[str, RolloutResult]:
     with ScriptedModelServer(streaming) as slow, ScriptedModelServer(Script(steps=[stall(300)])) as stalled:
         cut_request = demo_request(slow.base_url, task_id="deadline_cut", agent_timeout_s=35, verify=["true"])
         cut = asyncio.ensure_future(run_rollout(cut_request, backend))
-        await wait_until(lambda: bool(slow.exchanges) or cut.done(), 120)
-        tight = demo_request(
-            stalled.base_url,
-            task_id="tight_total",
-            total_timeout_s=40,
-            agent_timeout_s=600,
-            verify=["true"],
-            verify_timeout_s=5,
-        )
-        results = await asyncio.gather(cut, run_rollout(tight, backend))
+        try:
+            await wait_until(lambda: bool(slow.exchanges) or cut.done(), 120)
+            tight = demo_request(
+                stalled.base_url,
+                task_id="tight_total",
+                total_timeout_s=40,
+                agent_timeout_s=600,
+                verify=["true"],
+                verify_timeout_s=5,
+            )
+            results = await asyncio.gather(cut, run_rollout(tight, backend))
+        finally:
+            if not cut.done():
+                cut.cancel()
+                await asyncio.wait([cut])
     return {result.task_id: result for result in results}
 
 
