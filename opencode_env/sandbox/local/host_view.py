@@ -22,8 +22,10 @@ HELPERS = Helpers(python=os.path.realpath(sys.executable), userns=str(Path(usern
 
 def runtime_paths(tools: ProvidedTools) -> list[str]:
     """Host paths the capture proxy's compartment needs even when they live under a hidden root (its interpreter,
-    its packages, this checkout)."""
-    paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[3])}
+    its packages, this package). The package's own directory, never the one above it: the compartment's uid crosses
+    a directory bound from the host only with its host mode, and a checkout or temporary directory is often 0700,
+    while the directories leading to a bound path are made in the compartment's tmpfs and opened up there."""
+    paths = {sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parents[2])}
     if tools.python:
         paths.add(str(Path(tools.python).parent.parent))
     return sorted(paths)
