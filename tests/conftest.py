@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -122,9 +122,14 @@ def fake_cloud(sandbox_base: Path, opencode_binary: Path) -> FakeCloud:
     return FakeCloud(base_dir=sandbox_base)
 
 
+def e2b_over(fake_cloud: FakeCloud) -> E2BBackend:
+    """The E2B backend over the fake cloud (for a module fixture too, which cannot ask for `e2b_fake`)."""
+    return E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+
+
 @pytest.fixture
 def e2b_fake(fake_cloud: FakeCloud) -> E2BBackend:
-    return E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+    return e2b_over(fake_cloud)
 
 
 @pytest.fixture(scope="session")
@@ -141,17 +146,22 @@ def hf_fake(hf_cloud: FakeHfCloud) -> HFBackend:
     )
 
 
+@pytest.fixture(scope="session")
+def leak_check(sandbox_base: Path, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> Callable[[], None]:
+    """No sandbox directory, no process of any sandbox and no (fake) E2B or HF sandbox is left: `no_leaks` checks
+    it after a test, and a module fixture whose one rollout several tests read calls it right after that rollout."""
+
+    def check() -> None:
+        assert fake_cloud.alive == {}
+        assert hf_cloud.alive == {}
+        assert list(sandbox_base.iterdir()) == []
+        assert processes_mentioning(str(sandbox_base)) == []
+
+    return check
+
+
 @pytest.fixture
-def no_leaks(sandbox_base: Path, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> Iterator[None]:
-    """After the test: no sandbox directory, no process of any sandbox and no (fake) E2B or HF sandbox is left."""
+def no_leaks(leak_check: Callable[[], None]) -> Iterator[None]:
+    """After the test: nothing of any sandbox is left (`leak_check`)."""
     yield
-    assert_nothing_left(sandbox_base, fake_cloud, hf_cloud)
-
-
-def assert_nothing_left(sandbox_base: Path, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud) -> None:
-    """No sandbox directory, no process of any sandbox and no (fake) E2B or HF sandbox is left: `no_leaks` after a
-    test, and a module fixture whose one rollout several tests read, right after that rollout."""
-    assert fake_cloud.alive == {}
-    assert hf_cloud.alive == {}
-    assert list(sandbox_base.iterdir()) == []
-    assert processes_mentioning(str(sandbox_base)) == []
+    leak_check()

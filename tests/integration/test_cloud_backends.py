@@ -6,6 +6,7 @@ test_hf_backend.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
-from tests.conftest import assert_nothing_left
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ CALLER_MARKER = "caller-preload-marker"
 
 @pytest.fixture(scope="module", params=PROVIDERS, ids=[provider.name for provider in PROVIDERS])
 async def full_rollout(
-    request: pytest.FixtureRequest, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud, sandbox_base: Path
+    request: pytest.FixtureRequest, fake_cloud: FakeCloud, hf_cloud: FakeHfCloud, leak_check: Callable[[], None]
 ) -> FullRollout:
     """One demo rollout per cloud, with a caller's `env` and a setup command that prints it, read by the tests of
     the full rollout and of where the caller's env reaches: the setup step and the env add nothing the full
@@ -92,7 +92,7 @@ async def full_rollout(
             provider.backend(fake_cloud if provider.name == "e2b" else hf_cloud),
             progress=lambda phase, text: reports.append((phase, text)),
         )
-    assert_nothing_left(sandbox_base, fake_cloud, hf_cloud)
+    leak_check()
     return FullRollout(provider, result, reports)
 
 

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,9 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.fake_e2b import FakeCloud
-from opencode_env.testing.fake_hf import FakeHfCloud
 from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from tests.conftest import assert_nothing_left, processes_mentioning
+from tests.conftest import e2b_over, processes_mentioning
 from tests.helpers import Outcome, rollout, sleep_cmd
 
 pytestmark = pytest.mark.timeout(180)
@@ -178,25 +178,20 @@ async def big_outputs(
     request: pytest.FixtureRequest,
     backend: LocalBackend,
     fake_cloud: FakeCloud,
-    hf_cloud: FakeHfCloud,
-    sandbox_base: Path,
+    leak_check: Callable[[], None],
 ) -> Outcome:
     """One rollout per backend for both big outputs: the agent writes huge and binary files, then verify prints
     megabytes. They cannot mask each other: the files are the agent's, read from the work dir when the rollout is
     collected, and the printing is verify's, its output captured by the backend's command runner; each test reads
     only its own part of the result."""
-    chosen: SandboxBackend = (
-        backend
-        if request.param == "local"
-        else E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
-    )
+    chosen: SandboxBackend = backend if request.param == "local" else e2b_over(fake_cloud)
     writes = bash(
         "head -c 3000000 /dev/urandom > big.bin && head -c 2000000 /dev/zero | tr '\\\\0' a > big.txt"
         " && echo small > small.txt"
     )
     prints = "head -c 20000000 /dev/zero | tr '\\\\0' x; echo tail-end"
     outcome = await rollout(chosen, Script(steps=[writes, say("done")]), verify=[prints])
-    assert_nothing_left(sandbox_base, fake_cloud, hf_cloud)
+    leak_check()
     return outcome
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -284,8 +284,8 @@ imports. Verify hunts for the key too and fails, so the grade is 0.0 unless a pl
 
 
 @pytest.fixture(scope="module")
-def shared(backend: LocalBackend, sandbox_base: Path) -> SharedRollouts:
-    return SharedRollouts(backend, sandbox_base, SHARED)
+def shared(backend: LocalBackend, leak_check: Callable[[], None]) -> SharedRollouts:
+    return SharedRollouts(backend, SHARED, leak_check)
 
 
 async def test_the_key_and_the_trace_are_out_of_reach(shared: SharedRollouts) -> None:

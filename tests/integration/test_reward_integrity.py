@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -82,8 +82,8 @@ def tool_outputs(outcome: Outcome) -> str:
 
 
 @pytest.fixture(scope="module")
-def shared(backend: LocalBackend, sandbox_base: Path) -> SharedRollouts:
-    return SharedRollouts(backend, sandbox_base, SHARED)
+def shared(backend: LocalBackend, leak_check: Callable[[], None]) -> SharedRollouts:
+    return SharedRollouts(backend, SHARED, leak_check)
 
 
 def verify_output(result: RolloutResult) -> str:
