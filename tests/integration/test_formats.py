@@ -9,6 +9,7 @@ import pytest
 
 from opencode_env.cli import main
 from opencode_env.evals.trl_rollout import InProcess, make_rollout_func
+from opencode_env.rollout.attribution import attribute_turns
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, say, write
@@ -16,6 +17,7 @@ from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.integration.test_training import history, result_of, turn
+from tests.unit.test_attribution import mixed_rollout
 
 EOS = 99
 
@@ -82,6 +84,14 @@ def test_the_openenv_harness_result_carries_the_final_sequence() -> None:
     failed = harness_result(result_of(status="timeout", reward=None))
     assert (failed.done, failed.completion_ids, failed.metrics["usable"]) == (False, [], False)
     assert (exported.metrics["covered_tokens"], exported.metrics["agent_tokens"]) == (2, 4)
+
+
+def test_the_openenv_harness_result_lists_unattributed_turns_and_keeps_them_out_of_its_messages() -> None:
+    turns = mixed_rollout()
+    attribute_turns(turns)
+    exported = harness_result(result_of(*turns))
+    assert exported.metrics["unattributed_turns"] == [1]
+    assert exported.messages[:-1] == history(1)
 
 
 async def test_the_rollout_func_runs_each_prompt_and_returns_rows_in_order(backend: LocalBackend) -> None:
