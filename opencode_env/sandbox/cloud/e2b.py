@@ -39,7 +39,13 @@ from opencode_env.sandbox.base import (
 )
 from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
-from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
+from opencode_env.sandbox.cloud.lifecycle import (
+    LIFETIME_MARGIN_S,
+    OPENCODE_VERSION_PROBE,
+    Lifecycle,
+    Tags,
+    provided_tools,
+)
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
 from opencode_env.settings import variable
 from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_ENV_NAME, CommandResult
@@ -54,7 +60,7 @@ CONTROL_DIR = "/home/user/.rollout"
 TAG = "opencode_env"
 PROBE = (
     f"echo template-format=${{{TEMPLATE_FORMAT_ENV_NAME}:-none}}; "
-    "opencode --version 2>/dev/null | tail -n 1; "
+    f"{OPENCODE_VERSION_PROBE}; "
     "python3 -c 'import uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 )
 

@@ -12,6 +12,7 @@ import shlex
 
 from opencode_env.sandbox.base import AGENT_LOG_DIR, HOME, VERIFIER_DIR, WORKDIR, FileEntry, Identity
 from opencode_env.sandbox.cloud.grader import GRADER_ENV, GRADER_USER
+from opencode_env.sandbox.cloud.lifecycle import OPENCODE_VERSION_PROBE
 from opencode_env.wire import OPENCODE_VERSION, PROXY_PYTHON_PACKAGES
 
 USER = "user"
@@ -91,7 +92,7 @@ chown -R {USER}:{USER} {HOME}
 
 
 # OpenCode as `user` runs it (it writes under its HOME); the proxy's packages as root imports them (-E -s).
-OPENCODE_PROBE = "opencode --version 2>/dev/null | tail -n 1; true"
+OPENCODE_PROBE = f"{OPENCODE_VERSION_PROBE}; true"
 PROXY_PROBE = "python3 -E -s -c 'import uvicorn' 2>/dev/null && echo proxy-deps-ok; true"
 
 

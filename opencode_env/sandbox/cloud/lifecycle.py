@@ -94,6 +94,18 @@ async def kill_quietly(label: str, vm_id: str, kill: Awaitable[None]) -> None:
         log.error("killing %s sandbox %s failed: %s (opencode-env reap will find it)", label, vm_id, error)
 
 
+OPENCODE_VERSION_PROBE = (
+    'bin="$(command -v opencode)" && manifest="$(dirname "$(readlink -f "$bin")")/../package.json"'
+    ' && python3 -I -c "import json, sys; package = json.load(open(sys.argv[1]));'
+    " assert package['name'].startswith('opencode'); print(package['version'])\" \"$manifest\" 2>/dev/null"
+    " || opencode --version 2>/dev/null | tail -n 1"
+)
+"""The version of the OpenCode on the PATH, as npm installed it: the manifest of the package its binary belongs to (the
+npm package `opencode-ai`, or the per-platform package our install step unpacks), read the way `npm ls` reads it.
+OpenCode itself is asked only where no such manifest is found: `opencode --version` boots the whole agent, 1.8-2 s of
+CPU before it prints a line (measured on OpenCode 1.18), which every new VM's probe paid before its rollout began."""
+
+
 def provided_tools(opencode_version: str | None, proxy_ready: bool) -> ProvidedTools:
     """What a new VM's probe found: OpenCode on the PATH (its version), and whether python3 has the proxy's
     packages; the pipeline installs what is missing."""
