@@ -1,18 +1,55 @@
-"""transparent_proxy end to end: the real OpenCode, the proxy in the sandbox, the scripted model on loopback."""
+"""transparent_proxy end to end: the real OpenCode, the proxy in the sandbox, the scripted model on loopback.
+
+A real OpenCode run is the suite's biggest cost, so the three tests that only read a completed capture share one
+rollout (`deep_capture`): the demo task with a final message holding Unicode line separators, top_logprobs=5, in a
+sandbox whose tree lives deep. None of these changes what another test reads: where the tree lives is not in what
+the capture or the final text hold, and the only way it could matter (a proxy socket path too long) fails the
+rollout, hence all three tests; the final message is the demo's last turn, which the capture test compares token by
+token with what the model sent, as it does the other two; top_logprobs only adds alternatives, which only the
+capture test reads.
+
+The rest cannot share: the 500 and the 400 each change which calls OpenCode makes and how it ends (the capture test
+needs three complete calls), black_box mode captures nothing, and the proxy that cannot start needs a backend of its
+own.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.script import Script, bash, demo_script, fail, say
-from tests.helpers import rollout
+from tests.helpers import Outcome, rollout
+
+UNICODE_TEXT = "Done: a\u2028b\u2029c\u0085d."
 
 
-async def test_every_token_is_captured_exactly(backend: LocalBackend, no_leaks: None) -> None:
-    outcome = await rollout(backend, demo_script(), mode="transparent_proxy", top_logprobs=5)
+@dataclass
+class DeepCapture:
+    outcome: Outcome
+    tree: Path
+
+
+@pytest.fixture(scope="module")
+async def deep_capture(tmp_path_factory: pytest.TempPathFactory, leak_check: Callable[[], None]) -> DeepCapture:
+    """A unix socket's path is limited to 107 bytes; CI checkouts and pytest's directories are deep."""
+    tree = tmp_path_factory.mktemp("deep") / ("d" * 60) / ("e" * 60)
+    tree.mkdir(parents=True)
+    demo_steps = demo_script().steps
+    script = Script(steps=[*demo_steps[:-1], say(UNICODE_TEXT)])
+    outcome = await rollout(LocalBackend(cached_tools, base_dir=tree), script, mode="transparent_proxy", top_logprobs=5)
+    leak_check()
+    return DeepCapture(outcome, tree)
+
+
+async def test_every_token_is_captured_exactly(deep_capture: DeepCapture) -> None:
+    outcome = deep_capture.outcome
     result, exchanges = outcome.result, outcome.exchanges
     assert result.status == "completed", result.error
     assert len(result.proxy_turns) == len(exchanges) == 3
@@ -45,14 +82,12 @@ async def test_every_token_is_captured_exactly(backend: LocalBackend, no_leaks: 
     assert "sk-demo-not-a-secret" not in result.model_dump_json()
 
 
-async def test_unicode_line_separators_reach_opencode_intact(backend: LocalBackend, no_leaks: None) -> None:
-    text = "Done: a\u2028b\u2029c\u0085d."
-    outcome = await rollout(backend, Script(steps=[say(text)]), mode="transparent_proxy", verify=[])
-    result = outcome.result
+async def test_unicode_line_separators_reach_opencode_intact(deep_capture: DeepCapture) -> None:
+    result = deep_capture.outcome.result
     assert result.status == "completed", result.error
-    assert result.agent_final_text == text
-    assert result.proxy_turns[0].response["content"] == text
-    assert "".join(result.proxy_turns[0].completion_tokens[:-1]) == text
+    assert result.agent_final_text == UNICODE_TEXT
+    assert result.proxy_turns[-1].response["content"] == UNICODE_TEXT
+    assert "".join(result.proxy_turns[-1].completion_tokens[:-1]) == UNICODE_TEXT
 
 
 async def test_a_500_then_success_is_retried_by_opencode(backend: LocalBackend, no_leaks: None) -> None:
@@ -100,11 +135,9 @@ async def test_a_proxy_that_cannot_start_fails_the_rollout_clearly(sandbox_base:
     assert outcome.exchanges == []
 
 
-async def test_a_rollout_whose_tree_lives_deep_still_reaches_its_proxy(tmp_path: Path) -> None:
-    """A unix socket's path is limited to 107 bytes; CI checkouts and pytest's directories are deep."""
-    deep = tmp_path / ("d" * 60) / ("e" * 60)
-    deep.mkdir(parents=True)
-    outcome = await rollout(LocalBackend(cached_tools, base_dir=deep), demo_script())
+async def test_a_rollout_whose_tree_lives_deep_still_reaches_its_proxy(deep_capture: DeepCapture) -> None:
+    outcome = deep_capture.outcome
+    assert len(str(deep_capture.tree)) > 107
     assert outcome.result.status == "completed", outcome.result.error
     assert len(outcome.result.proxy_turns) == 3
-    assert list(deep.iterdir()) == []
+    assert list(deep_capture.tree.iterdir()) == []
