@@ -1,4 +1,9 @@
-"""TRL rows, the OpenEnv harness export, the rollout_func builder and `opencode-env export`."""
+"""TRL rows, the OpenEnv harness export, the rollout_func builder and `opencode-env export`.
+
+The rollout_func runs two real rollouts (each prompt once, as TRL calls it), whose rows must be real trainable rows,
+and shows which rollouts run and the rows' order for a repeated prompt on the stub backend, which runs the same
+pipeline around the agent without OpenCode (four real runs before, for the same properties).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.integration.test_training import history, result_of, turn
+from tests.stub_server import CountingBackend
 from tests.unit.test_attribution import mixed_rollout
 
 EOS = 99
@@ -103,12 +109,18 @@ async def test_the_rollout_func_runs_each_prompt_and_returns_rows_in_order(backe
         def to_request(prompt: str) -> RolloutRequest:
             return demo_request(model.base_url, task_id=prompt)
 
-        rollout_func = make_rollout_func(InProcess(backend), to_request, rollouts_per_prompt=2, max_concurrency=2)
+        # Each prompt once, as TRL calls it (its prompts already repeated): two real rollouts at once.
+        rollout_func = make_rollout_func(InProcess(backend), to_request, max_concurrency=2)
         # Called from inside a running event loop, as in a notebook: it runs its own loop in a thread.
         batch = rollout_func(["task_a", "task_b"], object())
-    assert batch["task_id"] == ["task_a", "task_a", "task_b", "task_b"]
-    assert batch["status"] == ["completed"] * 4
-    assert batch["reward"] == [1.0] * 4
+        # Each prompt repeated: which rollouts run and the rows' order are the pipeline's around the agent, so the
+        # stub backend (no OpenCode; every rollout an agent_error row) shows them without four more real runs.
+        stub = CountingBackend(command_s=0.0)
+        repeated = make_rollout_func(InProcess(stub), to_request, rollouts_per_prompt=2, max_concurrency=2)
+        stub_batch = repeated(["task_a", "task_b"], object())
+    assert batch["task_id"] == ["task_a", "task_b"]
+    assert batch["status"] == ["completed"] * 2
+    assert batch["reward"] == [1.0] * 2
     for prompt_ids, completion_ids, mask in zip(
         batch["prompt_ids"], batch["completion_ids"], batch["env_mask"], strict=True
     ):
@@ -116,6 +128,9 @@ async def test_the_rollout_func_runs_each_prompt_and_returns_rows_in_order(backe
         assert completion_ids[-1] == 151645
         assert len(mask) == len(completion_ids)
         assert 0 in mask
+    assert stub_batch["task_id"] == ["task_a", "task_a", "task_b", "task_b"]
+    assert stub.created == 4
+    assert len({len(values) for values in stub_batch.values()}) == 1
 
 
 def test_the_rollout_func_refuses_a_bad_count(backend: LocalBackend) -> None:

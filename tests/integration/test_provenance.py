@@ -1,4 +1,12 @@
-"""Fail-closed capture and provenance: the endpoint probe before any sandbox, the template checked on every call."""
+"""Fail-closed capture and provenance: the endpoint probe before any sandbox, the template checked on every call.
+
+The real rollouts run the demo task without its check step (`WRITE_AND_SAY`: two agent calls with a tool's output
+between them, and the demo's verify still passes): what these tests check is the capture and the provenance of each
+call, and two calls are what a template change between calls, or a fingerprint that stays put across calls, needs.
+The four rollouts are not shared, as each test's request or model differs in what the other tests assert: the
+fingerprint test's two rollouts need a model whose template never changes (and the second one the first one's cached
+probe), the template-change test a model whose template switches, the text-mode test a model without token ids.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from opencode_env.rollout.probe import decide, forget_probes, probe_endpoint
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.proxy_process import running_proxy
-from opencode_env.testing.script import demo_script
+from opencode_env.testing.script import Script, demo_script, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
@@ -27,6 +35,11 @@ CALL = {
     "messages": [{"role": "user", "content": "list the files"}],
     "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
 }
+
+
+WRITE_AND_SAY = Script(
+    steps=[write("/home/user/workdir/add.py", "def add(a, b):\n    return a + b\n"), say("I wrote add.py.")]
+)
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +186,7 @@ def test_a_result_written_before_provenance_still_parses() -> None:
 async def test_the_readme_path_captures_token_ids_and_the_fingerprint_is_stable_across_rollouts(
     backend: LocalBackend, no_leaks: None
 ) -> None:
-    with ScriptedModelServer(demo_script()) as model:
+    with ScriptedModelServer(WRITE_AND_SAY) as model:
         first = await run_rollout(readme_request(model.base_url, policy_version="step-40"), backend)
         second = await run_rollout(readme_request(model.base_url), backend)
     for result in (first, second):
@@ -199,7 +212,7 @@ async def test_the_readme_path_captures_token_ids_and_the_fingerprint_is_stable_
 async def test_a_template_change_between_two_calls_is_flagged_on_the_turn_and_in_the_warnings(
     backend: LocalBackend, no_leaks: None
 ) -> None:
-    with ScriptedModelServer(demo_script(), template_switch_after=2) as model:
+    with ScriptedModelServer(WRITE_AND_SAY, template_switch_after=1) as model:
         result = await run_rollout(readme_request(model.base_url), backend)
     assert result.status == "completed", result.error
     changed = [turn.turn for turn in result.proxy_turns if turn.template_changed]
@@ -216,7 +229,7 @@ async def test_a_template_change_between_two_calls_is_flagged_on_the_turn_and_in
 async def test_text_mode_accepts_an_endpoint_without_token_ids_and_says_so(
     backend: LocalBackend, no_leaks: None
 ) -> None:
-    with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
+    with ScriptedModelServer(WRITE_AND_SAY, omit_token_ids=True) as model:
         result = await run_rollout(readme_request(model.base_url, capture="text"), backend)
     assert result.status == "completed", result.error
     assert result.reward == 1.0

@@ -1,4 +1,11 @@
-"""Training sequences: hand-built rollouts for each rule, then real rollouts (OpenCode, proxy, scripted model)."""
+"""Training sequences: hand-built rollouts for each rule, then real rollouts (OpenCode, proxy, scripted model).
+
+The four real rollouts share nothing, as each one's request or model is what another test asserts the absence of:
+the three-turn rollout must have no fork and only agent calls, the reasoning one must fork (a script with reasoning),
+the call-without-tools one needs E2B (the local backend refuses the agent's own model call) and adds an unattributed
+call, the no-ids one needs a model without token ids. The no-ids rollout is one answer without a tool: its reason is
+the turns' missing ids, whatever the agent did.
+"""
 
 from __future__ import annotations
 
@@ -254,10 +261,13 @@ async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBacke
 
 
 async def test_a_no_ids_endpoint_gives_a_clear_reason(backend: LocalBackend, no_leaks: None) -> None:
-    """An OpenAI-like server (no token ids; the probe sees it and the request asks only for logprobs)."""
-    with ScriptedModelServer(demo_script(), omit_token_ids=True) as model:
-        result = await run_rollout(demo_request(model.base_url, endpoint="openai", capture="logprobs"), backend)
+    """An OpenAI-like server (no token ids; the probe sees it and the request asks only for logprobs). One answer
+    without a tool is enough: the reason is the turns' missing ids, whatever the agent did."""
+    with ScriptedModelServer(Script(steps=[say("Nothing to do.")]), omit_token_ids=True) as model:
+        request = demo_request(model.base_url, endpoint="openai", capture="logprobs", verify=[])
+        result = await run_rollout(request, backend)
     assert result.status == "completed", result.error
+    assert [turn.kind for turn in result.proxy_turns].count("agent") == 1
     found = training_sequences(result)
     assert found.sequences == []
     assert "token_id_source: none" in (found.no_sequences_reason or "")
