@@ -33,7 +33,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-request-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
     parser.add_argument("--peer-uid", type=int, default=-1, help="with --peer-table-fd: the one uid that may call")
-    parser.add_argument("--token-in", action="store_true", help="send agent turns' prompts as token ids where possible")
+    parser.add_argument(
+        "--token-in",
+        nargs="?",
+        const="auto",
+        default="",
+        choices=["auto", "tokens", "forwarded", "none"],
+        help="send agent turns' prompts as token ids: by the route the probe proved, or auto (each tried in turn)",
+    )
+    parser.add_argument("--token-in-unavailable", default="", help="with --token-in none: why, recorded per turn")
     parser.add_argument("--return-token-ids", choices=["auto", "on", "off"], default="auto", help="auto: vllm only")
     parser.add_argument("--template-check", action="store_true", help="fingerprint the chat template on every call")
     parser.add_argument("--policy-version-header", default="", help="record this response header per turn")
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         upstream_address=args.upstream_address,
         peers=PeerOwners(args.peer_table_fd, args.peer_uid) if args.peer_table_fd >= 0 else None,
         token_in=args.token_in,
+        token_in_unavailable=args.token_in_unavailable,
         template_check=args.template_check,
         policy_version_header=args.policy_version_header.lower(),
     )

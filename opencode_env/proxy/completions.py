@@ -28,7 +28,15 @@ from opencode_env.proxy.records import Pending, TraceWriter, fold_outcome, fold_
 from opencode_env.proxy.relay import Arrivals, Problem, relay_stream
 from opencode_env.proxy.request import clamped_fields, neutral_error, recorded_headers, rewrite_request, turn_kind
 from opencode_env.proxy.settings import ProxySettings
-from opencode_env.proxy.token_in import TOKENS_ROUTE, TokenIn
+from opencode_env.proxy.token_in import (
+    CHAT_ROUTE,
+    PROMPT_SOURCE,
+    ROUTES,
+    TokenIn,
+    forwarding_refused,
+    parse_routes,
+    routed_body,
+)
 from opencode_env.proxy.upstream import (
     Origin,
     UpstreamDisconnected,
@@ -57,7 +65,11 @@ class CaptureProxy:
         self._pool = UpstreamPool(
             origin, connect_timeout_s=settings.connect_timeout_s, idle_timeout_s=settings.idle_timeout_s
         )
-        self._token_in = TokenIn() if settings.token_in else None
+        self._token_in = (
+            TokenIn(parse_routes(settings.token_in), unsupported=settings.token_in_unavailable or None)
+            if settings.token_in
+            else None
+        )
         self._fingerprints: dict[int, asyncio.Task[str | None]] = {}
         self._server_root = UpstreamPool(
             dataclasses.replace(origin, base_path=server_root(origin.base_path)),
@@ -161,13 +173,13 @@ class CaptureProxy:
         )
         if self.settings.template_check:
             self._fingerprints[turn] = asyncio.ensure_future(self._template_fingerprint(incoming))
-        path, payload = "/chat/completions", _request_bytes(sent)
+        path, payload = CHAT_ROUTE, _request_bytes(sent)
         if self._token_in is not None:
             path, payload = await self._token_in_route(pending, sent, incoming)
         try:
             upstream = await self._pool.post(path, payload, self._upstream_headers(incoming))
-            if upstream.status == 404 and path == TOKENS_ROUTE:
-                upstream = await self._without_tokens_route(pending, upstream, incoming)
+            if pending.ticket is not None and pending.ticket.route is not None:
+                upstream = await self._unless_refused(pending, upstream, incoming)
         except UpstreamStalled as error:
             await self._failed(send, pending, "stalled", 504, str(error))
             return
@@ -200,30 +212,49 @@ class CaptureProxy:
         ticket = self._token_in.ticket(sent, incoming.get("x-session-id"), pending.record["kind"])
         if isinstance(ticket, str):
             pending.record["token_in_fallback"] = ticket
-            return "/chat/completions", _request_bytes(sent)
+            return CHAT_ROUTE, _request_bytes(sent)
         pending.ticket = ticket
         plan = await self._token_in.plan(ticket, sent, lambda body: self._tokenize(body, incoming))
-        if plan.prompt_ids is None:
+        if plan.prompt_ids is None or plan.route is None:
             pending.record["token_in_fallback"] = plan.fallback
-            return "/chat/completions", _request_bytes(sent)
-        pending.record["prompt_source"] = "token_in"
-        return TOKENS_ROUTE, _request_bytes({**sent, "tokens": plan.prompt_ids})
+            return CHAT_ROUTE, _request_bytes(sent)
+        pending.record["prompt_source"] = PROMPT_SOURCE[plan.route]
+        path, body = routed_body(sent, plan.route, plan.prompt_ids)
+        return path, _request_bytes(body)
 
-    async def _without_tokens_route(
+    async def _unless_refused(
         self, pending: Pending, answer: UpstreamResponse, incoming: dict[str, str]
     ) -> UpstreamResponse:
-        """The server has no token route: this turn and every later one take the chat route."""
+        """A token-in route the server refused (404 it has none, 400/422 it rejects the ids): the turn goes again by
+        the next route, or the chat route. A route is dropped for later turns at a 404, or when the turn then
+        succeeded without it (a 400 the plain request also gets is not the ids' doing)."""
         assert self._token_in is not None
         assert pending.ticket is not None
-        await answer.read()
-        reason = f"the server has no {self._pool.origin.base_path}{TOKENS_ROUTE} (404)"
-        self._token_in.route_missing(reason)
-        pending.ticket.sent_ids = None
-        pending.record.pop("prompt_source", None)
-        pending.record["token_in_fallback"] = reason
-        return await self._pool.post(
-            "/chat/completions", _request_bytes(pending.sent), self._upstream_headers(incoming)
-        )
+        token_in, ticket = self._token_in, pending.ticket
+        while ticket.route is not None and answer.status in (400, 404, 422):
+            failed, status = ticket.route, answer.status
+            excerpt = (await answer.read())[:300].decode("utf-8", errors="replace")
+            reason = f"the server refused prompt ids by the {failed} route (HTTP {status}: {excerpt})"
+            if status == 404:
+                token_in.route_missing(reason, failed)
+            later = [route for route in token_in.routes if ROUTES.index(route) > ROUTES.index(failed)]
+            following = later[0] if later else None
+            if following == "forwarded" and forwarding_refused(pending.sent) is not None:
+                following = None
+            ticket.route = following
+            if following is None or ticket.sent_ids is None:
+                ticket.route, ticket.sent_ids = None, None
+                pending.record["prompt_source"] = "chat_template"
+                pending.record["token_in_fallback"] = reason
+                path, payload = CHAT_ROUTE, _request_bytes(pending.sent)
+            else:
+                pending.record["prompt_source"] = PROMPT_SOURCE[following]
+                path, body = routed_body(pending.sent, following, ticket.sent_ids)
+                payload = _request_bytes(body)
+            answer = await self._pool.post(path, payload, self._upstream_headers(incoming))
+            if answer.status == 200 and failed not in token_in.dropped:
+                token_in.route_missing(reason, failed)
+        return answer
 
     async def _tokenize(self, body: dict[str, Any], incoming: dict[str, str]) -> list[int] | str:
         """POST /tokenize at the server's root (vLLM): the ids the chat template gives, or why there are none."""
@@ -234,7 +265,7 @@ class CaptureProxy:
         except UpstreamError as error:
             return f"/tokenize failed: {error}"
         if answer.status == 404:
-            reason = f"the server has no {self._server_root.origin.base_path}/tokenize (404)"
+            reason = f"the server has no {self._server_root.origin.base_path}/tokenize (404): no suffix can be rendered"
             self._token_in.route_missing(reason)
             return reason
         try:
@@ -364,10 +395,16 @@ class CaptureProxy:
         if fold is None or record.get("outcome") != "complete" or not fold.aligned():
             self._token_in.forget(ticket)
             return
-        if ticket.sent_ids is not None and not fold.prompt_token_ids:
-            fold.prompt_token_ids = ticket.sent_ids
-        elif ticket.sent_ids is not None and fold.prompt_token_ids != ticket.sent_ids:
-            record["token_in_fallback"] = "the engine reported other prompt ids than the ones sent (its own are kept)"
+        route = ticket.route
+        if route == "tokens" and not fold.prompt_token_ids:
+            fold.prompt_token_ids = list(ticket.sent_ids or [])
+        elif route is not None and fold.prompt_token_ids != ticket.sent_ids:
+            reason = (
+                f"the engine did not echo the prompt ids sent by the {route} route (it rendered the messages itself: "
+                "its own ids are kept, and the route is not used again)"
+            )
+            record["prompt_source"], record["token_in_fallback"] = "chat_template", reason
+            self._token_in.route_missing(reason, route)
         if not fold.prompt_token_ids:
             self._token_in.forget(ticket)
             return

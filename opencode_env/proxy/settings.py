@@ -25,8 +25,11 @@ class ProxySettings:
     """A request body over this is answered 413 and recorded as the agent's doing, read no further."""
     peers: PeerOwners | None = None
     """Where set, a call from a socket any other uid owns is refused (403): only OpenCode itself calls the model."""
-    token_in: bool = False
-    """Send agent turns' prompts as token ids where the server takes them (see token_in.py)."""
+    token_in: str = ""
+    """Send agent turns' prompts as token ids (see token_in.py): "" off; a route the probe proved ("tokens",
+    "forwarded"); "auto" every route tried in turn (no probe); "none" no route (every turn records why)."""
+    token_in_unavailable: str = ""
+    """With token_in "none": why the server offers no route (the probe's finding), recorded on every turn."""
     template_check: bool = False
     """Fingerprint the chat template (the server's /tokenize of a fixed conversation) beside every call."""
     policy_version_header: str = ""

@@ -2,14 +2,30 @@
 
 A chat template renders the whole history again on every call, and many drop what the model generated (earlier
 reasoning, an empty think block), so turn N+1's prompt no longer starts with turn N's prompt + completion and the
-rollout splits into one training sequence per turn. In token-in mode the proxy sends the engine the ids themselves
-(prime-rl's vLLM route `/v1/chat/completions/tokens`, a chat request plus `tokens`): the model sees its own earlier
-tokens exactly, and every turn extends the last by construction.
+rollout splits into one training sequence per turn. In token-in mode the proxy sends the engine the ids themselves,
+so the model sees its own earlier tokens exactly and every turn extends the last by construction. Two routes take
+them, in this order of preference:
 
-The new messages' ids come from the server's own `/tokenize` (vLLM): the history through the assistant's reply is
-rendered without a generation prompt (`base`) and the whole history with one (`full`); when `base` is a prefix of
-`full`, the ids after the reply's stop token in `base` are the ones the template puts after that reply. The reply
-itself is never rendered again: its ids are the sampled ones.
+- `tokens`: prime-rl's vLLM route `/v1/chat/completions/tokens`, a chat request plus `tokens`. Built for this and
+  documented as such by its server: where it exists it is the contract.
+- `forwarded`: stock vLLM's own `/v1/chat/completions` with `kv_transfer_params: {"prompt_token_ids": [...]}`, its
+  decode-side token reuse for disaggregated serving (vLLM 0.32, `vllm/renderers/online_renderer.py`,
+  `_reused_prompt_token_ids`): the ids go to the engine and templating is skipped, while the tool and reasoning
+  parsers, streaming and `return_token_ids` still run. An internal mechanism, not an API, so used only where the
+  endpoint probe proved it (the ids echoed back exactly, a tool call still parsed) or, without a probe, checked on
+  every turn. vLLM ignores the ids when `echo` is set or a message has non-text content (it must render those) and
+  refuses them in a batch request: such a turn takes the chat route, recorded.
+
+Every turn's answer is checked: the engine's `prompt_token_ids` must equal the ids sent. A server that rendered the
+messages instead (it ignored the ids) is kept to its own ids and not asked with that route again.
+
+The new messages' ids come from the server's own `/tokenize` (vLLM), never from a tokenizer of ours: the history
+through the assistant's reply is rendered without a generation prompt (`base`) and the whole history with one
+(`full`); when `base` is a prefix of `full`, the ids after the reply's stop token in `base` are the ones the template
+puts after that reply. The reply itself is never rendered again: its ids are the sampled ones. A template that
+renders earlier messages differently once others follow (one that looks at the whole history, e.g. Qwen3's, which
+shows reasoning only after the last user message) cannot give a suffix alone: that turn takes the chat route, with
+the position where the renders part.
 
 Anything that is not a plain continuation falls back to the chat route, with the reason recorded on the turn: a
 session's first turn, a history that was rewritten (compaction) or whose tools changed, a reply that did not end with
@@ -24,13 +40,28 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+CHAT_ROUTE = "/chat/completions"
 TOKENS_ROUTE = "/chat/completions/tokens"
+Route = Literal["tokens", "forwarded"]
+ROUTES: tuple[Route, ...] = ("tokens", "forwarded")
+"""Every route, in the order of preference (see the module's docstring)."""
+PROMPT_SOURCE: dict[Route, str] = {"tokens": "token_in", "forwarded": "forwarded_ids"}
+"""What a turn records as its `prompt_source` when it went by each route."""
 ELIGIBLE_KINDS = ("agent", "sub_agent")
 RENDERING_FIELDS = ("tools", "chat_template_kwargs", "chat_template", "model")
 """Request fields the template's rendering depends on besides the messages: a change in any is a new prompt."""
 SETTLE_WAIT_S = 30.0
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})
+MEDIA_PART_KEYS = frozenset(
+    {
+        "input_image", "image_url", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "image_pil",
+        "audio_url", "input_audio", "video_url",
+    }
+)  # fmt: skip
+"""Content part types vLLM 0.32 counts as text, and the keys that make any part media (`renderers/chat_utils.py`,
+`has_non_text_content`): a message with any other part makes it ignore forwarded ids."""
 
 Tokenize = Callable[[dict[str, Any]], Awaitable[list[int] | str]]
 """POST /tokenize with this body: the ids, or why there are none."""
@@ -48,10 +79,12 @@ class SessionState:
 
 @dataclass(frozen=True)
 class Plan:
-    """How to send one turn: `prompt_ids` to send (token-in), or None with the reason the chat route is used."""
+    """How to send one turn: `prompt_ids` to send by `route` (token-in), or None with the reason the chat route is
+    used."""
 
     prompt_ids: list[int] | None
     fallback: str | None
+    route: Route | None = None
 
 
 @dataclass
@@ -62,6 +95,7 @@ class Ticket:
     messages: list[Any]
     rendering: str
     sent_ids: list[int] | None = None
+    route: Route | None = None
 
 
 def rendering_key(request: dict[str, Any]) -> str:
@@ -83,12 +117,44 @@ def new_messages_start(state: SessionState, messages: list[Any]) -> int | str:
 def suffix_after_reply(base: list[int], full: list[int], stop_id: int) -> list[int] | str:
     """The ids `full` has after the reply that `base` ends with (the reply ends at `base`'s last `stop_id`)."""
     if full[: len(base)] != base:
-        return "the template renders the history differently once messages follow it"
+        parted = next((at for at, (a, b) in enumerate(zip(base, full, strict=False)) if a != b), len(full))
+        return (
+            "the template renders the history differently once messages follow it (it looks at the whole history, "
+            f"so a suffix cannot be rendered alone): the renders part at id {parted} of {len(base)}"
+        )
     for position in range(len(base) - 1, -1, -1):
         if base[position] == stop_id:
             suffix = full[position + 1 :]
             return suffix or "the new messages render to no ids"
     return "the rendered history holds no stop token where the reply ends"
+
+
+def forwarding_refused(request: dict[str, Any]) -> str | None:
+    """Why vLLM would ignore or refuse prompt ids forwarded with this chat request (it renders the messages then),
+    or None."""
+    if request.get("echo"):
+        return "the request sets echo, which makes vLLM render the messages instead of taking forwarded ids"
+    messages = request.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], list):
+        return "a batch request: vLLM refuses forwarded prompt ids for several conversations"
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type", "text")
+            if kind not in TEXT_PART_TYPES or MEDIA_PART_KEYS.intersection(part):
+                return f"a message has a {kind!r} content part, which makes vLLM render the messages instead"
+    return None
+
+
+def routed_body(request: dict[str, Any], route: Route, ids: list[int]) -> tuple[str, dict[str, Any]]:
+    """The path and body that send `request` with its prompt as `ids` by `route`."""
+    if route == "tokens":
+        return TOKENS_ROUTE, {**request, "tokens": ids}
+    forwarded = dict(request.get("kv_transfer_params") or {})
+    forwarded["prompt_token_ids"] = ids
+    return CHAT_ROUTE, {**request, "kv_transfer_params": forwarded}
 
 
 def request_body(request: dict[str, Any], messages: list[Any], *, generation_prompt: bool) -> dict[str, Any]:
@@ -97,13 +163,29 @@ def request_body(request: dict[str, Any], messages: list[Any], *, generation_pro
     return body
 
 
+def parse_routes(name: str) -> tuple[Route, ...]:
+    """The routes the proxy may use for `--token-in NAME`: auto tries each in order; none uses no route."""
+    if name == "auto":
+        return ROUTES
+    if name == "none":
+        return ()
+    if name in ROUTES:
+        return (name,)
+    raise ValueError(f"token-in route {name!r}: one of auto, tokens, forwarded, none")
+
+
 @dataclass
 class TokenIn:
-    """The sessions' states and the server's routes, as far as they are known."""
+    """The sessions' states and the server's routes, as far as they are known.
 
+    `routes`: the routes still believed to work, best first (the one the probe proved, or every route when the
+    server was not probed: each is then tried, and dropped at its first failure with the reason kept)."""
+
+    routes: tuple[Route, ...] = ROUTES
     sessions: dict[str, SessionState] = field(default_factory=dict)
     in_flight: dict[str, asyncio.Event] = field(default_factory=dict)
     unsupported: str | None = None
+    dropped: dict[Route, str] = field(default_factory=dict)
 
     def ticket(self, request: dict[str, Any], session: str | None, kind: str) -> Ticket | str:
         if kind not in ELIGIBLE_KINDS:
@@ -115,6 +197,9 @@ class TokenIn:
             return "the request has no message list"
         return Ticket(session, messages, rendering_key(request))
 
+    def route(self) -> Route | None:
+        return self.routes[0] if self.routes and not self.unsupported else None
+
     async def plan(self, ticket: Ticket, request: dict[str, Any], tokenize: Tokenize) -> Plan:
         """Wait for the session's previous turn to be settled, then decide how this one goes."""
         previous = self.in_flight.get(ticket.session)
@@ -125,8 +210,8 @@ class TokenIn:
                 self.in_flight[ticket.session] = asyncio.Event()
                 return Plan(None, "the session's previous turn was still open")
         self.in_flight[ticket.session] = asyncio.Event()
-        if self.unsupported:
-            return Plan(None, self.unsupported)
+        if self.route() is None:
+            return Plan(None, self.why_none())
         state = self.sessions.get(ticket.session)
         if state is None:
             return Plan(None, "the session's first turn")
@@ -146,12 +231,27 @@ class TokenIn:
         suffix = suffix_after_reply(base, full, state.stop_id)
         if isinstance(suffix, str):
             return Plan(None, suffix)
-        ticket.sent_ids = state.ids + suffix
-        return Plan(ticket.sent_ids, None)
+        route = self.route()
+        if route is None:
+            return Plan(None, self.why_none())
+        if route == "forwarded" and (refused := forwarding_refused(request)) is not None:
+            return Plan(None, refused)
+        ticket.sent_ids, ticket.route = state.ids + suffix, route
+        return Plan(ticket.sent_ids, None, route)
 
-    def route_missing(self, reason: str) -> None:
-        """The server lacks a route token-in needs: every later turn takes the chat route."""
-        self.unsupported = reason
+    def why_none(self) -> str:
+        if self.unsupported:
+            return self.unsupported
+        return "; ".join(self.dropped.values()) or "no token-in route was enabled"
+
+    def route_missing(self, reason: str, route: Route | None = None) -> None:
+        """The server lacks something token-in needs: `route` (that route only), or /tokenize (every route). Every
+        later turn takes the next route, or the chat route when none is left."""
+        if route is None:
+            self.unsupported = reason
+            return
+        self.dropped[route] = reason
+        self.routes = tuple(kept for kept in self.routes if kept != route)
 
     def settle(
         self, ticket: Ticket, prompt_ids: list[int], completion_ids: list[int], finish_reason: str | None

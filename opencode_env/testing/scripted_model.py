@@ -1,5 +1,12 @@
 """The scripted model: a real OpenAI-compatible HTTP server that plays a `Script` the way vLLM streams.
 
+It plays each kind of server token-in meets (see opencode_env/proxy/token_in.py): with `token_routes` prime-rl's
+`/v1/chat/completions/tokens`; with `forwarded_ids="on"` stock vLLM's chat route taking
+`kv_transfer_params.prompt_token_ids` (ignored with `echo` or a non-text content part, as vLLM 0.32 does), or
+`"unparsed"` a server that takes them but then leaves tool calls unparsed (as text), or `"refused"` one that answers
+400 to the field (a server that forbids unknown fields); by default neither (the ids are ignored and the messages
+rendered, as a server without the mechanism does).
+
 Faithful where capture depends on it: one token per chunk, a role delta first (with `prompt_token_ids` when
 `return_token_ids` is asked), tool-call deltas with argument fragments, the EOS token carrying `finish_reason`,
 a usage chunk with `choices: []`, then `[DONE]`. `top_logprobs[0]` is the sampled token and is not always the most
@@ -69,6 +76,8 @@ class Exchange:
     tokens: list[PlannedToken] = field(default_factory=list)
     sent: bytearray = field(default_factory=bytearray)
     finished: bool = False
+    prompt_from: Literal["template", "tokens", "forwarded"] = "template"
+    tools_parsed: bool = True
 
 
 def plan_tokens(step: Step, rng: random.Random, top_k: int) -> list[PlannedToken]:
@@ -129,10 +138,16 @@ def chunk_groups(step: Step, tokens: list[PlannedToken]) -> list[tuple[int, list
     return groups
 
 
-def _delta(token: PlannedToken, step: Step, first_of_call: bool, serial: int, text: str) -> dict[str, Any]:
-    """The delta of a chunk that starts with `token`; `text`: the chunk's tokens' text (one segment's)."""
+TOOL_SEGMENTS = ("tool_head", "tool_args", "tool_tail")
+
+
+def _delta(
+    token: PlannedToken, step: Step, first_of_call: bool, serial: int, text: str, *, tools_parsed: bool = True
+) -> dict[str, Any]:
+    """The delta of a chunk that starts with `token`; `text`: the chunk's tokens' text (one segment's). Without
+    `tools_parsed` a tool call's text is content, as a server whose tool parser did not run sends it."""
     segment = token.segment
-    if segment.kind == "content":
+    if segment.kind == "content" or (not tools_parsed and segment.kind in TOOL_SEGMENTS):
         return {"content": text}
     if segment.kind == "reasoning":
         return {"reasoning_content": text}
@@ -172,8 +187,11 @@ class ScriptedModel:
         policy_version: str = "",
         refuse_tools: bool = False,
         float32_logprobs: bool = False,
+        forwarded_ids: Literal["off", "on", "unparsed", "refused"] = "off",
     ) -> None:
         self.script = script
+        self.forwarded_ids = forwarded_ids
+        """Whether the chat route takes `kv_transfer_params.prompt_token_ids` (see the module's docstring)."""
         self.float32_logprobs = float32_logprobs
         """Every logprob a float32 value, as vLLM computes them (by default, float64 values no float32 holds)."""
         self.refuse_tools = refuse_tools
@@ -250,6 +268,9 @@ class ScriptedModel:
             }
         if self.omit_logprobs:
             body = {key: value for key, value in body.items() if key not in ("logprobs", "top_logprobs")}
+        refused = self._forwarded_refused(body)
+        if refused is not None:
+            return self._error(exchange, Step(status=400, error_body={"error": {"message": refused, "code": 400}}))
         if self.refuse_tools and body.get("tools") and body.get("tool_choice", "auto") != "none":
             step = Step(status=400, error_body=TOOLS_REFUSED)
         elif probing:
@@ -266,10 +287,14 @@ class ScriptedModel:
         if self.float32_logprobs:
             exchange.tokens = [_float32(token) for token in exchange.tokens]
         tokens = body.get("tokens")
+        forwarded = self._forwarded(body)
         if request.url.path.endswith("/tokens"):
             if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
                 return JSONResponse({"error": {"message": "tokens: a list of token ids is required"}}, 400)
-            exchange.prompt_token_ids = list(tokens)
+            exchange.prompt_token_ids, exchange.prompt_from = list(tokens), "tokens"
+        elif forwarded is not None:
+            exchange.prompt_token_ids, exchange.prompt_from = list(forwarded), "forwarded"
+            exchange.tools_parsed = self.forwarded_ids != "unparsed"
         else:
             exchange.prompt_token_ids = prompt_token_ids(body.get("messages", []), variant=self.template)
         versioned = {POLICY_VERSION_HEADER: self.policy_version} if self.policy_version else {}
@@ -279,6 +304,32 @@ class ScriptedModel:
         answer = self._complete(exchange, step, body)
         answer.headers.update(versioned)
         return answer
+
+    def _forwarded(self, body: dict[str, Any]) -> list[Any] | None:
+        """The forwarded prompt ids this server takes from `body`, or None (none sent, or not taken)."""
+        forwarded = body.get("kv_transfer_params")
+        ids = forwarded.get("prompt_token_ids") if isinstance(forwarded, dict) else None
+        if self.forwarded_ids == "off" or ids is None or body.get("echo"):
+            return None
+        for message in body.get("messages") or []:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and any(
+                isinstance(part, dict) and part.get("type", "text") != "text" for part in content
+            ):
+                return None
+        return ids if isinstance(ids, list) else []
+
+    def _forwarded_refused(self, body: dict[str, Any]) -> str | None:
+        """A 400's message for forwarded ids this server refuses (before any script step is played), or None."""
+        forwarded = body.get("kv_transfer_params")
+        if not isinstance(forwarded, dict) or "prompt_token_ids" not in forwarded:
+            return None
+        if self.forwarded_ids == "refused":
+            return "kv_transfer_params: Extra inputs are not permitted"
+        ids = self._forwarded(body)
+        if ids is not None and (not ids or not all(type(token) is int and token >= 0 for token in ids)):
+            return "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers."
+        return None
 
     def _processed(self, planned: list[PlannedToken], temperature: Any) -> list[PlannedToken]:
         """Processed logprobs depend on the temperature (a toy scaling: what matters is that they change)."""
@@ -350,9 +401,16 @@ class ScriptedModel:
             last = position + len(group) == len(exchange.tokens)
             choice: dict[str, Any] = {
                 "index": 0,
-                "delta": _delta(token, step, first_of_call, exchange.serial, "".join(t.text for t in group)),
+                "delta": _delta(
+                    token,
+                    step,
+                    first_of_call,
+                    exchange.serial,
+                    "".join(t.text for t in group),
+                    tools_parsed=exchange.tools_parsed,
+                ),
                 "logprobs": {"content": [_logprob_entry(t, as_ids, top_k) for t in group]} if want_logprobs else None,
-                "finish_reason": _finish_reason(step) if last else None,
+                "finish_reason": (_finish_reason(step) if exchange.tools_parsed else "stop") if last else None,
             }
             if want_ids:
                 choice["token_ids"] = [t.token_id for t in group]

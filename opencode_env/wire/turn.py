@@ -28,9 +28,11 @@ TurnKind = Literal["agent", "auxiliary", "sub_agent", "unattributed"]
 """unattributed: a call the proxy's record cannot tie to one of OpenCode's sessions (kept in the record, never trained,
 counted or deciding the rollout's status)."""
 TokenIdSource = Literal["return_token_ids", "token_id_strings", "none"]
-PromptSource = Literal["chat_template", "token_in"]
+PromptSource = Literal["chat_template", "token_in", "forwarded_ids"]
 """How a turn's prompt ids were made: chat_template, the model server rendered the messages itself (every call);
-token_in, the proxy sent the previous turn's prompt + completion ids followed by the new messages' ids."""
+token_in and forwarded_ids, the proxy sent the previous turn's prompt + completion ids followed by the new messages'
+ids, on the token route (`/v1/chat/completions/tokens`, prime-rl's vLLM) or forwarded on the chat route
+(`kv_transfer_params.prompt_token_ids`, stock vLLM) respectively."""
 RecordedOutcome = Literal[
     "complete",
     "bad_request",

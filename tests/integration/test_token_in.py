@@ -1,5 +1,6 @@
-"""Token-in mode: the pure rules, the proxy as a real process against the scripted model's token routes, and whole
-rollouts with the real OpenCode on a thinking template (reasoning dropped from the history)."""
+"""Token-in mode: the pure rules, the proxy as a real process against the three kinds of server the scripted model
+plays (prime-rl's token route, stock vLLM's forwarded prompt ids on the chat route, neither), and whole rollouts with
+the real OpenCode on a thinking template (reasoning dropped from the history)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from opencode_env.proxy.token_in import SessionState, new_messages_start, suffix_after_reply
+from opencode_env.proxy.token_in import (
+    SessionState,
+    forwarding_refused,
+    new_messages_start,
+    routed_body,
+    suffix_after_reply,
+)
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.chat_template import IM_END, SPECIAL_IDS
@@ -61,6 +68,33 @@ def test_a_template_that_renders_the_history_otherwise_once_messages_follow_is_r
     answer = suffix_after_reply([10, 11, STOP], [10, 99, STOP, 20], STOP)
     assert isinstance(answer, str)
     assert "renders the history differently" in answer
+    assert "part at id 1 of 3" in answer
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"echo": True}, "echo"),
+        ({"messages": [[USER], [USER]]}, "batch"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "input_audio": {}}]}]}, "'text'"),
+    ],
+)
+def test_a_request_vllm_would_render_itself_is_not_sent_with_forwarded_ids(change: dict[str, Any], named: str) -> None:
+    assert forwarding_refused({"messages": [SYSTEM, USER]}) is None
+    assert forwarding_refused({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}) is None
+    reason = forwarding_refused({"messages": [SYSTEM, USER], **change})
+    assert reason is not None
+    assert named in reason
+
+
+def test_each_route_carries_the_ids_its_own_way_and_the_request_is_otherwise_unchanged() -> None:
+    request = {"model": "m", "messages": [USER], "kv_transfer_params": {"other": 1}}
+    assert routed_body(request, "tokens", [1, 2]) == ("/chat/completions/tokens", {**request, "tokens": [1, 2]})
+    path, body = routed_body(request, "forwarded", [1, 2])
+    assert path == "/chat/completions"
+    assert body == {**request, "kv_transfer_params": {"other": 1, "prompt_token_ids": [1, 2]}}
+    assert request["kv_transfer_params"] == {"other": 1}
 
 
 def thinking(text: str, *calls: ToolCallStep) -> Step:
@@ -77,6 +111,10 @@ def chat(messages: list[Any]) -> dict[str, Any]:
     }
 
 
+RECEIVED: list[bytes] = []
+"""Every answer body the calls below received, in order (each test compares its own with the model's bytes)."""
+
+
 async def call(url: str, payload: dict[str, Any], session: str) -> dict[str, Any]:
     """One streamed call as OpenCode makes it; returns the assistant message OpenCode would put in its history."""
     async with httpx.AsyncClient(timeout=30) as client:
@@ -84,6 +122,7 @@ async def call(url: str, payload: dict[str, Any], session: str) -> dict[str, Any
             f"{url}/chat/completions", json=payload, headers={"authorization": "Bearer x", "x-session-id": session}
         )
     assert response.status_code == 200, response.text
+    RECEIVED.append(response.content)
     content, calls = "", {}
     for line in response.text.splitlines():
         if not line.startswith("data: {"):
@@ -120,15 +159,32 @@ SCRIPT = Script(
 )
 
 
-async def test_each_turn_extends_the_last_by_construction_on_a_thinking_template(tmp_path: Path) -> None:
+SERVERS: dict[str, dict[str, Any]] = {
+    "token route": {"token_routes": True},
+    "forwarded ids": {"forwarded_ids": "on"},
+}
+SOURCES = {"token route": "token_in", "forwarded ids": "forwarded_ids"}
+PROMPT_FROM = {"token route": "tokens", "forwarded ids": "forwarded"}
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
+@pytest.mark.parametrize("route", ["auto", "proved"])
+async def test_each_turn_extends_the_last_by_construction_on_a_thinking_template(
+    tmp_path: Path, server: str, route: str
+) -> None:
+    """`auto` tries the routes in turn (no probe); `proved` is the route the probe found, given to the proxy."""
+    named = {"token route": "tokens", "forwarded ids": "forwarded"}[server] if route == "proved" else "auto"
+    RECEIVED.clear()
     with (
-        ScriptedModelServer(SCRIPT, token_routes=True) as model,
-        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in") as proxy,
+        ScriptedModelServer(SCRIPT, **SERVERS[server]) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in", named) as proxy,
     ):
         await three_turns(proxy.url)
         trace = proxy.wait_for_turns(3)
     turns = trace.turns
-    assert [turn.prompt_source for turn in turns] == ["chat_template", "token_in", "token_in"]
+    assert [turn.prompt_source for turn in turns] == ["chat_template", SOURCES[server], SOURCES[server]]
+    assert [exchange.prompt_from for exchange in model.exchanges] == ["template", *[PROMPT_FROM[server]] * 2]
+    assert [bytes(exchange.sent) for exchange in model.exchanges] == RECEIVED
     assert turns[0].token_in_fallback == "the session's first turn"
     for earlier, later in itertools.pairwise(turns):
         sampled = earlier.prompt_token_ids + earlier.completion_token_ids
@@ -139,6 +195,7 @@ async def test_each_turn_extends_the_last_by_construction_on_a_thinking_template
     assert reasoning_ids
     assert turns[1].prompt_token_ids[len(turns[0].prompt_token_ids) :][: len(reasoning_ids)] == reasoning_ids
     assert "tokens" not in turns[1].request
+    assert "kv_transfer_params" not in turns[1].request
     assert all("add_generation_prompt" in request for request in model.model.tokenize_requests)
 
 
@@ -153,6 +210,49 @@ async def test_without_token_in_the_thinking_template_forks_every_turn(tmp_path:
     sampled = turns[0].prompt_token_ids + turns[0].completion_token_ids
     assert turns[1].prompt_token_ids[: len(sampled)] != sampled
     assert model.model.tokenize_requests == []
+
+
+async def test_a_server_with_neither_route_is_asked_each_once_then_the_chat_template_with_the_reasons(
+    tmp_path: Path,
+) -> None:
+    """auto on a server without the token route that ignores forwarded ids (the template renders every prompt):
+    turn 2 finds the token route missing (404) and sends forwarded ids, which the engine's echo shows were ignored;
+    turn 3 takes the chat route at once, naming both. OpenCode gets the server's bytes whatever happened."""
+    RECEIVED.clear()
+    with (
+        ScriptedModelServer(SCRIPT) as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in") as proxy,
+    ):
+        await three_turns(proxy.url)
+        turns = proxy.wait_for_turns(3).turns
+    assert [turn.outcome for turn in turns] == ["complete"] * 3
+    assert [turn.prompt_source for turn in turns] == ["chat_template"] * 3
+    second, third = turns[1].token_in_fallback or "", turns[2].token_in_fallback or ""
+    assert "did not echo the prompt ids sent by the forwarded route" in second
+    assert "tokens route (HTTP 404" in third
+    assert "did not echo" in third
+    sent = [exchange.request for exchange in model.exchanges]
+    assert [("kv_transfer_params" in request) for request in sent] == [False, True, False]
+    assert [bytes(exchange.sent) for exchange in model.exchanges] == RECEIVED
+    assert [turn.prompt_token_ids for turn in turns] == [exchange.prompt_token_ids for exchange in model.exchanges]
+
+
+async def test_a_server_that_refuses_the_forwarded_ids_is_answered_by_the_chat_route(tmp_path: Path) -> None:
+    """A server that answers 400 to the field (one that forbids unknown fields): the same turn goes again without
+    the ids, the route is dropped since the plain request then succeeded, and OpenCode sees only the good answers."""
+    RECEIVED.clear()
+    with (
+        ScriptedModelServer(SCRIPT, forwarded_ids="refused") as model,
+        running_proxy(model.base_url, tmp_path, *VLLM, "--token-in", "forwarded") as proxy,
+    ):
+        await three_turns(proxy.url)
+        turns = proxy.wait_for_turns(3).turns
+    assert [turn.outcome for turn in turns] == ["complete"] * 3
+    assert [turn.prompt_source for turn in turns] == ["chat_template"] * 3
+    assert "forwarded route (HTTP 400" in (turns[1].token_in_fallback or "")
+    assert turns[2].token_in_fallback == turns[1].token_in_fallback
+    assert [exchange.status for exchange in model.exchanges] == [200, 400, 200, 200]
+    assert [bytes(exchange.sent) for exchange in model.exchanges if exchange.status == 200] == RECEIVED
 
 
 async def test_a_server_without_the_token_route_falls_back_and_says_so(tmp_path: Path) -> None:
