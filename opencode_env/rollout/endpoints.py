@@ -95,6 +95,11 @@ class Upstream:
     """Whether the proxy asks for `return_token_ids`, as the endpoint probe found it accepted; None: not probed."""
     template_check: bool = False
     """The server fingerprints its chat template (`/tokenize`): the proxy checks it on every call."""
+    token_in_route: str = "auto"
+    """In token-in mode, the route the probe proved ("tokens", "forwarded"), "none" when it proved none, "auto" when
+    it did not look (the proxy then tries each in turn)."""
+    token_in_unavailable: str = ""
+    """With token_in_route "none": why, recorded by the proxy on every turn."""
 
     def host_port(self) -> tuple[tuple[str, int], ...]:
         """The one host:port the sandbox may reach in black_box mode."""

@@ -37,6 +37,7 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
 )
 from opencode_env.settings import Settings
+from opencode_env.training.sequences import trl_row_warning
 from opencode_env.wire import (
     Deadline,
     Phase,
@@ -119,6 +120,8 @@ async def run_rollout(
         result.wall_s = round(time.monotonic() - started, 4)
         if is_infrastructure_failure(result.status):
             result.reward, result.reward_source = None, "none"
+    if (short := trl_row_warning(result)) is not None:
+        result.warnings.append(short)
     return result
 
 
@@ -159,7 +162,12 @@ async def _as_a_caller_may(
 async def _probed(request: RolloutRequest, upstream: Upstream, result: RolloutResult, settings: Settings) -> Upstream:
     """Fail closed before any sandbox: the endpoint's probe (cached) against what the request needs to capture."""
     capture = request.wanted_capture()
-    probe = await probe_endpoint(upstream, top_logprobs=request.top_logprobs, proxy=_operator_proxy(upstream, settings))
+    probe = await probe_endpoint(
+        upstream,
+        top_logprobs=request.top_logprobs,
+        proxy=_operator_proxy(upstream, settings),
+        token_in=request.token_in != "off",
+    )
     result.provenance = Provenance(
         capture=capture,
         endpoint=probe,
@@ -167,15 +175,22 @@ async def _probed(request: RolloutRequest, upstream: Upstream, result: RolloutRe
         policy_version_header=settings.policy_version_header,
     )
     shaped = request.sampling is not None and bool(non_neutral_fields(request.sampling))
-    decision = decide(probe, capture, top_logprobs=request.top_logprobs, shaped_sampling=shaped)
+    decision = decide(
+        probe, capture, top_logprobs=request.top_logprobs, shaped_sampling=shaped, token_in=request.token_in
+    )
     result.warnings += decision.warnings
     if decision.refusal is not None:
         raise EndpointError(decision.refusal)
     if not probe.probed:
         return upstream
     found = probe.capabilities
+    support = found.token_in
     return replace(
-        upstream, return_token_ids=found.return_token_ids, template_check=probe.template_fingerprint is not None
+        upstream,
+        return_token_ids=found.return_token_ids,
+        template_check=probe.template_fingerprint is not None,
+        token_in_route="auto" if support is None or support.route == "unknown" else support.route,
+        token_in_unavailable=support.problem or "" if support is not None else "",
     )
 
 

@@ -3,10 +3,11 @@
 It asks what the capture proxy will ask (the same request rewrite, the same stream fold), so what it sees is what
 capture gets: completion and prompt token ids, logprobs and the alternatives' ids; whether the logprobs are the
 sampler's (two temperatures compared); whether the model calls a tool; the model's identity (`/v1/models`) and the
-chat template's fingerprint (`/tokenize`). A request whose `capture` the endpoint cannot give is refused with what
-is missing and how to fix it; whatever is degraded becomes a warning. An endpoint that does not answer at all is
-not refused here (the agent's calls then fail the usual way): its rollout carries a warning that nothing was
-checked.
+chat template's fingerprint (`/tokenize`); for a request in token-in mode, which route takes a prompt as ids (a
+second turn sent as ids by each route in turn, see `_token_in`). A request whose `capture` the endpoint cannot give,
+or whose `token_in="require"` it cannot serve, is refused with what is missing and how to fix it; whatever is
+degraded becomes a warning. An endpoint that does not answer at all is not refused here (the agent's calls then fail
+the usual way): its rollout carries a warning that nothing was checked.
 
 Pure decision core (`decide`, `capabilities_of`, `logprobs_kind`) and a thin I/O shell (`probe_endpoint`), cached
 in-process per server, model and key for `PROBE_TTL_S`; probes of one endpoint that start together share one run.
@@ -30,6 +31,7 @@ from opencode_env.proxy.capture import Fold, fold_stream
 from opencode_env.proxy.completions import server_root
 from opencode_env.proxy.fingerprint import PROBE_HEADER, fingerprint, tokenize_body
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
+from opencode_env.proxy.token_in import ROUTES, Route, request_body, routed_body, suffix_after_reply
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.wire.provenance import (
     Capture,
@@ -37,7 +39,9 @@ from opencode_env.wire.provenance import (
     EndpointProbe,
     LogprobsKind,
     ModelIdentity,
+    TokenInSupport,
 )
+from opencode_env.wire.request import TokenIn
 
 PROBE_TTL_S = 600.0
 CALL_TIMEOUT_S = 30.0
@@ -75,6 +79,14 @@ PROBE_TOOL = {
     },
 }
 TOOL_MESSAGES = [{"role": "user", "content": "Call the probe_echo tool with the word ok."}]
+TOOL_RESULT = "ok"
+AGAIN = {"role": "user", "content": "Call the probe_echo tool again, with the word ok."}
+TOKEN_IN_FIX = (
+    "serve the model with vLLM 0.32 or later (its /v1/chat/completions takes kv_transfer_params.prompt_token_ids) or "
+    "prime-rl's vLLM server (/v1/chat/completions/tokens), with /tokenize reachable at the server's root; or pass "
+    "token_in='auto' to run with the chat template where no route is proven (each turn records why; a fork then "
+    "splits the session and the TRL row holds its last part only)"
+)
 
 
 def capabilities_of(fold: Fold, *, return_token_ids: bool) -> EndpointCapabilities:
@@ -112,9 +124,41 @@ class Decision:
     warnings: list[str]
 
 
-def decide(probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_sampling: bool) -> Decision:
-    """Refuse the rollout when the endpoint cannot give what `capture` needs; warn of whatever else is degraded.
-    `shaped_sampling`: the request's sampling changes the distribution (where raw logprobs are not the sampler's)."""
+def decide(
+    probe: EndpointProbe, capture: Capture, *, top_logprobs: int, shaped_sampling: bool, token_in: TokenIn = "off"
+) -> Decision:
+    """Refuse the rollout when the endpoint cannot give what `capture` (or `token_in="require"`) needs; warn of
+    whatever else is degraded. `shaped_sampling`: the request's sampling changes the distribution (where raw
+    logprobs are not the sampler's)."""
+    decision = _decide_capture(probe, capture, shaped_sampling=shaped_sampling)
+    if decision.refusal is not None or token_in == "off":
+        return decision
+    support = probe.capabilities.token_in
+    if not probe.probed or support is None or support.route == "unknown":
+        why = probe.problem or "the endpoint was not probed for it"
+        if token_in == "require":
+            return Decision(f"token_in='require': token-in could not be checked ({why}): {TOKEN_IN_FIX}", [])
+        return Decision(None, [*decision.warnings, f"token-in not checked before the rollout ({why})"])
+    if support.route == "none":
+        if token_in == "require":
+            return Decision(
+                f"token_in='require': the server takes no prompt ids ({support.problem}): {TOKEN_IN_FIX}", []
+            )
+        warning = (
+            f"token-in: the server takes no prompt ids ({support.problem}); every agent turn's prompt is rendered by "
+            f"the chat template: {TOKEN_IN_FIX}"
+        )
+        return Decision(None, [*decision.warnings, warning])
+    if support.suffix != "rendered":
+        warning = (
+            f"token-in: the probe's suffix was not rendered alone ({support.suffix}); turns whose new messages cannot "
+            "be rendered after the last reply take the chat template, each recorded"
+        )
+        return Decision(None, [*decision.warnings, warning])
+    return decision
+
+
+def _decide_capture(probe: EndpointProbe, capture: Capture, *, shaped_sampling: bool) -> Decision:
     if not probe.probed:
         if capture == "text":
             return Decision(None, [])
@@ -167,9 +211,10 @@ _cache: dict[tuple[str, ...], _Cached] = {}
 _running: dict[tuple[str, ...], asyncio.Task[EndpointProbe]] = {}
 
 
-def cache_key(upstream: Upstream, top_logprobs: int) -> tuple[str, ...]:
+def cache_key(upstream: Upstream, top_logprobs: int, token_in: bool = False) -> tuple[str, ...]:
     key_digest = hashlib.sha256(upstream.api_key.encode()).hexdigest()[:16]
     return (
+        str(token_in),
         upstream.base_url,
         upstream.model,
         upstream.endpoint,
@@ -192,16 +237,17 @@ async def probe_endpoint(
     proxy: str = "",
     clock: Callable[[], float] = time.time,
     ttl_s: float = PROBE_TTL_S,
+    token_in: bool = False,
 ) -> EndpointProbe:
     """The endpoint's probe, from the cache while it is fresh; probes of one endpoint at once share one run. Only
-    a probe the endpoint answered is cached."""
-    key = cache_key(upstream, top_logprobs)
+    a probe the endpoint answered is cached. `token_in`: also the two-turn token-in check."""
+    key = cache_key(upstream, top_logprobs, token_in)
     cached = _cache.get(key)
     if cached is not None and clock() - cached.at < ttl_s:
         return cached.probe.model_copy(update={"cached": True, "cost_s": 0.0})
     running = _running.get(key)
     if running is None or running.get_loop() is not asyncio.get_running_loop():
-        running = asyncio.ensure_future(_probe(upstream, top_logprobs, proxy, clock))
+        running = asyncio.ensure_future(_probe(upstream, top_logprobs, proxy, clock, token_in))
         _running[key] = running
         running.add_done_callback(lambda _: _running.pop(key, None) if _running.get(key) is running else None)
         joined = False
@@ -271,7 +317,9 @@ def _refused(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {text}"
 
 
-async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Callable[[], float]) -> EndpointProbe:
+async def _probe(
+    upstream: Upstream, top_logprobs: int, proxy: str, clock: Callable[[], float], token_in: bool
+) -> EndpointProbe:
     started = time.monotonic()
     client = _Client(upstream, proxy)
     chat = f"{upstream.base_url}/chat/completions"
@@ -286,22 +334,26 @@ async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Calla
             problem = f"the endpoint refused the probe's capture request: {_refused(answer)}"
             return _unprobed(problem, clock, started) if answer.status_code >= 500 else _refusing(problem, clock)
         hot = fold_stream(answer.content)
+        tool_body = _chat_body(upstream, top_logprobs, HOT, ids=asks_ids, tools=True)
         cool_answer, tool_answer = await asyncio.gather(
             client.post(chat, _chat_body(upstream, top_logprobs, COOL, ids=asks_ids, tools=False)),
-            client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=asks_ids, tools=True)),
+            client.post(chat, tool_body),
         )
+        found = capabilities_of(hot, return_token_ids=asks_ids)
+        if cool_answer.status_code == 200:
+            found.logprobs_kind = logprobs_kind(hot, fold_stream(cool_answer.content))
+        tool_fold = fold_stream(tool_answer.content) if tool_answer.status_code == 200 else None
+        if tool_fold is not None:
+            found.tool_calls = "yes" if tool_fold.tool_calls else "no"
+        elif tool_answer.status_code in (400, 422):
+            found.tool_calls = "no"
+            found.tools_refused = _refused(tool_answer)
+        if token_in:
+            found.token_in = await _token_in(client, tool_body, tool_fold, found)
     except httpx.HTTPError as error:
         return _unprobed(f"the endpoint did not answer the probe: {type(error).__name__}: {error}", clock, started)
     finally:
         await client.http.aclose()
-    found = capabilities_of(hot, return_token_ids=asks_ids)
-    if cool_answer.status_code == 200:
-        found.logprobs_kind = logprobs_kind(hot, fold_stream(cool_answer.content))
-    if tool_answer.status_code == 200:
-        found.tool_calls = "yes" if fold_stream(tool_answer.content).tool_calls else "no"
-    elif tool_answer.status_code in (400, 422):
-        found.tool_calls = "no"
-        found.tools_refused = _refused(tool_answer)
     return EndpointProbe(
         probed=True,
         capabilities=found,
@@ -310,6 +362,108 @@ async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Calla
         probed_at=clock(),
         cost_s=round(time.monotonic() - started, 4),
     )
+
+
+async def _token_in(
+    client: _Client, body: dict[str, Any], first: Fold | None, found: EndpointCapabilities
+) -> TokenInSupport:
+    """Which route takes a prompt as ids, proven by a second turn.
+
+    Turn 1 is the tool probe (the chat template renders it). Turn 2's ids are turn 1's prompt + completion ids and
+    the ids the server's /tokenize gives the messages that follow (the reply, then its tool result or a user message
+    asking for the tool again), exactly as the capture proxy builds them; where the template cannot render that
+    suffix alone, its own render of turn 2 is sent instead (and the suffix's problem recorded). Turn 2 is sent by
+    each route in turn with turn 1's messages, so ids echoed equal to the ones sent can only come from the ids: a
+    server that ignores them echoes its render of turn 1. A route is proven when its answer echoes the ids exactly
+    and still parses a tool call where the chat route parsed one; the first proven route is the one used."""
+    support = TokenInSupport()
+    if first is None or not first.prompt_token_ids or not first.ids():
+        support.route, support.problem = "none", "the server returned no prompt and completion ids for a tool request"
+        return support
+    history = [*TOOL_MESSAGES, _reply_message(first)]
+    follow = [
+        {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT} for call in history[-1]["tool_calls"]
+    ]
+    messages = [*history, *(follow or [AGAIN])]
+    base = await _tokenize(client, request_body(body, history, generation_prompt=False))
+    full = await _tokenize(client, request_body(body, messages, generation_prompt=True))
+    if isinstance(base, str) or isinstance(full, str):
+        support.route = "none"
+        support.problem = f"the new messages' ids cannot be rendered: {base if isinstance(base, str) else full}"
+        return support
+    stopped = first.finish_reason in ("stop", "tool_calls")
+    suffix = (
+        suffix_after_reply(base, full, first.ids()[-1]) if stopped else "turn 1's reply ended without its stop token"
+    )
+    support.suffix = "rendered" if isinstance(suffix, list) else suffix
+    ids = first.prompt_token_ids + first.ids() + suffix if isinstance(suffix, list) else full
+    for route in ROUTES:
+        verdict, proven = await _token_in_turn(client, body, route, ids, first=first, found=found)
+        if route == "tokens":
+            support.tokens_route = verdict
+        else:
+            support.forwarded_ids = verdict
+        if proven:
+            support.route = route
+            return support
+    support.route = "none"
+    support.problem = f"token route: {support.tokens_route}; forwarded ids: {support.forwarded_ids}"
+    return support
+
+
+async def _token_in_turn(
+    client: _Client, body: dict[str, Any], route: Route, ids: list[int], *, first: Fold, found: EndpointCapabilities
+) -> tuple[str, bool]:
+    """What sending turn 2 as `ids` by `route` showed, and whether it proves the route."""
+    path, routed = routed_body(body, route, ids)
+    answer = await client.post(f"{client.upstream.base_url}{path}", routed)
+    if answer.status_code == 404:
+        return "absent (HTTP 404)", False
+    if answer.status_code != 200:
+        return f"refused ({_refused(answer)})", False
+    second = fold_stream(answer.content)
+    echoed = second.prompt_token_ids
+    if not echoed:
+        return "answered without prompt ids, so the ids cannot be checked", False
+    if echoed == first.prompt_token_ids:
+        return "ignored: the server rendered the messages instead (it echoed its own render)", False
+    if echoed != ids:
+        parted = next(
+            (at for at, (a, b) in enumerate(zip(echoed, ids, strict=False)) if a != b), min(len(echoed), len(ids))
+        )
+        return f"other ids echoed ({len(echoed)} for {len(ids)} sent, parting at {parted})", False
+    if second.tool_calls:
+        return f"ids echoed exactly ({len(ids)}), tool call parsed", True
+    if found.tool_calls == "yes":
+        return "ids echoed exactly, but no tool call parsed where the chat route parsed one", False
+    return f"ids echoed exactly ({len(ids)}); tool parsing not shown (the model called no tool by either route)", True
+
+
+def _reply_message(fold: Fold) -> dict[str, Any]:
+    """Turn 1's reply as a client appends it to the history: its text and parsed tool calls."""
+    calls = [
+        {
+            "id": call["id"] or f"call_probe_{index}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": call["arguments"]},
+        }
+        for index, call in enumerate(fold.tool_calls[key] for key in sorted(fold.tool_calls))
+    ]
+    return {"role": "assistant", "content": "".join(fold.content), "tool_calls": calls}
+
+
+async def _tokenize(client: _Client, body: dict[str, Any]) -> list[int] | str:
+    root = urlsplit(client.upstream.base_url)
+    url = urlunsplit(root._replace(path=server_root(root.path.rstrip("/")) + "/tokenize"))
+    answer = await client.post(url, body)
+    try:
+        parsed = answer.json() if answer.status_code == 200 else None
+    except json.JSONDecodeError:
+        parsed = None
+    tokens = parsed.get("tokens") if isinstance(parsed, dict) else None
+    if isinstance(tokens, list) and tokens and all(type(token) is int for token in tokens):
+        return tokens
+    return f"/tokenize with messages answered {_refused(answer)}"
 
 
 def _unprobed(problem: str, clock: Callable[[], float], started: float) -> EndpointProbe:

@@ -70,8 +70,10 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, setti
         args += ["--upstream-address", upstream.connect_address]
     if request.sampling is not None:
         args += ["--sampling", json.dumps(request.sampling.sent())]
-    if request.token_in == "auto":
-        args.append("--token-in")
+    if request.token_in != "off":
+        args += ["--token-in", upstream.token_in_route]
+        if upstream.token_in_unavailable:
+            args += ["--token-in-unavailable", upstream.token_in_unavailable]
     if upstream.return_token_ids is not None:
         args += ["--return-token-ids", "on" if upstream.return_token_ids else "off"]
     if upstream.template_check:

@@ -339,3 +339,41 @@ def training_summary(result: RolloutResult, sequences: TrainingSequences | None 
         ),
         warnings=result.warnings,
     )
+
+
+TRL_ROW_WARNING_BELOW = 0.9
+"""A rollout whose TRL row carries less than this share of its agent tokens says so in its warnings."""
+TOKEN_IN_FIX = (
+    "run with token_in='auto' (or 'require') against a server that takes prompt ids (vLLM 0.32 or later, or "
+    "prime-rl's vLLM server), so every turn extends the last; or export sequences or steps, which keep every turn"
+)
+
+
+def trl_row_warning(result: RolloutResult, found: TrainingSequences | None = None) -> str | None:
+    """What the result says when its TRL row (what TRL's GRPO `rollout_func` trains on) carries less than
+    TRL_ROW_WARNING_BELOW of its agent tokens: how much, why (forks by cause, sub-agents, turns without ids) and the
+    fix. None when it carries enough, or when other warnings already say why nothing can be trained (no ids, a
+    rollout that failed on our side)."""
+    if rollout_failure(result) is not None or not result.proxy_turns:
+        return None
+    found = found if found is not None else training_sequences(result)
+    if found.no_sequences_reason is not None:
+        return None
+    row = trl_row_coverage(result, found)
+    if row.fraction is None or row.fraction >= TRL_ROW_WARNING_BELOW:
+        return None
+    causes = []
+    drift = sum(fork.cause == "template_drift" for fork in found.forks)
+    rewritten = sum(fork.cause == "history_rewritten" for fork in found.forks)
+    if drift:
+        fallbacks = sorted({t.token_in_fallback for t in result.proxy_turns if t.token_in_fallback and t.turn > 0})
+        why = f"; token-in fell back: {fallbacks[0][:200]}" if fallbacks else ""
+        causes.append(f"{drift} fork(s) where the chat template's prompt did not extend the last turn{why}")
+    if rewritten:
+        causes.append(f"{rewritten} fork(s) where OpenCode rewrote the history (compaction)")
+    if any(sequence.kind == "sub_agent" for sequence in found.sequences):
+        causes.append("sub-agents' turns, which are in their own sequences")
+    if found.skipped:
+        causes.append(f"{len(found.skipped)} turn(s) whose ids cannot be trained on")
+    fix = TOKEN_IN_FIX if drift else "export sequences or steps, which keep every turn"
+    return f"the TRL row holds {row.text()}: {'; '.join(causes) or 'turns left out'}. Fix: {fix}"

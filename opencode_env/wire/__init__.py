@@ -12,6 +12,8 @@ from opencode_env.wire.provenance import (
     EndpointProbe,
     ModelIdentity,
     Provenance,
+    TokenInRoute,
+    TokenInSupport,
 )
 from opencode_env.wire.request import (
     MAX_COMMAND_CHARS,
@@ -171,6 +173,8 @@ __all__ = [
     "TaskId",
     "TokenIdSource",
     "TokenIn",
+    "TokenInRoute",
+    "TokenInSupport",
     "TokenUsage",
     "ToolCallSummary",
     "ToolsRecord",

@@ -28,6 +28,26 @@ class ModelIdentity(BaseModel):
     owned_by: str | None = None
 
 
+TokenInRoute = Literal["tokens", "forwarded", "none", "unknown"]
+"""How the server takes a prompt as ids (opencode_env/proxy/token_in.py): tokens, prime-rl's
+`/v1/chat/completions/tokens`; forwarded, `kv_transfer_params.prompt_token_ids` on the chat route (stock vLLM);
+none, neither was proven; unknown, not probed for it."""
+
+
+class TokenInSupport(BaseModel):
+    """What the endpoint probe's two-turn token-in check found: turn 1 by the chat template, turn 2 sent as its
+    prompt + completion ids and the rendered suffix by each route in turn, checked for the ids echoed back exactly
+    and a tool call still parsed."""
+
+    route: TokenInRoute = Field("unknown", description="The route the proxy uses: the first one proven.")
+    tokens_route: str = Field("", description="What the token route answered ('' when not tried).")
+    forwarded_ids: str = Field("", description="What the chat route with forwarded prompt ids answered.")
+    suffix: str = Field(
+        "", description="'rendered' when /tokenize gave the new messages' ids after the reply; else why not."
+    )
+    problem: str | None = Field(None, description="Why no route was proven (route 'none').")
+
+
 class EndpointCapabilities(BaseModel):
     """What one small probe call showed the endpoint returns."""
 
@@ -43,6 +63,9 @@ class EndpointCapabilities(BaseModel):
     tool_calls: Observed = Field("unknown", description="The model called a tool it was offered.")
     tools_refused: str | None = Field(
         None, description="The server's answer when it refused a request that offers tools (OpenCode's every call)."
+    )
+    token_in: TokenInSupport | None = Field(
+        None, description="The two-turn token-in check (run for a request with token_in on); None when not run."
     )
 
 

@@ -32,7 +32,7 @@ VerifySandbox = Literal["same", "fresh"]
 VerifyAs = Literal["grader", "root"]
 ResultText = Literal["summary", "json"]
 SetupAs = Literal["root", "user"]
-TokenIn = Literal["off", "auto"]
+TokenIn = Literal["off", "auto", "require"]
 
 MAX_INSTRUCTION_CHARS = 200_000
 MAX_COMMANDS = 64
@@ -162,11 +162,14 @@ class RolloutRequest(BaseModel):
     )
     token_in: TokenIn = Field(
         "off",
-        description="auto: where the model server takes prompt token ids (a vLLM with /tokenize and "
-        "/v1/chat/completions/tokens), each agent turn's prompt is the previous turn's prompt + completion ids and "
-        "the new messages' ids, so the model sees its own earlier tokens exactly (reasoning a chat template would "
-        "drop included) and one training sequence covers the session; off: the server renders every prompt from "
-        "the messages (transparent_proxy mode).",
+        description="auto: each continued agent turn's prompt is sent as ids (the previous turn's prompt + "
+        "completion ids and the new messages' ids from the server's /tokenize) by the route the endpoint probe "
+        "proved: prime-rl's /v1/chat/completions/tokens, or stock vLLM's chat route with "
+        "kv_transfer_params.prompt_token_ids; so the model sees its own earlier tokens exactly (reasoning a chat "
+        "template would drop included) and one training sequence covers the session. Where no route is proven, the "
+        "chat template renders every prompt and each turn records why (forks then split the session). require: the "
+        "same, but a server that takes no prompt ids is refused before any sandbox, with why and how to fix it. "
+        "off: the server renders every prompt from the messages (transparent_proxy mode).",
     )
     capture: Capture | None = Field(
         None,

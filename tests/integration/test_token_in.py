@@ -20,13 +20,15 @@ from opencode_env.proxy.token_in import (
     suffix_after_reply,
 )
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.probe import forget_probes
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.chat_template import IM_END, SPECIAL_IDS
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.training.sequences import training_sequences
+from opencode_env.training.sequences import training_sequences, training_summary
+from opencode_env.wire import RolloutResult
 
 VLLM = ("--endpoint-kind", "vllm", "--model-override", "scripted-policy")
 STOP = SPECIAL_IDS[IM_END]
@@ -123,7 +125,7 @@ async def call(url: str, payload: dict[str, Any], session: str) -> dict[str, Any
         )
     assert response.status_code == 200, response.text
     RECEIVED.append(response.content)
-    content, calls = "", {}
+    content, calls = "", dict[int, dict[str, Any]]()
     for line in response.text.splitlines():
         if not line.startswith("data: {"):
             continue
@@ -285,33 +287,75 @@ async def test_a_rewritten_history_falls_back_for_that_turn_only(tmp_path: Path)
     assert "rewritten" in (turns[1].token_in_fallback or "")
 
 
+ROLLOUT_SCRIPT = Script(
+    steps=[
+        thinking(
+            "write the file",
+            ToolCallStep(name="write", arguments={"filePath": "/home/user/workdir/a.txt", "content": "hi\n"}),
+        ),
+        Step(reasoning="Check it.", tool_calls=bash("cat /home/user/workdir/a.txt").tool_calls),
+        Step(reasoning="It is there.", content="I wrote a.txt."),
+    ]
+)
+
+
+async def token_in_rollout(backend: LocalBackend, token_in: str, **server: Any) -> RolloutResult:
+    forget_probes()
+    with ScriptedModelServer(ROLLOUT_SCRIPT, **server) as model:
+        request = demo_request(model.base_url, token_in=token_in, verify=["test -f /home/user/workdir/a.txt"])
+        result = await run_rollout(request, backend)
+    assert result.status == "completed", result.error
+    assert [turn.kind for turn in result.proxy_turns].count("agent") == 3
+    assert [exchange.prompt_token_ids for exchange in model.exchanges if exchange.request.get("tools")] == [
+        turn.prompt_token_ids for turn in result.proxy_turns if turn.kind == "agent"
+    ]
+    return result
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
 async def test_a_whole_rollout_in_token_in_mode_is_one_sequence_with_every_agent_token(
+    backend: LocalBackend, no_leaks: None, server: str
+) -> None:
+    """The real OpenCode, a thinking template that drops earlier reasoning: the probe proves the server's route, the
+    proxy takes it on every continued turn, and the TRL row carries every agent token."""
+    result = await token_in_rollout(backend, "auto", **SERVERS[server])
+    agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
+    assert [turn.prompt_source for turn in agent] == ["chat_template", SOURCES[server], SOURCES[server]]
+    assert result.provenance is not None
+    assert result.provenance.endpoint is not None
+    support = result.provenance.endpoint.capabilities.token_in
+    assert support is not None
+    assert support.route == PROMPT_FROM[server]
+    found = training_sequences(result)
+    assert (len(found.sequences), found.forks) == (1, [])
+    row = training_summary(result, found).coverage.trl_row
+    assert row.covered_tokens == row.agent_tokens == sum(len(turn.completion_token_ids) for turn in agent)
+    assert not [warning for warning in result.warnings if "TRL row" in warning or "token-in" in warning]
+
+
+async def test_a_server_with_neither_route_forks_at_every_turn_and_the_result_says_so_with_the_fix(
     backend: LocalBackend, no_leaks: None
 ) -> None:
-    script = Script(
-        steps=[
-            thinking(
-                "write the file",
-                ToolCallStep(name="write", arguments={"filePath": "/home/user/workdir/a.txt", "content": "hi\n"}),
-            ),
-            Step(reasoning="Check it.", tool_calls=bash("cat /home/user/workdir/a.txt").tool_calls),
-            Step(reasoning="It is there.", content="I wrote a.txt."),
-        ]
-    )
-    coverage = {}
-    for token_in in ("off", "auto"):
-        with ScriptedModelServer(script, token_routes=True) as model:
-            request = demo_request(model.base_url, token_in=token_in, verify=["test -f /home/user/workdir/a.txt"])
-            result = await run_rollout(request, backend)
-        assert result.status == "completed", result.error
-        agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
-        assert len(agent) == 3
-        found = training_sequences(result)
-        generated = sum(len(turn.completion_token_ids) for turn in agent)
-        final = found.final()
-        assert final is not None
-        coverage[token_in] = (len(found.sequences), sum(final.env_mask), generated)
-    assert coverage["auto"][0] == 1
-    assert coverage["auto"][1] == coverage["auto"][2]
-    assert coverage["off"][0] == 3
-    assert coverage["off"][1] < coverage["off"][2]
+    """token_in='auto' on a server that takes no prompt ids: the probe proves none, the proxy sends every turn by
+    the chat template with the probe's reason, the thinking template forks the session at each turn (recorded), and
+    the result warns that the TRL row holds under 90% of the agent tokens, with the fix."""
+    result = await token_in_rollout(backend, "auto")
+    agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
+    assert [turn.prompt_source for turn in agent] == ["chat_template"] * 3
+    assert result.provenance is not None
+    assert result.provenance.endpoint is not None
+    support = result.provenance.endpoint.capabilities.token_in
+    assert support is not None
+    assert support.route == "none"
+    assert [turn.token_in_fallback for turn in agent[1:]] == [support.problem] * 2
+    found = training_sequences(result)
+    assert len(found.sequences) == 3
+    assert [fork.cause for fork in found.forks] == ["template_drift"] * 2
+    row = training_summary(result, found).coverage.trl_row
+    assert row.covered_tokens < row.agent_tokens * 0.9
+    assert any(warning.startswith("token-in: the server takes no prompt ids") for warning in result.warnings)
+    short = [warning for warning in result.warnings if warning.startswith("the TRL row holds")]
+    assert len(short) == 1
+    assert f"{row.covered_tokens:,} of {row.agent_tokens:,} agent tokens" in short[0]
+    assert "2 fork(s)" in short[0]
+    assert "token_in='auto'" in short[0]
