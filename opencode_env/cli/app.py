@@ -51,7 +51,9 @@ def _add_serving_backend_argument(parser: argparse.ArgumentParser) -> None:
 
 
 NEUTRAL_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0)
-"""The demo samples from the model's own distribution, and says so: its logprobs are the sampler's."""
+"""The demo samples from the model's own distribution, and says so: its logprobs are the sampler's. It runs in
+token-in mode against a scripted model that plays stock vLLM (forwarded prompt ids), and its summary's coverage line
+shows how many of the agent's tokens the TRL row carries."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -60,9 +62,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from opencode_env.testing.scripted_model import ScriptedModelServer
 
     print("Starting the scripted model on loopback and running OpenCode in a local sandbox...", file=sys.stderr)
-    with ScriptedModelServer(demo_script()) as model:
-        sampling = None if args.mode == "black_box" else NEUTRAL_SAMPLING
-        request = demo_request(model.base_url, mode=args.mode, sampling=sampling)
+    with ScriptedModelServer(demo_script(), forwarded_ids="on") as model:
+        proxied = args.mode != "black_box"
+        sampling, token_in = (NEUTRAL_SAMPLING, "auto") if proxied else (None, "off")
+        request = demo_request(model.base_url, mode=args.mode, sampling=sampling, token_in=token_in)
         result = asyncio.run(run_rollout(request, default_backend(settings_or_exit()), progress=progress_to_stderr))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     path = args.output_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -159,3 +159,5 @@ def test_the_demo_prints_its_summary_with_coverage_and_keeps_the_result(tmp_path
     result = RolloutResult.model_validate_json(saved.read_bytes())
     assert result.warnings == []
     assert {turn.request["temperature"] for turn in result.proxy_turns} == {1.0}
+    agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
+    assert [turn.prompt_source for turn in agent] == ["chat_template", "forwarded_ids", "forwarded_ids"]
