@@ -23,9 +23,11 @@ The new messages' ids come from the server's own `/tokenize` (vLLM), never from 
 through the assistant's reply is rendered without a generation prompt (`base`) and the whole history with one
 (`full`); when `base` is a prefix of `full`, the ids after the reply's stop token in `base` are the ones the template
 puts after that reply. The reply itself is never rendered again: its ids are the sampled ones. A template that
-renders earlier messages differently once others follow (one that looks at the whole history, e.g. Qwen3's, which
-shows reasoning only after the last user message) cannot give a suffix alone: that turn takes the chat route, with
-the position where the renders part.
+renders the reply differently once others follow it looks at the whole history (Qwen3's renders an empty think block
+in the last assistant message only): there the reply's end is found in `full` itself, as the last stop token before
+the first new message's content (where a render with that content changed parts from `full`), checked to close as
+many messages as `base` does (`suffix_in_full`). A template for which that fails too cannot give a suffix alone: that
+turn takes the chat route, with where the renders part.
 
 Anything that is not a plain continuation falls back to the chat route, with the reason recorded on the turn: a
 session's first turn, a history that was rewritten (compaction) or whose tools changed, a reply that did not end with
@@ -129,6 +131,39 @@ def suffix_after_reply(base: list[int], full: list[int], stop_id: int) -> list[i
     return "the rendered history holds no stop token where the reply ends"
 
 
+def suffix_in_full(full: list[int], marked: list[int], base: list[int], stop_id: int) -> list[int] | str:
+    """The ids after the reply in `full` (the whole history with a generation prompt), for a template that renders
+    the reply differently once messages follow it: the reply ends at the last `stop_id` before the first new
+    message's content, which is where `marked` (the same history with that content changed) parts from `full`; it
+    must close as many messages as `base` (the history through the reply) does, or the end found is not the reply's."""
+    parted = next((at for at, (a, b) in enumerate(zip(full, marked, strict=False)) if a != b), None)
+    if parted is None:
+        return "a changed new message renders to the same ids, so where the new messages start is not known"
+    end = next((at for at in range(parted - 1, -1, -1) if full[at] == stop_id), None)
+    if end is None or full[: end + 1].count(stop_id) != base.count(stop_id):
+        first = next((at for at, (a, b) in enumerate(zip(base, full, strict=False)) if a != b), len(full))
+        return (
+            "the template renders the history differently once messages follow it (it looks at the whole history), "
+            f"and the reply's end cannot be found in the whole render: the renders part at id {first} of {len(base)}"
+        )
+    return full[end + 1 :] or "the new messages render to no ids"
+
+
+def marked_messages(messages: list[Any], start: int) -> list[Any]:
+    """`messages` with the content of `messages[start]` changed at its first character (A or B, whichever it does
+    not start with), so its render parts from the original's where that content begins."""
+    message = dict(messages[start])
+    content = message.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        text = str(content[0].get("text", ""))
+        content = [{**content[0], "text": ("B" if text.startswith("A") else "A") + text}, *content[1:]]
+    else:
+        text = content if isinstance(content, str) else ""
+        content = ("B" if text.startswith("A") else "A") + text
+    message["content"] = content
+    return [*messages[:start], message, *messages[start + 1 :]]
+
+
 def forwarding_refused(request: dict[str, Any]) -> str | None:
     """Why vLLM would ignore or refuse prompt ids forwarded with this chat request (it renders the messages then),
     or None."""
@@ -229,6 +264,11 @@ class TokenIn:
         if isinstance(full, str):
             return Plan(None, full)
         suffix = suffix_after_reply(base, full, state.stop_id)
+        if isinstance(suffix, str) and full[: len(base)] != base:
+            marked = await tokenize(
+                request_body(request, marked_messages(ticket.messages, start), generation_prompt=True)
+            )
+            suffix = marked if isinstance(marked, str) else suffix_in_full(full, marked, base, state.stop_id)
         if isinstance(suffix, str):
             return Plan(None, suffix)
         route = self.route()

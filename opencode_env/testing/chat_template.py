@@ -21,9 +21,13 @@ EOS = IM_END
 
 _PIECE = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
 
-TemplateVariant = Literal["chatml", "chatml_colon"]
+TemplateVariant = Literal["chatml", "chatml_colon", "think_last"]
 """chatml_colon renders a role header as `role:` rather than `role`: another template, so other prompt ids (the
-scripted model switches to it to show a template change between two calls of one rollout)."""
+scripted model switches to it to show a template change between two calls of one rollout). think_last looks at the
+whole history, as Qwen3's template does with thinking off: the generation prompt ends with an empty think block, and
+an assistant message carries one only while it is the last message, so a reply renders differently once messages
+follow it."""
+EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 SegmentKind = Literal["special", "text", "content", "reasoning", "tool_head", "tool_args", "tool_tail"]
 
@@ -79,7 +83,9 @@ def assistant_body(content: str, tool_calls: Sequence[tuple[str, str]], reasonin
     return segments
 
 
-def _message_segments(message: dict[str, Any], variant: TemplateVariant = "chatml") -> list[Segment]:
+def _message_segments(
+    message: dict[str, Any], variant: TemplateVariant = "chatml", *, last: bool = False
+) -> list[Segment]:
     role = str(message.get("role", "user"))
     if role == "assistant":
         calls = [
@@ -87,6 +93,8 @@ def _message_segments(message: dict[str, Any], variant: TemplateVariant = "chatm
             for call in message.get("tool_calls") or []
         ]
         body = assistant_body(_content_text(message.get("content")), calls)
+        if variant == "think_last" and last:
+            body = [Segment(EMPTY_THINK), *body]
     else:
         body = [Segment(_content_text(message.get("content")))]
     return [
@@ -104,12 +112,14 @@ def render_prompt(
     """Like a thinking model's template: an earlier reply is rendered without its reasoning, so a reply the model
     sampled with reasoning is not a prefix of the next prompt."""
     segments: list[Segment] = []
-    for message in messages:
-        segments.extend(_message_segments(message, variant))
+    for index, message in enumerate(messages):
+        segments.extend(_message_segments(message, variant, last=index == len(messages) - 1))
     if generation_prompt:
         segments.extend(
             [Segment(IM_START, "special"), Segment("assistant:\n" if variant == "chatml_colon" else "assistant\n")]
         )
+        if variant == "think_last":
+            segments.append(Segment(EMPTY_THINK))
     return segments
 
 

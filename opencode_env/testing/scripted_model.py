@@ -188,6 +188,7 @@ class ScriptedModel:
         refuse_tools: bool = False,
         float32_logprobs: bool = False,
         forwarded_ids: Literal["off", "on", "unparsed", "refused"] = "off",
+        template: TemplateVariant = "chatml",
     ) -> None:
         self.script = script
         self.forwarded_ids = forwarded_ids
@@ -208,7 +209,7 @@ class ScriptedModel:
         self.omit_logprobs = omit_logprobs
         self.logprobs_mode = logprobs_mode
         """raw: the logprobs ignore the temperature (vLLM's default); processed: they are scaled by it."""
-        self.template: TemplateVariant = "chatml"
+        self.template: TemplateVariant = template
         self.template_switch_after = template_switch_after
         """The template becomes chatml_colon once this many per-call template checks (the capture proxy's) came."""
         self.template_checks = 0

@@ -15,9 +15,11 @@ import pytest
 from opencode_env.proxy.token_in import (
     SessionState,
     forwarding_refused,
+    marked_messages,
     new_messages_start,
     routed_body,
     suffix_after_reply,
+    suffix_in_full,
 )
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.probe import forget_probes
@@ -71,6 +73,37 @@ def test_a_template_that_renders_the_history_otherwise_once_messages_follow_is_r
     assert isinstance(answer, str)
     assert "renders the history differently" in answer
     assert "part at id 1 of 3" in answer
+
+
+THINK = 7
+
+
+def test_a_reply_rendered_otherwise_once_messages_follow_is_found_by_where_the_new_content_starts() -> None:
+    """As Qwen3's template with thinking off: the last assistant message carries an empty think block (THINK), the
+    same message followed by a tool result does not. The suffix is what follows the reply's stop in the whole render."""
+    base = [1, 2, STOP, 3, THINK, 10, 11, STOP]
+    full = [1, 2, STOP, 3, 10, 11, STOP, 4, 20, 21, STOP, 3, THINK]
+    marked = [1, 2, STOP, 3, 10, 11, STOP, 4, 99, 21, STOP, 3, THINK]
+    assert suffix_in_full(full, marked, base, STOP) == [4, 20, 21, STOP, 3, THINK]
+
+
+def test_a_reply_end_that_closes_another_count_of_messages_is_not_taken() -> None:
+    """A template whose render changes before the reply's end (a marked content that parts early, say) must not
+    make the proxy send the reply twice: the stop found closes fewer messages than the history holds."""
+    base = [1, 2, STOP, 3, 10, 11, STOP]
+    full = [1, 2, STOP, 3, 12, 11, STOP, 4, 20, STOP]
+    marked = [1, 2, STOP, 3, 99, 11, STOP, 4, 20, STOP]
+    answer = suffix_in_full(full, marked, base, STOP)
+    assert isinstance(answer, str)
+    assert "looks at the whole history" in answer
+
+
+def test_the_marked_message_changes_its_content_at_the_first_character_only() -> None:
+    tool = {"role": "tool", "tool_call_id": "c", "content": "Always"}
+    parts = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert marked_messages([SYSTEM, tool], 1)[1]["content"] == "BAlways"
+    assert marked_messages([SYSTEM, parts], 1)[1]["content"] == [{"type": "text", "text": "Ahi"}]
+    assert marked_messages([SYSTEM, {"role": "tool", "content": None}], 1)[1]["content"] == "A"
 
 
 @pytest.mark.parametrize(
@@ -212,6 +245,30 @@ async def test_without_token_in_the_thinking_template_forks_every_turn(tmp_path:
     sampled = turns[0].prompt_token_ids + turns[0].completion_token_ids
     assert turns[1].prompt_token_ids[: len(sampled)] != sampled
     assert model.model.tokenize_requests == []
+
+
+async def test_a_template_that_renders_the_last_reply_otherwise_still_extends_by_construction(tmp_path: Path) -> None:
+    """Qwen3's kind of template (an empty think block on the last assistant message only): without token-in every
+    turn forks; with it, every turn extends the last, its suffix found in the whole render."""
+    for token_in in ((), ("--token-in",)):
+        scratch = tmp_path / f"token_in_{bool(token_in)}"
+        scratch.mkdir()
+        with (
+            ScriptedModelServer(SCRIPT, forwarded_ids="on", template="think_last") as model,
+            running_proxy(model.base_url, scratch, *VLLM, *token_in) as proxy,
+        ):
+            await three_turns(proxy.url)
+            turns = proxy.wait_for_turns(3).turns
+        extends = [
+            later.prompt_token_ids[: len(earlier.prompt_token_ids) + len(earlier.completion_token_ids)]
+            == earlier.prompt_token_ids + earlier.completion_token_ids
+            for earlier, later in itertools.pairwise(turns)
+        ]
+        if token_in:
+            assert [turn.prompt_source for turn in turns] == ["chat_template", "forwarded_ids", "forwarded_ids"]
+            assert extends == [True, True]
+        else:
+            assert extends == [False, False]
 
 
 async def test_a_server_with_neither_route_is_asked_each_once_then_the_chat_template_with_the_reasons(
