@@ -52,7 +52,8 @@ SERVERS: dict[str, dict[str, Any]] = {
 async def one(backend: LocalBackend, script: Script, token_in: TokenIn, server: str) -> dict[str, float]:
     forget_probes()
     with ScriptedModelServer(script, **SERVERS[server]) as model:
-        result = await run_rollout(demo_request(model.base_url, token_in=token_in, verify=[]), backend)
+        request = demo_request(model.base_url, token_in=token_in, verify=[], agent_timeout_s=1800.0)
+        result = await run_rollout(request, backend)
     if result.status != "completed":
         raise SystemExit(f"{token_in}: {result.status}: {result.error}")
     summary = training_summary(result)

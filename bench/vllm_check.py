@@ -377,7 +377,16 @@ def probe(base_url: str, model: str, top_logprobs: int, *, thinking: bool) -> To
     return support
 
 
+def warm_up(base_url: str, model: str) -> None:
+    """One small call first: a fresh vLLM on CPU takes longer over its first call than the probe waits for one."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    started = time.perf_counter()
+    answer = httpx.post(f"{base_url}/chat/completions", json=body, timeout=600)
+    print(f"first call: HTTP {answer.status_code} after {time.perf_counter() - started:.1f} s", flush=True)
+
+
 def check(base_url: str, model: str, args: argparse.Namespace) -> None:
+    warm_up(base_url, model)
     rows = []
     for thinking in (True, False):
         print(f"\n== thinking {'on' if thinking else 'off'}", flush=True)
