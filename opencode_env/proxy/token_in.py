@@ -257,8 +257,10 @@ class TokenIn:
         start = new_messages_start(state, ticket.messages)
         if isinstance(start, str):
             return Plan(None, start)
-        base = await tokenize(request_body(request, ticket.messages[:start], generation_prompt=False))
-        full = await tokenize(request_body(request, ticket.messages, generation_prompt=True))
+        base, full = await asyncio.gather(
+            tokenize(request_body(request, ticket.messages[:start], generation_prompt=False)),
+            tokenize(request_body(request, ticket.messages, generation_prompt=True)),
+        )
         if isinstance(base, str):
             return Plan(None, base)
         if isinstance(full, str):
