@@ -198,6 +198,24 @@ def request_body(request: dict[str, Any], messages: list[Any], *, generation_pro
     return body
 
 
+async def rendered_suffix(
+    request: dict[str, Any], messages: list[Any], start: int, stop_id: int, tokenize: Tokenize
+) -> list[int] | str:
+    """The ids the server's template puts after the reply `messages[start - 1]` (ending in `stop_id`): the new
+    messages from `start` on and the generation prompt; or why they cannot be rendered alone."""
+    base, full = await asyncio.gather(
+        tokenize(request_body(request, messages[:start], generation_prompt=False)),
+        tokenize(request_body(request, messages, generation_prompt=True)),
+    )
+    if isinstance(base, str) or isinstance(full, str):
+        return base if isinstance(base, str) else str(full)
+    suffix = suffix_after_reply(base, full, stop_id)
+    if isinstance(suffix, str) and full[: len(base)] != base:
+        marked = await tokenize(request_body(request, marked_messages(messages, start), generation_prompt=True))
+        suffix = marked if isinstance(marked, str) else suffix_in_full(full, marked, base, stop_id)
+    return suffix
+
+
 def parse_routes(name: str) -> tuple[Route, ...]:
     """The routes the proxy may use for `--token-in NAME`: auto tries each in order; none uses no route."""
     if name == "auto":
@@ -257,20 +275,7 @@ class TokenIn:
         start = new_messages_start(state, ticket.messages)
         if isinstance(start, str):
             return Plan(None, start)
-        base, full = await asyncio.gather(
-            tokenize(request_body(request, ticket.messages[:start], generation_prompt=False)),
-            tokenize(request_body(request, ticket.messages, generation_prompt=True)),
-        )
-        if isinstance(base, str):
-            return Plan(None, base)
-        if isinstance(full, str):
-            return Plan(None, full)
-        suffix = suffix_after_reply(base, full, state.stop_id)
-        if isinstance(suffix, str) and full[: len(base)] != base:
-            marked = await tokenize(
-                request_body(request, marked_messages(ticket.messages, start), generation_prompt=True)
-            )
-            suffix = marked if isinstance(marked, str) else suffix_in_full(full, marked, base, state.stop_id)
+        suffix = await rendered_suffix(request, ticket.messages, start, state.stop_id, tokenize)
         if isinstance(suffix, str):
             return Plan(None, suffix)
         route = self.route()

@@ -31,7 +31,7 @@ from opencode_env.proxy.capture import Fold, fold_stream
 from opencode_env.proxy.completions import server_root
 from opencode_env.proxy.fingerprint import PROBE_HEADER, fingerprint, tokenize_body
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
-from opencode_env.proxy.token_in import ROUTES, Route, request_body, routed_body, suffix_after_reply
+from opencode_env.proxy.token_in import ROUTES, Route, rendered_suffix, request_body, routed_body
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.wire.provenance import (
     Capture,
@@ -385,16 +385,16 @@ async def _token_in(
         {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT} for call in history[-1]["tool_calls"]
     ]
     messages = [*history, *(follow or [AGAIN])]
-    base = await _tokenize(client, request_body(body, history, generation_prompt=False))
     full = await _tokenize(client, request_body(body, messages, generation_prompt=True))
-    if isinstance(base, str) or isinstance(full, str):
-        support.route = "none"
-        support.problem = f"the new messages' ids cannot be rendered: {base if isinstance(base, str) else full}"
+    if isinstance(full, str):
+        support.route, support.problem = "none", f"the new messages' ids cannot be rendered: {full}"
         return support
-    stopped = first.finish_reason in ("stop", "tool_calls")
-    suffix = (
-        suffix_after_reply(base, full, first.ids()[-1]) if stopped else "turn 1's reply ended without its stop token"
-    )
+    if first.finish_reason in ("stop", "tool_calls"):
+        suffix = await rendered_suffix(
+            body, messages, len(history), first.ids()[-1], lambda request: _tokenize(client, request)
+        )
+    else:
+        suffix = "turn 1's reply ended without its stop token"
     support.suffix = "rendered" if isinstance(suffix, list) else suffix
     ids = first.prompt_token_ids + first.ids() + suffix if isinstance(suffix, list) else full
     for route in ROUTES:

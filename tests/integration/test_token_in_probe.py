@@ -142,3 +142,10 @@ async def test_require_accepts_a_proven_server() -> None:
     decision = decide(probe, "tokens", top_logprobs=5, shaped_sampling=False, token_in="require")
     assert decision.refusal is None
     assert not [warning for warning in decision.warnings if "token-in" in warning]
+
+
+async def test_a_template_that_looks_at_the_whole_history_still_gives_the_probe_its_suffix() -> None:
+    probe, _ = await probed(forwarded_ids="on", template="think_last")
+    support = probe.capabilities.token_in
+    assert support is not None
+    assert (support.route, support.suffix) == ("forwarded", "rendered")
