@@ -70,6 +70,11 @@ own features depend on some of them.
 """
 
 
+PROXY_ONLY_FIELDS = ("kv_transfer_params", "tokens")
+"""Fields that hand the engine a prompt other than the messages' (token_in.py sets them on the token-in routes) or,
+on a disaggregated vLLM, tell its KV connector where to fetch a prefill from: never taken from the agent's request."""
+
+
 def clamped_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The knobs of ONE_COMPLETION that `rewrite_request` overrides in `body`, with the values the agent sent."""
     return {name: body[name] for name, clamp in ONE_COMPLETION.items() if name in body and not clamp.allows(body[name])}
@@ -92,7 +97,7 @@ def uses_max_completion_tokens(model: str) -> bool:
 def rewrite_request(body: dict[str, Any], config: RewriteConfig) -> dict[str, Any]:
     """The request as sent upstream: the real model, one completion, logprobs asked for, max tokens capped, thinking
     as configured."""
-    out = dict(body)
+    out = {name: value for name, value in body.items() if name not in PROXY_ONLY_FIELDS}
     _hold_to_one_completion(out)
     out.update(config.sampling)
     if config.model_override:

@@ -123,6 +123,24 @@ def test_a_request_vllm_would_render_itself_is_not_sent_with_forwarded_ids(chang
     assert named in reason
 
 
+async def test_the_agents_own_prompt_ids_never_reach_the_engine(tmp_path: Path) -> None:
+    """A request that carries forwarded ids or a KV connector's parameters of its own (a prompt other than its
+    messages, a place to fetch a prefill from) is sent without them, token-in or not: the prompt is the proxy's."""
+    hostile = {"prompt_token_ids": [1, 2, 3], "do_remote_prefill": True, "remote_host": "10.0.0.9"}
+    for token_in in ((), ("--token-in",)):
+        scratch = tmp_path / f"token_in_{bool(token_in)}"
+        scratch.mkdir()
+        with (
+            ScriptedModelServer(SCRIPT, forwarded_ids="on", token_routes=True) as model,
+            running_proxy(model.base_url, scratch, *VLLM, *token_in) as proxy,
+        ):
+            await call(proxy.url, {**chat([SYSTEM, USER]), "kv_transfer_params": hostile, "tokens": [5]}, "ses_1")
+            proxy.wait_for_turns(1)
+        sent = model.exchanges[0].request
+        assert ("kv_transfer_params" in sent, "tokens" in sent) == (False, False)
+        assert model.exchanges[0].prompt_from == "template"
+
+
 def test_each_route_carries_the_ids_its_own_way_and_the_request_is_otherwise_unchanged() -> None:
     request = {"model": "m", "messages": [USER], "kv_transfer_params": {"other": 1}}
     assert routed_body(request, "tokens", [1, 2]) == ("/chat/completions/tokens", {**request, "tokens": [1, 2]})
