@@ -81,6 +81,9 @@ PROBE_TOOL = {
 TOOL_MESSAGES = [{"role": "user", "content": "Call the probe_echo tool with the word ok."}]
 TOOL_RESULT = "ok"
 AGAIN = {"role": "user", "content": "Call the probe_echo tool again, with the word ok."}
+CUT_REPLY = "turn 1's reply ended without its stop token"
+"""The probe's suffix is then not rendered (the proxy renders none after such a reply either): no fault of the
+template's, so no warning."""
 TOKEN_IN_FIX = (
     "serve the model with vLLM 0.32 or later (its /v1/chat/completions takes kv_transfer_params.prompt_token_ids) or "
     "prime-rl's vLLM server (/v1/chat/completions/tokens), with /tokenize reachable at the server's root; or pass "
@@ -149,7 +152,7 @@ def decide(
             f"the chat template: {TOKEN_IN_FIX}"
         )
         return Decision(None, [*decision.warnings, warning])
-    if support.suffix != "rendered":
+    if support.suffix not in ("rendered", CUT_REPLY):
         warning = (
             f"token-in: the probe's suffix was not rendered alone ({support.suffix}); turns whose new messages cannot "
             "be rendered after the last reply take the chat template, each recorded"
@@ -394,7 +397,7 @@ async def _token_in(
             body, messages, len(history), first.ids()[-1], lambda request: _tokenize(client, request)
         )
     else:
-        suffix = "turn 1's reply ended without its stop token"
+        suffix = CUT_REPLY
     support.suffix = "rendered" if isinstance(suffix, list) else suffix
     ids = first.prompt_token_ids + first.ids() + suffix if isinstance(suffix, list) else full
     for route in ROUTES:
