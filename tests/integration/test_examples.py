@@ -116,6 +116,7 @@ def test_trl_grpo_step_when_trl_is_installed(opencode_binary: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "one GRPO step on 2 rollouts: weights moved by" in done.stdout
     assert "'rewards/rollout_reward/mean': 0.5" in done.stdout
+    assert "agent tokens (100.0%) in 2 rows" in done.stdout
 
 
 async def test_the_server_sends_the_compact_shape_and_the_client_rebuilds_every_prompt() -> None:
