@@ -65,7 +65,7 @@ class SizedRollouts(Rollouts):
         super().__init__(StubBackend(command_s=0), 4)
         self.result = result
 
-    async def run(self, request: RolloutRequest, progress: Progress | None = None, *, record: Any = None) -> Any:
+    async def run(self, request: RolloutRequest, progress: Progress | None = None, **_: Any) -> Any:
         return self.result.model_copy(update={"task_id": request.task_id or "sized"})
 
 
