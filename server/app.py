@@ -62,7 +62,7 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     rollouts = runtime.rollouts
     openenv = create_openenv_app(
-        functools.partial(OpenCodeEnvironment, runtime.mcp, runtime.backend.name, runtime.results),
+        functools.partial(OpenCodeEnvironment, runtime.mcp, runtime.backend.name),
         CallToolAction,
         CallToolObservation,
         env_name=ENV_NAME,
