@@ -172,6 +172,8 @@ def test_without_a_token_a_cross_site_page_cannot_post_to_mcp(open_locally: Stub
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     assert httpx.post(f"{url}/mcp", json=listing, headers=own).status_code == 200
     assert httpx.post(f"{url}/mcp", json=listing, headers=STREAM).status_code == 200
+    # Callers cannot be told apart without a token: no caller token is issued.
+    assert httpx.post(f"{url}/callers", json={"name": "alice"}).status_code == 409
 
 
 def test_without_a_token_a_foreign_host_name_is_refused(open_locally: StubServer) -> None:
