@@ -18,6 +18,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from opencode_env.client.by_reference import ResultFetchError, fetch_result
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
@@ -26,6 +27,8 @@ from server.app import create_app
 from server.auth import caller_token
 from server.mcp_endpoint import MAX_INITIALIZE_BYTES
 from server.runtime import Runtime
+from tests.integration.test_results_at_size import SizedRollouts, arguments, sized_result
+from tests.stand_in import stand_in_server
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
 TOKEN = "operator-t0ken-for-tenant-tests"
@@ -244,3 +247,23 @@ def wait_until_sync(condition: Any, tries: int = 50) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+async def test_a_caller_token_reads_its_own_result_by_reference_and_nothing_else_does() -> None:
+    """OpenCodeEnv with a caller's token gets the whole result by its reference; without a credential the same
+    reference is refused, and a wrong credential never reaches the tool."""
+    result = sized_result(2_000)
+    with stand_in_server(SizedRollouts(result), TOKEN) as served:
+        alice = caller_token(TOKEN, "alice")
+        async with OpenCodeEnv(served, token=alice) as env:
+            whole = await env.run_rollout(**arguments())
+            answer = await env.call_tool("run_rollout", **arguments())
+        assert [turn.completion_token_ids for turn in whole.proxy_turns] == [
+            turn.completion_token_ids for turn in result.proxy_turns
+        ]
+        assert answer["result"] is None, "a result this size travels by reference only"
+        with pytest.raises(ResultFetchError, match="HTTP 401"):
+            await fetch_result(served, answer)
+        with pytest.raises(ConnectionError, match="caller token"):
+            async with OpenCodeEnv(served, token=caller_token("another-server", "alice")) as env:
+                await env.run_rollout(**arguments())
