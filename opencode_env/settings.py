@@ -157,6 +157,9 @@ class Settings(BaseSettings):
     e2b_max_sandboxes: int = _setting(20, "OPENCODE_ENV_E2B_MAX_SANDBOXES", "E2B", "E2B sandboxes alive at once.", ge=1)
     hf_token: SecretStr = _setting(SecretStr(""), "HF_TOKEN", "Hugging Face", "A token allowed to run Jobs.")
     space_id: str = _setting("", "SPACE_ID", "Hugging Face", "Set by a Space: auto picks Hugging Face Sandboxes.")
+    space_host: str = _setting(
+        "", "SPACE_HOST", "Hugging Face", "Set by a Space: its host name, which a server without a token answers to."
+    )
     hf_sandboxes: bool = _setting(
         False, "OPENCODE_ENV_HF_SANDBOXES", "Hugging Face", "1: auto picks Hugging Face Sandboxes with HF_TOKEN."
     )

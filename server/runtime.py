@@ -56,7 +56,7 @@ class Runtime:
             token=settings.token.get_secret_value(),
             allow_unauthenticated=settings.allow_unauthenticated,
             risk=backend.capabilities.risk,
-            browsers=BrowserRule.of_this_machine(settings.allowed_hosts),
+            browsers=BrowserRule.of_this_machine(f"{settings.allowed_hosts},{settings.space_host}"),
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
         served_ports = ServedPorts(settings.port)

@@ -205,12 +205,13 @@ async def test_without_a_token_a_cross_site_websocket_is_refused(open_locally: S
 
 
 def test_a_server_without_a_token_says_at_start_what_it_admits(caplog: pytest.LogCaptureFixture) -> None:
-    settings = Settings.load().model_copy(update={"allowed_hosts": "gpu-box.lan"})
+    settings = Settings.load().model_copy(update={"allowed_hosts": "gpu-box.lan", "space_host": "me-env.hf.space"})
     with caplog.at_level(logging.INFO, logger="opencode_env.server"):
         create_app(Runtime.build(settings, backend=StubBackend(command_s=0)))
     said = caplog.text
     assert "browsers are served only from this server's own pages" in said
     assert "gpu-box.lan" in said
+    assert "me-env.hf.space" in said
     assert "localhost" in said
 
 
