@@ -1,5 +1,6 @@
-"""What it costs the server to turn a result into its answers: the JSON object the MCP structured content and the
-OpenEnv observation carry, and the observation's JSON text, each done two ways, side by side.
+"""What it costs to turn a result into JSON: as an object (what an inline result in the MCP structured content is)
+and as text, each done two ways, side by side. (OpenEnv's observation carried both until it answered by reference:
+bench.answer_paths measures the bytes of every path now.)
 
     uv run python -m bench.answer_encoding [--runs 15]
 

@@ -10,11 +10,13 @@ key and token variables, OpenCode's flags) are not settings and are not here.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -46,6 +48,28 @@ class Settings(BaseSettings):
         "OPENCODE_ENV_ALLOW_UNAUTHENTICATED",
         "server",
         "1: serve callers beyond this machine without a token (a trusted network only).",
+    )
+    allowed_hosts: str = _setting(
+        "",
+        "OPENCODE_ENV_ALLOWED_HOSTS",
+        "server",
+        "Without a token: host names the server answers to besides localhost, this machine's names and IP addresses.",
+    )
+    mcp_sessions: int = _setting(
+        256,
+        "OPENCODE_ENV_MCP_SESSIONS",
+        "server",
+        "Standard MCP sessions open at once (more get 503).",
+        ge=1,
+        le=100_000,
+    )
+    mcp_session_idle_s: float = _setting(
+        600.0,
+        "OPENCODE_ENV_MCP_SESSION_IDLE_S",
+        "server",
+        "Seconds an MCP session with no request in flight is kept (a call in flight keeps it).",
+        gt=0,
+        le=86400,
     )
     backend: BackendName = _setting(
         "auto", "OPENCODE_ENV_BACKEND", "server", "Where rollouts run (auto: e2b with E2B_API_KEY, hf on a Space)."
@@ -133,6 +157,9 @@ class Settings(BaseSettings):
     e2b_max_sandboxes: int = _setting(20, "OPENCODE_ENV_E2B_MAX_SANDBOXES", "E2B", "E2B sandboxes alive at once.", ge=1)
     hf_token: SecretStr = _setting(SecretStr(""), "HF_TOKEN", "Hugging Face", "A token allowed to run Jobs.")
     space_id: str = _setting("", "SPACE_ID", "Hugging Face", "Set by a Space: auto picks Hugging Face Sandboxes.")
+    space_host: str = _setting(
+        "", "SPACE_HOST", "Hugging Face", "Set by a Space: its host name, which a server without a token answers to."
+    )
     hf_sandboxes: bool = _setting(
         False, "OPENCODE_ENV_HF_SANDBOXES", "Hugging Face", "1: auto picks Hugging Face Sandboxes with HF_TOKEN."
     )
@@ -258,3 +285,21 @@ def effective(settings: Settings, environ: Mapping[str, str] | None = None) -> l
         variable = str(field.validation_alias)
         rows.append((variable, shown, "environment" if variable in values else "default"))
     return rows
+
+
+@functools.cache
+def warn_unknown_variables() -> None:
+    """Once per process, at its start: each OPENCODE_ENV_* variable that is no setting, with the closest name."""
+    for line in unknown_variable_warnings():
+        print(f"opencode-env: warning: {line}", file=sys.stderr)
+
+
+def settings_or_exit() -> Settings:
+    """The operator's settings, loaded once by the command (or server) that needs them; a refused one ends the process
+    with its name. Unknown OPENCODE_ENV_* variables are warned about the first time."""
+    warn_unknown_variables()
+    try:
+        return Settings.load()
+    except ValidationError as error:
+        print(f"opencode-env: a setting is refused: {error}", file=sys.stderr)
+        raise SystemExit(2) from error

@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from opencode_env.settings import Settings, variable
+from opencode_env.settings import Settings, settings_or_exit, variable
 from opencode_env.wire import VERSION
 from server import heap
 from server.staged import StagedApp
@@ -26,6 +28,9 @@ from server.staged import StagedApp
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from opencode_env.viewer.rows import Caller, RunView
+    from opencode_env.wire import RolloutRequest
+    from server.rollouts import Rollouts
     from server.runtime import Runtime
 
 log = logging.getLogger("opencode_env.server")
@@ -45,9 +50,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     from starlette.routing import Route
 
     from opencode_env.viewer.web import web_router
+    from server.callers import callers_router
     from server.disconnect import CancelOnDisconnect, PendingReplies
     from server.environment import ENV_NAME, OpenCodeEnvironment, max_sessions
-    from server.gate import AccessGate
+    from server.gate import AccessGate, caller_of
     from server.mcp_endpoint import McpEndpoint
     from server.metadata import metadata_router
     from server.result_route import results_router
@@ -56,13 +62,15 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     rollouts = runtime.rollouts
     openenv = create_openenv_app(
-        functools.partial(OpenCodeEnvironment, runtime.mcp, runtime.backend.name, runtime.results),
+        functools.partial(OpenCodeEnvironment, runtime.mcp, runtime.backend.name),
         CallToolAction,
         CallToolObservation,
         env_name=ENV_NAME,
         max_concurrent_envs=max_sessions(rollouts.limit),
     )
-    standard = runtime.mcp.http_app(path="/mcp", stateless_http=False)
+    standard = runtime.mcp.http_app(
+        path="/mcp", stateless_http=False, session_idle_timeout=runtime.settings.mcp_session_idle_s
+    )
     one_shot = runtime.mcp.http_app(path="/mcp", stateless_http=True)
     streams_closing = asyncio.Event()
     replies = PendingReplies()
@@ -73,6 +81,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with openenv.router.lifespan_context(openenv), standard.lifespan(standard), one_shot.lifespan(one_shot):
+            # FastMCP builds the session manager here and passes no session cap through: the SDK's default is 10,000.
+            _session_manager(standard).max_sessions = runtime.settings.mcp_sessions
             restore = answer_before_exit(rollouts, replies, streams_closing)
             preflight = await runtime.backend.preflight()
             if preflight.problem:
@@ -91,9 +101,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     )
     app.include_router(metadata_router(runtime))
     app.include_router(results_router(runtime.results))
+    app.include_router(callers_router(runtime.access))
     app.router.routes.extend(Route(path, endpoint) for path in MCP_PATHS)
     if rollouts.runs is not None:
-        app.include_router(web_router(rollouts.runs, rollouts.run_recorded))
+        app.include_router(web_router(rollouts.runs, functools.partial(_start_run, rollouts), caller_of))
     # OpenEnv's app answers whatever no route here matches (its own routes, its docs, its 404s); as the router's
     # fallback rather than a catch-all mount, so that a route added to this app later still comes first.
     app.router.default = CancelOnDisconnect(openenv, replies)
@@ -103,6 +114,21 @@ def create_app(runtime: Runtime) -> FastAPI:
     return app
 
 
+def _session_manager(app: Any) -> Any:
+    """The MCP SDK's session manager behind FastMCP's streamable HTTP app (the endpoint of its one route)."""
+    for route in app.router.routes:
+        manager = getattr(getattr(route, "endpoint", None), "session_manager", None)
+        if manager is not None:
+            return manager
+    raise RuntimeError("FastMCP's streamable HTTP app has no session manager where this server looks for it")
+
+
+def _start_run(rollouts: Rollouts, request: RolloutRequest, caller: Caller) -> RunView:
+    """The /web form's rollout, owned by the caller who sent it, through the server's cap."""
+    assert rollouts.runs is not None
+    return rollouts.runs.start(request, rollouts.run_recorded, caller)
+
+
 def _log_start(runtime: Runtime) -> None:
     from server.metadata import access_mode
 
@@ -110,6 +136,17 @@ def _log_start(runtime: Runtime) -> None:
     log.info("opencode-env %s: MCP at /mcp; access: %s", VERSION, access)
     if access == "loopback_only":
         log.warning("no %s set: only connections from this machine are served", variable("token"))
+    if access != "token":
+        names = ", ".join(sorted(runtime.access.browsers.host_names))
+        log.warning(
+            "no %s set: browsers are served only from this server's own pages (no cross-site request, a POST only as "
+            "application/json) and only under its IP addresses or these names: %s (add more in %s)",
+            variable("token"),
+            names,
+            variable("allowed_hosts"),
+        )
+    else:
+        log.info("callers are told apart by their tokens: the operator's sees every run, a caller's only its own")
 
 
 def served(settings: Settings | None = None) -> StagedApp:
@@ -125,8 +162,6 @@ def served(settings: Settings | None = None) -> StagedApp:
 
 
 def main(host: str | None = None, port: int | None = None, backend: str | None = None) -> None:
-    from opencode_env.cli.support import exit_unless_free, settings_or_exit
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = settings_or_exit()
     if backend is not None:
@@ -137,6 +172,21 @@ def main(host: str | None = None, port: int | None = None, backend: str | None =
     settings = settings.model_copy(update={"host": host, "port": port})
     exit_unless_free(host, port)
     uvicorn.run(served(settings), host=host, port=port, **UVICORN_OPTIONS)
+
+
+def exit_unless_free(host: str, port: int) -> None:
+    """Before anything starts (and logs that it is ready): a port another process holds ends the command with what
+    to do. A probe, then uvicorn binds for itself; a process that takes the port in between still fails there."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as error:
+        print(
+            f"opencode-env serve: cannot listen on {host}:{port}: {error.strerror or error} (another server on this "
+            "port? stop it, or pass --port N / set PORT)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from error
 
 
 app = served()

@@ -2,8 +2,9 @@
 `/reset`, `/step`, and OpenEnv's JSON-RPC at `/mcp`), made by OpenEnv's `create_app` from a partial of this class
 bound to the server's runtime.
 
-A `run_rollout` action is answered with the whole result (OpenEnv's clients take 100 MB messages) by the one
-tool, called through FastMCP's public `call_tool` rather than through
+A `run_rollout` action is answered as over MCP (a small `RolloutAnswer`, the whole result by reference: see
+`server.tool_result.session_tool_result`) by the one tool, called through FastMCP's public `call_tool` rather than
+through
 OpenEnv's in-process MCP client, which would serialise the result two to three more times and check it against the
 output schema on the event loop every session shares (~110 ms of CPU for a 200 KB result); and under a time limit
 that follows the request's own budget instead of OpenEnv's 30 s default for a tool call.
@@ -25,9 +26,8 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import ValidationError
 
 from opencode_env.wire import TOOL_NAME, VERSION, RolloutRequest, total_budget_s
-from server.result_store import ResultStore
 from server.tool import TOOL_DESCRIPTION
-from server.tool_result import session_tool_result, whole_result_data
+from server.tool_result import session_tool_result
 
 log = logging.getLogger("opencode_env.server")
 SERVER_MARGIN_S = 60.0
@@ -64,10 +64,9 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
     # thread to start (~6 ms per session on a loaded 2-core machine; bench.server_load). Tool calls never use it.
     REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
-    def __init__(self, mcp: FastMCP, backend_name: str, store: ResultStore) -> None:
+    def __init__(self, mcp: FastMCP, backend_name: str) -> None:
         super().__init__(mcp)
         self._backend_name = backend_name
-        self._store = store
         self._state = State(episode_id=str(uuid4()), step_count=0)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Observation:
@@ -97,8 +96,7 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
         except Exception as error:
             log.exception("run_rollout failed inside the server")
             return _failed("execution_error", f"{TOOL_NAME} failed: {error}")
-        observed = await asyncio.to_thread(lambda: session_tool_result(whole_result_data(answer, self._store)))
-        return CallToolObservation(tool_name=TOOL_NAME, result=observed)
+        return CallToolObservation(tool_name=TOOL_NAME, result=session_tool_result(answer))
 
     def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         name = type(action).__name__

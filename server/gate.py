@@ -1,4 +1,5 @@
-"""The ASGI middleware that applies the access policy and tells a refused client why, in the form its client shows.
+"""The ASGI middleware that applies the access policy, tells a refused client why in the form its client shows,
+and hands on who an admitted request is from (`caller_of`, `current_caller`).
 
 MCP clients show a JSON-RPC error's message (not an HTTP status), WebSocket clients can read the body of a denial
 response; everyone else gets `{"error": reason}`.
@@ -6,16 +7,34 @@ response; everyone else gets `{"error": reason}`.
 
 from __future__ import annotations
 
+import contextvars
 import json
 
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from opencode_env.viewer.rows import OPERATOR, Caller
 from server.auth import OPEN_PATHS, AccessPolicy, Refusal
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/", "/mcp/stream", "/mcp/stream/"})
 DENIAL_EXTENSION = "websocket.http.response"
 UNAUTHORIZED_JSONRPC_CODE = -32001
+CALLER_KEY = "opencode_env.caller"
+_current: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("opencode_env_caller", default=None)
+
+
+def caller_of(connection: HTTPConnection) -> Caller:
+    """Who sent an admitted request (the gate put it in its scope); a request that never passed the gate owns
+    nothing and sees nothing."""
+    caller = connection.scope.get(CALLER_KEY)
+    return caller if isinstance(caller, Caller) else Caller(id="")
+
+
+def current_caller() -> Caller:
+    """Who sent the request this code runs for: the gate sets it for the request's task and what it starts (OpenEnv's
+    sessions call the tool from there). Outside any request (stdio, in-process) it is the operator."""
+    return _current.get() or OPERATOR
 
 
 class AccessGate:
@@ -28,13 +47,18 @@ class AccessGate:
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
-        refusal = self.policy.check(list(scope.get("headers") or []), client[0] if client else None)
-        if refusal is None:
-            await self.app(scope, receive, send)
+        method = scope.get("method", "GET")
+        admitted = self.policy.admit(list(scope.get("headers") or []), client[0] if client else None, method)
+        if isinstance(admitted, Caller):
+            token = _current.set(admitted)
+            try:
+                await self.app({**scope, CALLER_KEY: admitted}, receive, send)
+            finally:
+                _current.reset(token)
         elif scope["type"] == "websocket":
-            await _refuse_websocket(scope, receive, send, refusal)
+            await _refuse_websocket(scope, receive, send, admitted)
         else:
-            await _refuse_http(scope, receive, send, refusal)
+            await _refuse_http(scope, receive, send, admitted)
 
 
 def refusal_body(path: str, refusal: Refusal) -> bytes:

@@ -22,12 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opencode_env.wire import TOOL_NAME, RolloutRequest
 from server.disconnect import PendingReplies
+from server.gate import CALLER_KEY
 from server.tool import invalid_arguments
 
 INVALID_PARAMS = -32602
@@ -35,6 +38,11 @@ STREAMABLE_HEADERS = (b"mcp-session-id", b"mcp-protocol-version")
 MAX_READ_BODY_BYTES = 64 * 2**20
 """A body read here (to look inside) is refused past this: the largest valid request (files and protected files at
 their limits, every JSON escape) is well under it."""
+MAX_INITIALIZE_BYTES = 64 * 1024
+"""A request that opens an MCP session is refused past this: the session keeps what it says about its client
+(`clientInfo`, capabilities) for its life, so this bounds each session's memory (a real client's is under 1 KiB;
+this leaves room for icons). With the session cap and the idle timeout, abandoned sessions cost at most
+(sessions x this) however large the clientInfo a caller sends."""
 
 
 class BodyTooLarge(Exception):
@@ -58,8 +66,9 @@ class McpEndpoint:
         self.replies = replies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The transports are mounted at /mcp; /mcp/stream (an alias) and a trailing slash reach them there too.
-        scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
+        # The transports are mounted at /mcp; /mcp/stream (an alias) and a trailing slash reach them there too. The
+        # caller is the session's principal: the SDK serves a session only to the credential that opened it.
+        scope = {**scope, "path": "/mcp", "raw_path": b"/mcp", "user": _principal(scope)}
         if scope["method"] != "POST":
             await self._to(route(scope["method"], {}, None), scope, receive, send)
             return
@@ -94,6 +103,13 @@ class McpEndpoint:
             raise AssertionError(f"a POST routed without its body: {target}")
 
 
+def _principal(scope: Scope) -> AuthenticatedUser | None:
+    caller = scope.get(CALLER_KEY)
+    if caller is None:
+        return None
+    return AuthenticatedUser(AccessToken(token="", client_id=caller.id, scopes=[]))
+
+
 @dataclass(frozen=True)
 class JsonAnswer:
     """Answered here, without a transport."""
@@ -120,6 +136,8 @@ def route(method: str, headers: Mapping[bytes, bytes], body: bytes | None) -> Ro
         return JsonAnswer(refusal) if refusal is not None else "openenv"
     if message is not None and message.get("method") != "initialize":
         return "stateless"
+    if len(body) > MAX_INITIALIZE_BYTES:
+        return JsonAnswer(_too_large_to_open(len(body)), 413)
     return "standard"
 
 
@@ -147,6 +165,15 @@ def _json_object(body: bytes) -> dict[str, object] | None:
 
 def _too_large() -> bytes:
     error = {"code": INVALID_PARAMS, "message": f"the request body is over {MAX_READ_BODY_BYTES} bytes"}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+def _too_large_to_open(size: int) -> bytes:
+    message = (
+        f"initialize: the request that opens a session is {size} bytes, over the {MAX_INITIALIZE_BYTES} this server "
+        "keeps per session (clientInfo and capabilities)"
+    )
+    error = {"code": INVALID_PARAMS, "message": message}
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 

@@ -23,6 +23,7 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
+from opencode_env.viewer.rows import OPERATOR
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult, total_budget_s
 from server.runs import Run, Runs
 
@@ -66,13 +67,19 @@ class Rollouts:
         return len(self._running)
 
     async def run(
-        self, request: RolloutRequest, progress: Progress | None = None, *, record: Run | None = None
+        self,
+        request: RolloutRequest,
+        progress: Progress | None = None,
+        *,
+        record: Run | None = None,
+        owner: str = OPERATOR.id,
     ) -> RolloutResult:
         """Run one rollout within the cap; cancelling the caller cancels it and waits for its sandbox to close. It is
-        recorded in `runs` (when there is one): as `record` when the /web page already lists it, else as a new run."""
+        recorded in `runs` (when there is one): as `record` when the /web page already lists it, else as a new run
+        owned by the caller `owner` (the only caller but the operator who sees it there)."""
         runs = self.runs
         if runs is not None and record is None:
-            record = runs.begin(request)
+            record = runs.begin(request, owner)
         tracker = _PhaseTracker(progress, record)
         started = time.monotonic()
         if runs is None or record is None:

@@ -15,12 +15,32 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from opencode_env.settings import variable
-from opencode_env.wire import Phase, RolloutRequest, RolloutResult, RolloutStatus
+from opencode_env.viewer.rows import (
+    OPERATOR,
+    Caller,
+    OtherServers,
+    ProgressEvent,
+    RunsFull,
+    RunView,
+    ServerOrigin,
+)
+from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+
+__all__ = [
+    "OtherServers",
+    "ProgressEvent",
+    "ResultsDir",
+    "Run",
+    "RunView",
+    "Runner",
+    "Runs",
+    "RunsFull",
+    "ServerOrigin",
+]
 
 log = logging.getLogger("opencode_env.server")
 MAX_EVENTS = 200
@@ -29,55 +49,6 @@ DEFAULT_RESULTS_KEEP = 200
 RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{6}$")
 """A run's id: its start (UTC, to the microsecond) then random hex, so that ids sort by age and name files safely."""
 STALE_TEMP_S = 3600.0
-
-
-class RunsFull(Exception):
-    """Every slot for the page's own rollouts holds one still running."""
-
-
-class ServerOrigin(BaseModel):
-    """The server that ran a rollout, as that server recorded it in the rollout's row: set by `Runs` when the rollout
-    begins, from the server's own process, never from anything of the rollout's (its request, result or sandbox)."""
-
-    instance: str = Field(description="Random per server process: two servers never share one.")
-    address: str = Field(description="host:port the server listens on; 'stdio' for the MCP server over stdio.")
-    pid: int
-    started_at: float = Field(description="When the server started (Unix time).")
-
-    @classmethod
-    def this_process(cls, address: str) -> ServerOrigin:
-        return cls(instance=uuid.uuid4().hex, address=address, pid=os.getpid(), started_at=time.time())
-
-    def ran(self, view: RunView) -> bool:
-        """Whether `view` is this server's to list: run by this process, or by an earlier server at this address (the
-        same server restarted); a row saved before servers recorded themselves is no one's."""
-        origin = view.server
-        return origin is not None and (origin.instance == self.instance or origin.address == self.address)
-
-
-class ProgressEvent(BaseModel):
-    phase: Phase
-    message: str
-    at_s: float = Field(description="Seconds since the run started.")
-
-
-class RunView(BaseModel):
-    """What the page shows of one run (never the request's key, never the whole result)."""
-
-    id: str
-    task_id: str
-    instruction_head: str
-    state: Literal["running", "finished", "crashed"]
-    phase: Phase | None = Field(None, description="The phase reached; once finished, the one that failed, if any.")
-    message: str = Field("", description="The last progress message; once finished, how the rollout ended.")
-    events: list[ProgressEvent] = Field(default_factory=list)
-    started_at: float
-    wall_s: float | None = None
-    status: RolloutStatus | None = None
-    failed_phase: Phase | None = None
-    reward: float | None = None
-    error: str | None = None
-    server: ServerOrigin | None = Field(None, description="The server that ran it (None: a row of an older version).")
 
 
 class Run:
@@ -89,13 +60,19 @@ class Run:
         self.result: RolloutResult | None = None
 
     @classmethod
-    def of(cls, request: RolloutRequest, server: ServerOrigin | None = None) -> Run:
+    def of(cls, request: RolloutRequest, server: ServerOrigin | None = None, owner: str = OPERATOR.id) -> Run:
         now = time.time()
         micros = int(now * 1_000_000) % 1_000_000
         run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{micros:06d}-{uuid.uuid4().hex[:6]}"
         head = request.instruction[:200]
         view = RunView(
-            id=run_id, task_id=request.task_id, instruction_head=head, state="running", started_at=now, server=server
+            id=run_id,
+            task_id=request.task_id,
+            instruction_head=head,
+            state="running",
+            started_at=now,
+            server=server,
+            owner=owner,
         )
         return cls(view)
 
@@ -259,14 +236,6 @@ Runner = Callable[[RolloutRequest, Run], Awaitable[RolloutResult]]
 which goes through its concurrency cap."""
 
 
-class OtherServers(BaseModel):
-    """What the results directory holds that this server does not list: other servers' rows, by address."""
-
-    rows: int = 0
-    addresses: dict[str, int] = Field(default_factory=dict, description="Rows per other server's address.")
-    unknown: int = Field(0, description="Rows saved by an older version, which did not record its server.")
-
-
 class Runs:
     """Every rollout of this server: the running ones, and the finished ones (the newest `results.keep` with a
     results directory, else the newest `keep` with their results in memory). `start` runs one for the page itself,
@@ -294,9 +263,10 @@ class Runs:
         """How many finished runs are listed."""
         return self.results.keep if self.results is not None else self.keep
 
-    def begin(self, request: RolloutRequest) -> Run:
-        """A rollout starts (any transport): it is listed as running from now on, never refused."""
-        run = Run.of(request, self.origin)
+    def begin(self, request: RolloutRequest, owner: str = OPERATOR.id) -> Run:
+        """A rollout starts (any transport) for the caller `owner`: it is listed as running from now on, never
+        refused."""
+        run = Run.of(request, self.origin, owner)
         self._running[run.view.id] = run
         return run
 
@@ -331,11 +301,12 @@ class Runs:
         for older in in_memory[: max(0, len(in_memory) - self.keep + 1)]:
             older.result = None
 
-    def start(self, request: RolloutRequest, runner: Runner) -> RunView:
-        """Run one of the page's own rollouts in the background; RunsFull when `keep` of them are running."""
+    def start(self, request: RolloutRequest, runner: Runner, caller: Caller = OPERATOR) -> RunView:
+        """Run one of the page's own rollouts in the background, owned by `caller`; RunsFull when `keep` of them are
+        running."""
         if len(self._started_here) >= self.keep:
             raise RunsFull(f"{self.keep} rollouts are already running from this page; wait for one to end")
-        run = self.begin(request)
+        run = self.begin(request, caller.id)
         task = asyncio.create_task(self._drive(run, request, runner), name=f"web-rollout-{run.view.id}")
         self._started_here.add(task)
         task.add_done_callback(self._started_here.discard)
@@ -371,19 +342,22 @@ class Runs:
                 others.addresses[view.server.address] = others.addresses.get(view.server.address, 0) + 1
         return others
 
-    def views(self) -> list[RunView]:
-        """Newest first."""
+    def views(self, caller: Caller = OPERATOR) -> list[RunView]:
+        """The runs `caller` may see (its own; every one for the operator), newest first."""
         runs = [*self._running.values(), *self._finished.values()]
-        return sorted((run.view for run in runs), key=lambda view: view.started_at, reverse=True)
+        views = (run.view for run in runs if caller.may_see(run.view))
+        return sorted(views, key=lambda view: view.started_at, reverse=True)
 
-    def view(self, run_id: str) -> RunView | None:
+    def view(self, run_id: str, caller: Caller = OPERATOR) -> RunView | None:
+        """The run `run_id` if `caller` may see it; None for another caller's (as for an unknown id)."""
         run = self._running.get(run_id) or self._finished.get(run_id)
-        return run.view if run else None
+        return run.view if run and caller.may_see(run.view) else None
 
-    async def result_json(self, run_id: str) -> bytes | None:
-        """A finished run's result as JSON (from memory or the results directory); None for any other id."""
+    async def result_json(self, run_id: str, caller: Caller = OPERATOR) -> bytes | None:
+        """A finished run's result as JSON (from memory or the results directory), if `caller` may see it; None for
+        any other id."""
         run = self._finished.get(run_id)
-        if run is None or run.view.state != "finished":
+        if run is None or run.view.state != "finished" or not caller.may_see(run.view):
             return None
         if run.result is not None:
             return (await asyncio.to_thread(run.result.model_dump_json)).encode()

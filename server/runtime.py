@@ -15,7 +15,7 @@ from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.wire import VERSION
-from server.auth import AccessPolicy
+from server.auth import AccessPolicy, BrowserRule
 from server.result_store import ResultStore
 from server.rollouts import CANCEL_GRACE_S, Rollouts
 from server.runs import ResultsDir, Runs, ServerOrigin
@@ -56,6 +56,7 @@ class Runtime:
             token=settings.token.get_secret_value(),
             allow_unauthenticated=settings.allow_unauthenticated,
             risk=backend.capabilities.risk,
+            browsers=BrowserRule.of_this_machine(f"{settings.allowed_hosts},{settings.space_host}"),
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
         served_ports = ServedPorts(settings.port)

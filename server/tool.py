@@ -18,9 +18,11 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.json_schema import compress_schema
 from pydantic import PrivateAttr, ValidationError
 
+from opencode_env.viewer.rows import Caller
 from opencode_env.wire import TOOL_NAME, VERSION, Phase, RolloutRequest
 from opencode_env.wire.answer import PART_BYTES, RESOURCE_SCHEME, RolloutAnswer
 from opencode_env.wire.request import request_problems
+from server.gate import caller_of, current_caller
 from server.result_store import ResultStore
 from server.rollouts import Rollouts
 from server.tool_result import SERVER_NAME, mcp_tool_result
@@ -70,7 +72,7 @@ class RolloutTool(Tool):
         async def progress(phase: Phase, message: str) -> None:
             await context.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        result = await self._rollouts.run(request, progress)
+        result = await self._rollouts.run(request, progress, owner=_caller().id)
         # Off the event loop: a result with its token arrays is megabytes to encode and compress.
         return await asyncio.to_thread(mcp_tool_result, result, self._store, request.result_text, _base_url())
 
@@ -81,6 +83,15 @@ def _base_url() -> str:
         return str(get_http_request().base_url)
     except RuntimeError:
         return ""
+
+
+def _caller() -> Caller:
+    """Who called: the HTTP request this message came in (the standard transport), else the request this code runs
+    for (OpenEnv's sessions, which call the tool from their own connection)."""
+    try:
+        return caller_of(get_http_request())
+    except RuntimeError:
+        return current_caller()
 
 
 def build_mcp(rollouts: Rollouts, store: ResultStore) -> FastMCP:

@@ -2,20 +2,17 @@
 
 Over MCP (`mcp_tool_result`): a `RolloutAnswer` (summary, typed) whatever the size, the whole result by reference
 (`server.result_store`, linked as an HTTP route and as MCP resources), inline too when small (see wire/answer.py
-for the bound and why). Over OpenEnv's sessions (`/ws`, `/step`, OpenEnv's JSON-RPC; `session_tool_result`): the
-whole result, whose clients take messages up to 100 MB.
+for the bound and why). Over OpenEnv's sessions (`/ws`, `/step`; `session_tool_result`): the same answer once, the
+result by reference unless tiny. Every path carries one copy of the result, packed, and gzip'd where it is large.
 
-Both are built off the event loop by their callers (`asyncio.to_thread`): a result with its turns' tokens is
-megabytes of JSON to encode. The observation's text is the result encoded by orjson: `python -m
-bench.answer_encoding` measured it at 0.08x / 0.14x the standard library's `json.dumps`.
+The MCP answer is built off the event loop by its caller (`asyncio.to_thread`): a result with its turns' tokens is
+megabytes of JSON to encode and compress.
 """
 
 from __future__ import annotations
 
-import gzip
 from typing import Any
 
-import orjson
 from fastmcp.tools import ToolResult
 from mcp_types import ResourceLink, TextContent
 
@@ -35,6 +32,9 @@ from server.result_store import ResultStore
 SERVER_NAME = "opencode_env"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 RESULT_MIME = "application/json"
+SESSION_INLINE_MAX_BYTES = 16 * 1024
+"""OpenEnv's sessions carry a result inline only up to this (a failed or token-less run); above it by reference only,
+where it travels gzip'd: ~26-39 B per sampled token against ~54-79 inline (bench.answer_paths)."""
 
 
 def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str = "") -> tuple[RolloutAnswer, bytes]:
@@ -132,27 +132,23 @@ def mcp_tool_result(
     return ToolResult(content=content, structured_content=answer.model_dump(mode="json"))
 
 
-def whole_result_data(answer: ToolResult, store: ResultStore) -> Any:
-    """The whole result (a JSON object) an MCP answer stands for: inline, or read back by its reference."""
-    structured = answer.structured_content or {}
-    if structured.get("result") is not None:
-        return structured["result"]
-    ref = (structured.get("result_ref") or {}).get("id", "")
-    stream = store.gzip_of(ref)
-    if stream is None:
-        raise LookupError(f"the result {ref[:8]}... is no longer kept")
-    return orjson.loads(gzip.decompress(stream))
-
-
-def session_tool_result(data: Any) -> dict[str, Any]:
-    """For OpenEnv sessions (`/ws`, `/step`): the whole result as an observation's `result` carries it, in the
-    shape OpenEnv's clients read: `data` the result as a JSON object (as FastMCP's client gives it), and the text
-    block the whole result as JSON (programs, not chat models, call here)."""
-    text = orjson.dumps(data).decode()
+def session_tool_result(answer: ToolResult) -> dict[str, Any]:
+    """For OpenEnv sessions (`/ws`, `/step`): the same `RolloutAnswer` as over MCP, once, as `data` (what OpenEnv's
+    clients return from `call_tool`), the whole result by reference (`result_ref`: GET its `path` on the server's
+    URL, gzip'd, packed): inline only when its JSON is at most SESSION_INLINE_MAX_BYTES, so that a frame stays small
+    whatever the rollout (a 38 MB result used to make a 114 MB frame, over OpenEnv's 100 MB limit) and a result's
+    bytes travel compressed. The text block is the summary (or a small result's JSON, when asked)."""
+    structured = dict(answer.structured_content or {})
+    ref = structured.get("result_ref") or {}
+    if structured.get("result") is not None and ref.get("json_bytes", 0) > SESSION_INLINE_MAX_BYTES:
+        structured["result"] = None
+    texts = [block.text for block in answer.content if isinstance(block, TextContent)]
+    pointer = f"the whole result: GET {ref.get('path')}"
+    text = texts[0] if texts and len(texts[0]) <= SESSION_INLINE_MAX_BYTES else pointer
     return {
         "content": [{"type": "text", "text": text, "annotations": None, "meta": None}],
-        "structured_content": data,
+        "structured_content": None,
         "meta": {SERVER_INFO_META: {"name": SERVER_NAME, "version": VERSION}},
-        "data": data,
+        "data": structured,
         "is_error": False,
     }

@@ -40,7 +40,9 @@ class StandInRollouts(Rollouts):
         self.in_flight_now = 0
         self.peak = 0
 
-    async def run(self, request: RolloutRequest, progress: Progress | None = None, *, record: Any = None) -> Any:
+    async def run(
+        self, request: RolloutRequest, progress: Progress | None = None, *, record: Any = None, owner: str = ""
+    ) -> Any:
         self.requests.append(request)
         self.in_flight_now += 1
         self.peak = max(self.peak, self.in_flight_now)

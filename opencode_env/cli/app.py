@@ -14,7 +14,7 @@ from opencode_env.cli.eval import add_eval_parser
 from opencode_env.cli.export import add_export_parser
 from opencode_env.cli.image import add_image_parser
 from opencode_env.cli.run import RUN_EPILOG, add_run_arguments, run_command
-from opencode_env.cli.support import needs, progress_to_stderr, settings_or_exit, summarize, warn_unknown_variables
+from opencode_env.cli.support import needs, progress_to_stderr, summarize
 from opencode_env.cli.view import add_view_parser
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import (
@@ -27,6 +27,7 @@ from opencode_env.sandbox import (
 )
 from opencode_env.sandbox.base import SandboxError
 from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.settings import settings_or_exit, warn_unknown_variables
 from opencode_env.wire import OPENCODE_VERSION, VERSION, Sampling
 
 SERVE_DESCRIPTION = """Serve run_rollout over HTTP: standard MCP (streamable HTTP) at /mcp (alias /mcp/stream) for

@@ -18,7 +18,6 @@ from opencode_env.cli.support import (
     image_progress_to_stderr,
     needs,
     progress_to_stderr,
-    settings_or_exit,
     summarize,
 )
 from opencode_env.rollout.pipeline import run_rollout
@@ -28,6 +27,7 @@ from opencode_env.sandbox import (
     backend_names,
     make_backend,
 )
+from opencode_env.settings import settings_or_exit
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from opencode_env.client.by_reference import ResultFetchError, answer_of, fetch_result
 from opencode_env.client.sync_view import SyncView
 from opencode_env.client.ws_session import OpenEnvSession, ServerError, Tool
 from opencode_env.settings import variable
@@ -31,7 +32,7 @@ from opencode_env.wire import TOOL_NAME, RolloutRequest, RolloutResult, total_bu
 
 CLIENT_MARGIN_S = 120.0
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
-__all__ = ["OpenCodeEnv", "RolloutAnswerError", "ServerError", "Tool"]
+__all__ = ["OpenCodeEnv", "ResultFetchError", "RolloutAnswerError", "ServerError", "Tool"]
 
 
 class RolloutAnswerError(RuntimeError):
@@ -97,7 +98,10 @@ class OpenCodeEnv(OpenEnvSession):
             data = await self.call_tool(TOOL_NAME, **request.model_dump(mode="json"))
         finally:
             self._message_timeout = previous
-        return parse_result(data)
+        answer = answer_of(data)
+        if answer is None:
+            return parse_result(data)
+        return await fetch_result(self.base_url, answer, token=self._token, connect_timeout_s=self._connect_timeout)
 
     async def run_rollouts(
         self, requests: Sequence[RolloutRequest], *, max_concurrency: int = 4, progress: bool = True

@@ -1,6 +1,6 @@
-"""The server's web page at /web: every rollout the server runs (whichever transport started it) with its phases
-live, the finished ones kept across restarts (`server.runs.ResultsDir`); a form that runs one more; each result
-opened in the viewer.
+"""The server's web page at /web: the rollouts the server runs for the caller asking (whichever transport started
+them) with their phases live, the finished ones kept across restarts; a form that runs one more; each result opened
+in the viewer. A caller sees only the runs it started; the operator sees every one (`rows.Caller`).
 
 The page itself holds no data and is served without the token (a browser sends no bearer header on navigation);
 it asks for the token once, keeps it in sessionStorage, and sends it with every call to /web/api/*, which the
@@ -10,14 +10,15 @@ server's bearer middleware guards like every other route.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import BaseModel
 
 from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
+from opencode_env.viewer.rows import Caller, OtherServers, RunList, RunsFull, RunView, ServerOrigin, StartRun
 from opencode_env.wire import RolloutRequest, RolloutResult
-from server.runs import OtherServers, Runner, Runs, RunsFull, RunView, ServerOrigin
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})
@@ -36,9 +37,9 @@ def web_page() -> str:
     return html_document("opencode-env", asset("web.html"), scripts, styles, connect="'self'")
 
 
-def web_router(runs: Runs, runner: Runner) -> APIRouter:
-    """Routes under /web: `runs` lists every rollout of the server; the form's own run through `runner` (the
-    server's, behind its concurrency cap)."""
+def web_router(runs: RunList, start: StartRun, caller_of: Callable[[Request], Caller]) -> APIRouter:
+    """Routes under /web: `runs` lists the server's rollouts, each to the caller `caller_of` tells a request is
+    from; the form's own run through `start` (the server's, behind its concurrency cap)."""
     router = APIRouter()
     page = web_page()
     csp = content_security_policy(
@@ -54,38 +55,40 @@ def web_router(runs: Runs, runner: Runner) -> APIRouter:
         return HTMLResponse(page, headers={"content-security-policy": csp, "cache-control": "no-store"})
 
     @router.get(WEB_PATH + "/api/runs")
-    async def list_runs() -> list[RunView]:
-        return runs.views()
+    async def list_runs(http: Request) -> list[RunView]:
+        return runs.views(caller_of(http))
 
     @router.get(WEB_PATH + "/api/server")
-    async def this_server() -> ServerView:
-        return ServerView(origin=runs.origin, others=await runs.others())
+    async def this_server(http: Request) -> ServerView:
+        """Which server this is; what else its results directory holds is the operator's to know."""
+        others = await runs.others() if caller_of(http).operator else OtherServers()
+        return ServerView(origin=runs.origin, others=others)
 
     @router.post(WEB_PATH + "/api/runs", status_code=202)
-    async def start_run(request: RolloutRequest) -> RunView:
+    async def start_run(request: RolloutRequest, http: Request) -> RunView:
         try:
-            return runs.start(request, runner)
+            return start(request, caller_of(http))
         except RunsFull as full:
             raise HTTPException(status_code=429, detail=str(full)) from full
 
     @router.get(WEB_PATH + "/api/runs/{run_id}")
-    async def get_run(run_id: str) -> RunView:
-        view = runs.view(run_id)
+    async def get_run(run_id: str, http: Request) -> RunView:
+        view = runs.view(run_id, caller_of(http))
         if view is None:
             raise HTTPException(status_code=404, detail=f"no run {run_id[:40]!r} (only the last {runs.kept} are kept)")
         return view
 
     @router.get(WEB_PATH + "/api/runs/{run_id}/result")
-    async def get_result(run_id: str) -> Response:
-        result = await runs.result_json(run_id)
+    async def get_result(run_id: str, http: Request) -> Response:
+        result = await runs.result_json(run_id, caller_of(http))
         if result is None:
             raise HTTPException(status_code=404, detail=f"run {run_id[:40]!r} has no result (unknown or not finished)")
         return Response(result, media_type="application/json")
 
     @router.get(WEB_PATH + "/api/runs/{run_id}/training")
-    async def get_training(run_id: str) -> TrainingView:
+    async def get_training(run_id: str, http: Request) -> TrainingView:
         """The run's training sequences, forks and coverage, as the viewer shows them (computed here, once)."""
-        result = await runs.result_json(run_id)
+        result = await runs.result_json(run_id, caller_of(http))
         if result is None:
             raise HTTPException(status_code=404, detail=f"run {run_id[:40]!r} has no result (unknown or not finished)")
         return await asyncio.to_thread(lambda: training_view(RolloutResult.model_validate_json(result)))

@@ -21,6 +21,7 @@ from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.viewer.rows import OPERATOR
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.answer import inline_result
@@ -47,7 +48,9 @@ class GatedRunner:
 
 def api_client(runs: Runs, runner: Runner) -> httpx.AsyncClient:
     app = FastAPI()
-    app.include_router(web_router(runs, runner))
+    app.include_router(
+        web_router(runs, lambda request, caller: runs.start(request, runner, caller), lambda _: OPERATOR)
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://web.test")
 
 

@@ -16,6 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.testing.chromium import chromium, save_screenshot
 from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.viewer.rows import OPERATOR
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import RolloutRequest, RolloutResult
 from server.runs import ResultsDir, Run, Runs, ServerOrigin
@@ -57,7 +58,7 @@ def web_url(tmp_path: Path) -> Iterator[tuple[str, Runs]]:
         raise AssertionError("nothing is started from this page")
 
     app = FastAPI()
-    app.include_router(web_router(runs, never))
+    app.include_router(web_router(runs, lambda request, caller: runs.start(request, never, caller), lambda _: OPERATOR))
     server = ThreadedServer(app)
     server.start()
     yield server.url, runs

@@ -93,7 +93,7 @@ async def test_without_a_token_only_this_machine_is_served_whatever_address_the_
 
     def client(address: str) -> httpx.AsyncClient:
         transport = httpx.ASGITransport(app=app, client=(address, 40000))
-        return httpx.AsyncClient(transport=transport, base_url="http://testserver")
+        return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
     async with client("203.0.113.7") as remote:
         assert (await remote.get("/health")).status_code == 200
@@ -112,7 +112,7 @@ async def test_without_a_token_only_this_machine_is_served_whatever_address_the_
     monkeypatch.setenv("OPENCODE_ENV_ALLOW_UNAUTHENTICATED", "1")
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app_for(token=""), client=("203.0.113.7", 40000)),
-        base_url="http://testserver",
+        base_url="http://localhost",
     ) as trusted:
         assert (await trusted.get("/metadata")).json()["access"] == "open"
 
@@ -184,7 +184,7 @@ async def test_a_route_added_to_the_built_app_comes_before_openenvs() -> None:
         return {"served": "here"}
 
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         assert (await client.get("/extra")).json() == {"served": "here"}
         assert (await client.get("/health")).json()["status"] == "healthy"
         assert (await client.get("/schema")).status_code == 200

@@ -26,7 +26,7 @@ class PreflightedBackend(CountingBackend):
 
 async def metadata(backend: SandboxBackend) -> dict[str, object]:
     transport = httpx.ASGITransport(app=app_for(backend, token=""), client=("127.0.0.1", 40000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         assert (await client.get("/health")).status_code == 200
         answer: dict[str, object] = (await client.get("/metadata")).json()
         return answer
@@ -50,7 +50,7 @@ async def test_a_backend_that_failed_its_preflight_answers_every_rollout_with_th
     transport = httpx.ASGITransport(app=app_for(backend, token=""), client=("127.0.0.1", 40000))
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
     call["params"] = {"name": "run_rollout", "arguments": {"instruction": "x", "task_id": "doomed"}}
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         answer = (await client.post("/mcp", json=call)).json()
     result = inline_result(answer["result"]["structured_content"])
     assert (result.status, result.failed_phase, result.error) == ("sandbox_error", "sandbox", NAMESPACES_PROBLEM)

@@ -1,7 +1,7 @@
 """A real rollout of 50k+ sampled tokens with top-5 alternatives reaches its caller whole: the official MCP Python
 SDK's streamable HTTP client at its defaults (an answer under 1 MiB, then the result by `resources/read` and by the
-linked route) and `OpenCodeEnv.run_rollout` (the whole result over /ws). Every sampled token's id and logprob, and
-every alternative, is what the scripted model sent, bit for bit.
+linked route) and `OpenCodeEnv.run_rollout` (its answer over /ws, the result by reference). Every sampled token's id
+and logprob, and every alternative, is what the scripted model sent, bit for bit.
 
 Everything is real: the server on loopback, the local backend, OpenCode, the capture proxy, the scripted model
 (two turns of ~26k tokens, 32 tokens per streamed chunk). Two rollouts, side by side, once for the module: one per

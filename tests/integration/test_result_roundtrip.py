@@ -9,6 +9,7 @@ JavaScript `JSON.parse`.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import math
 import shlex
@@ -30,7 +31,7 @@ from opencode_env.wire import CommandResult, PhaseTimings, RolloutResult, Rollou
 from opencode_env.wire.answer import ANSWER_LIST_MAX, RolloutAnswer
 from opencode_env.wire.grading import IntegrityFinding
 from server.result_store import ResultStore
-from server.tool_result import mcp_tool_result, session_tool_result, whole_result_data
+from server.tool_result import mcp_tool_result, session_tool_result
 
 WORKDIR = "/home/user/workdir"
 INF = float("inf")
@@ -69,8 +70,9 @@ def round_trip(result: RolloutResult) -> RolloutResult:
     summary = mcp_tool_result(result, store).content[0].text  # type: ignore[union-attr]
     assert f"status:     {result.status}" in summary
 
-    frame = json.dumps({"result": session_tool_result(whole_result_data(tool, store))}, allow_nan=False)
-    assert RolloutResult.model_validate(standard_json(frame)["result"]["data"]).model_dump_json() == text
+    frame = standard_json(json.dumps({"result": session_tool_result(tool)}, allow_nan=False))
+    by_reference = gzip.decompress(store.gzip_of(frame["result"]["data"]["result_ref"]["id"]) or b"")
+    assert RolloutResult.model_validate(standard_json(by_reference.decode())).model_dump_json() == text
     assert parsed.model_dump_json() == text
     return parsed
 

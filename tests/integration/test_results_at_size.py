@@ -1,6 +1,7 @@
 """A result of 50k+ sampled tokens with top-5 alternatives reaches every client whole, at the clients' defaults:
 the MCP SDK's streamable HTTP client and fastmcp's Client (answer + resources/read of its parts, or the linked
-route), OpenEnv's MCPToolClient (WebSocket and production JSON-RPC), OpenCodeEnv, plain HTTP (curl's way).
+route), OpenEnv's MCPToolClient (WebSocket and production JSON-RPC: the answer, then `fetch_result`), OpenCodeEnv,
+plain HTTP (curl's way).
 
 The servers, transports and clients are real; the rollout is a stand-in (`SizedRollouts`) that answers at once with
 a result of that size, so that these tests test the answer's path, not the agent."""
@@ -25,6 +26,7 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
+from opencode_env.client.by_reference import fetch_result
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutTurn
@@ -65,7 +67,7 @@ class SizedRollouts(Rollouts):
         super().__init__(StubBackend(command_s=0), 4)
         self.result = result
 
-    async def run(self, request: RolloutRequest, progress: Progress | None = None, *, record: Any = None) -> Any:
+    async def run(self, request: RolloutRequest, progress: Progress | None = None, **_: Any) -> Any:
         return self.result.model_copy(update={"task_id": request.task_id or "sized"})
 
 
@@ -148,7 +150,8 @@ async def test_fastmcp_at_its_defaults_gets_the_answer_then_the_whole_result(url
 
 async def test_openenv_clients_over_the_websocket_and_json_rpc_get_it_whole(url: str, expected: RolloutResult) -> None:
     async with MCPToolClient(base_url=url, message_timeout_s=120) as env:
-        assert_whole(await env.call_tool("run_rollout", **arguments()), expected)
+        over_ws = answer_of(await env.call_tool("run_rollout", **arguments()))
+    assert_whole(await fetch_result(url, over_ws), expected)
     production = MCPToolClient(base_url=url, message_timeout_s=120)
     production.use_production_mode = True
     async with production:

@@ -20,6 +20,7 @@ import pytest
 from fastmcp import Client
 from openenv.core.mcp_client import MCPToolClient
 
+from opencode_env.client.by_reference import fetch_result
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
@@ -89,7 +90,7 @@ async def test_openenv_client_lists_the_documented_tool_and_runs_it(stand_in: tu
         assert schema["properties"]["mode"]["enum"] == ["transparent_proxy", "black_box"]
         assert schema["properties"]["instruction"]["description"]
         data = await env.call_tool("run_rollout", **arguments(request))
-    assert_whole(RolloutResult.model_validate(data), "openenv_client")
+    assert_whole(await fetch_result(url, data), "openenv_client")
     assert request in rollouts.requests
 
 
@@ -194,7 +195,8 @@ async def longer_than_a_minute(server_url: str) -> LongCalls:
         async def real_through_mcp_tool_client() -> RolloutResult:
             real = demo_request(slow_model.base_url, verify=[], agent_timeout_s=180, task_id="real_slow")
             async with MCPToolClient(base_url=server_url, message_timeout_s=3600) as env:
-                return RolloutResult.model_validate(await env.call_tool("run_rollout", **arguments(real)))
+                answer = await env.call_tool("run_rollout", **arguments(real))
+            return await fetch_result(server_url, answer)
 
         async def through_opencode_env() -> RolloutResult:
             async with OpenCodeEnv(base_url=stand_in_url) as env:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from opencode_env.viewer.rows import OPERATOR
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import RolloutRequest, RolloutResult
 from server.runs import ResultsDir, Run, Runs, ServerOrigin
@@ -39,7 +40,7 @@ def client_of(runs: Runs) -> httpx.AsyncClient:
     async def never(request: RolloutRequest, run: Run) -> RolloutResult:
         raise AssertionError("nothing is started from this page")
 
-    app.include_router(web_router(runs, never))
+    app.include_router(web_router(runs, lambda request, caller: runs.start(request, never, caller), lambda _: OPERATOR))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://web.test")
 
 

@@ -1,5 +1,6 @@
 """`run_rollout` over OpenEnv's WebSocket is answered by the one tool through FastMCP's `call_tool`, not through an
-in-process MCP client: the observation must carry what the standard MCP answer carries, in the shape it had."""
+in-process MCP client: the observation carries the standard MCP answer once, in the shape OpenEnv's clients read,
+and the whole result by reference."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from fastmcp import Client
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from websockets.asyncio.client import connect
 
+from opencode_env.client.by_reference import fetch_result
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.wire import VERSION, RolloutResult
-from opencode_env.wire.answer import inline_result
+from opencode_env.wire import VERSION
+from opencode_env.wire.answer import RolloutAnswer, inline_result
 from server.environment import OpenCodeEnvironment
 from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
@@ -43,7 +45,7 @@ async def step(url: str, tool_name: str, arguments: dict[str, Any]) -> dict[str,
     return observation
 
 
-async def test_the_websocket_answer_carries_the_standard_mcp_answer_in_its_old_shape(server: StubServer) -> None:
+async def test_the_websocket_answer_carries_the_standard_mcp_answer_once(server: StubServer) -> None:
     observation = await step(server.url, "run_rollout", stub_arguments("same"))
     assert observation["error"] is None
     result = observation["result"]
@@ -52,11 +54,14 @@ async def test_the_websocket_answer_carries_the_standard_mcp_answer_in_its_old_s
     assert result["meta"] == {"io.modelcontextprotocol/serverInfo": {"name": "opencode_env", "version": VERSION}}
     [text] = result["content"]
     assert text["type"] == "text"
-    assert json.loads(text["text"]) == result["data"] == result["structured_content"]
+    answer = RolloutAnswer.model_validate(result["data"])
+    assert answer.result_ref is not None
+    assert f"GET {answer.result_ref.url}" in text["text"]
+    assert result["structured_content"] is None
     async with Client(f"{server.url}/mcp") as client:
         standard = await client.call_tool("run_rollout", stub_arguments("same"))
     assert standard.structured_content is not None
-    over_ws, over_mcp = RolloutResult.model_validate(result["data"]), inline_result(standard.structured_content)
+    over_ws, over_mcp = await fetch_result(server.url, answer), inline_result(standard.structured_content)
     assert over_ws.task_id == "same"
     assert over_ws.model_dump(exclude=PER_RUN) == over_mcp.model_dump(exclude=PER_RUN)
 
@@ -78,7 +83,7 @@ async def test_an_unknown_tool_over_the_websocket_is_named(server: StubServer) -
 async def test_a_call_past_the_servers_time_limit_says_so_and_closes_its_sandbox() -> None:
     backend = StubBackend(command_s=30)
     runtime = runtime_for(backend, max_rollouts=2)
-    environment = OpenCodeEnvironment(runtime.mcp, backend.name, runtime.results)
+    environment = OpenCodeEnvironment(runtime.mcp, backend.name)
     action = CallToolAction(tool_name="run_rollout", arguments=stub_arguments())
     observation = await environment.step_async(action, timeout_s=0.5)
     assert isinstance(observation, CallToolObservation)

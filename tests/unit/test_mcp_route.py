@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from server.mcp_endpoint import NEEDS_BODY, JsonAnswer, route
+from server.mcp_endpoint import MAX_INITIALIZE_BYTES, NEEDS_BODY, JsonAnswer, route
 
 SSE = {b"accept": b"application/json, text/event-stream"}
 PLAIN = {b"accept": b"application/json"}
@@ -54,3 +54,19 @@ def test_a_plain_call_with_invalid_arguments_is_answered_here_naming_the_field()
 
 def test_the_same_invalid_call_over_the_streamable_transport_is_left_to_it() -> None:
     assert route("POST", SSE, call("tools/call", {**VALID, "memory_mb": 1})) == "stateless"
+
+
+def test_a_request_that_would_open_a_session_is_refused_past_what_a_session_keeps() -> None:
+    big_client = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {"clientInfo": {"name": "x" * MAX_INITIALIZE_BYTES}},
+        }
+    ).encode()
+    answered = route("POST", SSE, big_client)
+    assert isinstance(answered, JsonAnswer)
+    assert answered.status == 413
+    assert str(MAX_INITIALIZE_BYTES) in json.loads(answered.body)["error"]["message"]
+    assert route("POST", SSE, call("tools/call", {**VALID, "instruction": "x" * MAX_INITIALIZE_BYTES})) == "stateless"
