@@ -86,6 +86,7 @@ from opencode_env.wire.shared import (
     NonFiniteName,
     WireFloat,
 )
+from opencode_env.wire.trace import Trace, parse_trace
 from opencode_env.wire.turn import (
     CallUsage,
     DeliveryRecord,
@@ -175,6 +176,7 @@ __all__ = [
     "ToolCallSummary",
     "ToolsRecord",
     "TopLogprob",
+    "Trace",
     "TurnKind",
     "TurnOutcome",
     "TurnRecord",
@@ -186,6 +188,7 @@ __all__ = [
     "compact_prompts",
     "is_infrastructure_failure",
     "loader_env_names",
+    "parse_trace",
     "request_problems",
     "result_summary",
     "tool_text",
