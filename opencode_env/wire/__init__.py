@@ -72,6 +72,7 @@ from opencode_env.wire.result import (
     result_summary,
     tool_text,
 )
+from opencode_env.wire.runner import Runner, RunnerCapabilities, SandboxPlace
 from opencode_env.wire.shared import (
     AGENT_ENV,
     OPENCODE_PACKAGE,
@@ -165,8 +166,11 @@ __all__ = [
     "RolloutResult",
     "RolloutStatus",
     "RolloutTurn",
+    "Runner",
+    "RunnerCapabilities",
     "Sampling",
     "SandboxPath",
+    "SandboxPlace",
     "SentToolSchema",
     "SetupAs",
     "TaskId",
