@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -26,7 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from opencode_env.cluster.capacity import SLOT_RESOURCE
 from opencode_env.cluster.faults import NodeFault, failed_on_cluster, marked_as_retry
-from opencode_env.cluster.node import NodeConfig, NodeReport, NodeRunner
+from opencode_env.cluster.node import LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG, NodeConfig, NodeReport, NodeRunner
 from opencode_env.wire import RolloutRequest, RolloutResult, RunnerCapabilities, total_budget_s
 
 log = logging.getLogger("opencode_env.cluster")
@@ -129,7 +130,7 @@ class RayRollouts:
         take in nodes that joined since)."""
         async with self._started:
             if not ray.is_initialized():
-                ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False)
+                ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False, **_lean(self.address))
             await self._add_new_nodes()
         if not self.slots:
             raise ClusterError(
@@ -324,6 +325,15 @@ class RayRollouts:
             if node.alive:
                 ray.kill(node.runner, no_restart=True)
         self._nodes.clear()
+
+
+def _lean(address: str | None) -> dict[str, Any]:
+    """A local cluster this driver starts itself (address None) runs without what rollouts never use."""
+    if address is not None:
+        return {}
+    for name, value in LEAN_RAY_ENV.items():
+        os.environ.setdefault(name, value)
+    return {"include_dashboard": False, "_system_config": dict(LEAN_SYSTEM_CONFIG)}
 
 
 def _bar(total: int) -> Any:

@@ -43,4 +43,3 @@ def test_an_eval_on_the_cluster_resumes_where_it_stopped(
     assert (out / "results/second/2.json").exists()
     assert (out / "results/first/1.json").read_text() == kept
     assert (out / "index.html").exists()
-
