@@ -15,8 +15,6 @@ PENDING_MOVE = frozenset(
     {
         # Process-starting tests in files that otherwise hold pure ones (several owned by other work in flight):
         # each is to move to tests/integration/, after which its line goes.
-        "tests/unit/test_backend_registry.py::test_a_server_on_an_unknown_backend_name_exits_naming_the_variable_and_the_known_names",
-        "tests/unit/test_backend_registry.py::test_uvicorn_serving_the_app_on_an_unknown_backend_name_says_why_on_every_route",
         "tests/unit/test_grader_env.py::test_the_scan_and_the_removal_keep_odd_names_exact",
         "tests/unit/test_grader_env.py::test_a_sitecustomize_in_the_work_dir_is_not_the_images",
         "tests/unit/test_grader_env.py::test_a_work_dir_module_shadows_nothing_but_stays_importable",
@@ -25,9 +23,6 @@ PENDING_MOVE = frozenset(
         "tests/unit/test_hostfs_hostile.py::test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors",
         "tests/unit/test_hostfs_hostile.py::test_a_wide_tree_is_listed_whole_with_a_few_descriptors",
         "tests/unit/test_steps_coverage.py::test_export_steps_through_the_cli",
-        "tests/unit/test_settings.py::test_the_cli_shows_sources_and_never_a_secret",
-        "tests/unit/test_settings.py::test_an_unknown_variable_is_warned_about_at_start_naming_the_closest",
-        "tests/unit/test_units.py::test_the_cli_says_its_version_and_opencodes",
     }
 )
 
