@@ -267,7 +267,7 @@ async def bench(args: argparse.Namespace) -> None:
         print_paired(figures, args.pairs)
         await driver.close()
         if args.tasks:
-            await tasks_section(driver, base, args)
+            await tasks_section(base, args)
         if args.scaling:
             await scaling_section(cluster, config, args)
         if args.image:
@@ -279,7 +279,7 @@ async def bench(args: argparse.Namespace) -> None:
     print(f"\nat end: {load_line()}")
 
 
-async def tasks_section(driver: RayRollouts, base: str, args: argparse.Namespace) -> None:
+async def tasks_section(base: str, args: argparse.Namespace) -> None:
     task_times: list[float] = []
     for run in range(args.pairs + 1):
         started = time.monotonic()
