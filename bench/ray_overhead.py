@@ -1,36 +1,49 @@
-"""What Ray adds to a rollout, and how rollouts/min grows from one simulated node to two, on this machine, in one run.
+"""What Ray adds to a rollout, in CPU-seconds and wall time, against the same rollout run locally, in one run.
 
-    RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 uv run --frozen --extra ray python -m bench.ray_overhead [--runs 6] [--batch 8]
+    RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 uv run --frozen --extra ray python -m bench.ray_overhead [--pairs 20]
 
-1. Per-rollout wall time (p50 of `--runs` sequential oracle rollouts, the caller's clock) three ways, interleaved:
-   a direct `run_rollout` on a local backend in this process; through the cluster's long-lived runner actor
-   (opencode_env.cluster, what the package uses); through one Ray task per rollout (a backend made in the task's
-   worker). Overhead = p50 minus the direct p50.
-2. Rollouts/min for a batch of `--batch` oracle rollouts on one node, then on two (a second node added to the same
-   simulated cluster); each node advertises --slots.
-3. A task image shipped through Ray's object store: `podman save` of the base image, `ray.put`, a task on another
-   node reading it, `podman load` (what a node without the image would do), against the image's size.
+A simulated one-node cluster (`ray.cluster_utils.Cluster`, started lean: node.py's LEAN_* switches; `--ray-defaults`
+starts it with Ray's own defaults instead). `--pairs` oracle rollouts each way, interleaved one by one (local, Ray,
+local, Ray...), after one warm-up of each:
+- local: `run_rollout` on a local backend in a plain Python process of its own (no Ray in it), its CPU (its own and
+  its waited-for children's: the sandboxes) read from /proc around each rollout;
+- Ray: the same request through `RayRollouts` to the node's long-lived runner; CPU split three ways, read around each
+  rollout: the runner actor (its process and its sandboxes), the driver (this process), and Ray's own processes
+  (every other descendant of this process: GCS, raylet, agents, idle workers).
+Printed: per-rollout means with 95% bootstrap confidence intervals, the paired difference, the wall-time ratio, what
+Ray's own processes cost while idle (per second, during the local rollouts) and hold (RSS), and the fixed costs (the
+cluster's start, a driver's start: connect, place and prepare a runner per node) that a driver pays once, not per
+eval. `--tasks`, `--scaling` and `--image` add the older sections (one Ray task per rollout; one node against two;
+an image through the object store): on one machine two "nodes" share its cores, so `--scaling` cannot show a
+cluster's gain.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.cluster_utils import Cluster
 
+from bench.stats import mean_ci
 from opencode_env.cluster import SLOT_RESOURCE, NodeConfig, RayRollouts
+from opencode_env.cluster.node import LEAN_NODE_ARGS, LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.local.images import BASE_IMAGE
 from opencode_env.wire import RolloutRequest, RolloutResult
+
+TICK = os.sysconf("SC_CLK_TCK")
 
 WORKDIR = "/home/user/workdir"
 
@@ -58,36 +71,217 @@ def rollout_in_task(request_json: str, base_dir: str) -> tuple[str, int, int]:
     return result.model_dump_json(), os.getpid(), rss
 
 
-def add_node(cluster: Cluster, slots: int, *, head: bool = False) -> None:
-    args = {"num_cpus": 1, "resources": {SLOT_RESOURCE: slots}, "object_store_memory": 300 * 2**20}
-    if head:
-        args["include_dashboard"] = False
+def add_node(cluster: Cluster, slots: int, *, head: bool = False, lean: bool = True) -> None:
+    args: dict[str, Any] = {"num_cpus": 1, "resources": {SLOT_RESOURCE: slots}, "object_store_memory": 300 * 2**20}
+    if lean:
+        args.update(LEAN_NODE_ARGS)
+        if head:
+            args["_system_config"] = dict(LEAN_SYSTEM_CONFIG)
     cluster.add_node(**args)
 
 
-def check(result: RolloutResult) -> None:
-    if (result.status, result.reward) != ("completed", 1.0):
-        raise SystemExit(f"a bench rollout failed: {result.status} {result.error}")
+def cpu_s(pid: int, *, children: bool) -> float:
+    """A process's CPU seconds from /proc (user + system, and its waited-for children's with `children`)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / TICK
 
 
-async def per_rollout(driver: RayRollouts, base: str, runs: int) -> dict[str, list[float]]:
+def descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def rss_mib(pids: set[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 2**20
+
+
+class RayProcesses:
+    """Ray's own processes: every descendant of this process but the runner's tree and the local worker's."""
+
+    def __init__(self, excluded: set[int]) -> None:
+        self.excluded = excluded
+
+    def pids(self) -> set[int]:
+        mine = descendants(os.getpid())
+        skip = set(self.excluded)
+        for pid in self.excluded:
+            skip |= descendants(pid)
+        return mine - skip
+
+    def cpu_s(self) -> float:
+        return sum(cpu_s(pid, children=False) for pid in self.pids())
+
+
+class LocalWorker:
+    """The local path in a plain Python process of its own (no Ray in it): `python -m bench.ray_overhead --local`."""
+
+    def __init__(self, base: str) -> None:
+        command = [sys.executable, "-m", "bench.ray_overhead", "--local-worker", base]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, request: RolloutRequest) -> tuple[RolloutResult, float, float]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(request.model_dump_json() + "\n")
+        self.process.stdin.flush()
+        answer = json.loads(self.process.stdout.readline())
+        return RolloutResult.model_validate_json(answer["result"]), answer["wall_s"], answer["cpu_s"]
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def local_worker(base: str) -> None:
+    """Each request line: the rollout, run here; its result, wall time and CPU (this process and its sandboxes)."""
     backend = make_backend("local")
-    times: dict[str, list[float]] = {"direct (this process)": [], "ray actor (opencode_env.cluster)": []}
+
+    async def serve() -> None:
+        for line in sys.stdin:
+            before, started = cpu_s(os.getpid(), children=True), time.monotonic()
+            result = await run_rollout(RolloutRequest.model_validate_json(line), backend)
+            wall_s = time.monotonic() - started
+            spent = cpu_s(os.getpid(), children=True) - before
+            print(json.dumps({"result": result.model_dump_json(), "wall_s": wall_s, "cpu_s": spent}), flush=True)
+
+    asyncio.run(serve())
+
+
+def load_line() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
+
+
+async def paired(driver: RayRollouts, local: LocalWorker, pairs: int) -> dict[str, list[float]]:
+    """`pairs` rollouts each way, interleaved, after a warm-up of each; every figure per rollout."""
+    [report] = await driver.nodes()
+    runner = report.pid
+    ray_processes = RayProcesses({runner, local.process.pid})
+    figures: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "local wall s",
+            "local cpu s",
+            "ray wall s",
+            "ray runner cpu s",
+            "ray driver cpu s",
+            "ray own processes cpu s",
+            "ray idle cpu s per s",
+        )
+    }
+    for index in range(pairs + 1):
+        idle_before, idle_started = ray_processes.cpu_s(), time.monotonic()
+        result, wall_s, spent = await asyncio.to_thread(local.run, oracle(f"local-{index}"))
+        idle_rate = (ray_processes.cpu_s() - idle_before) / (time.monotonic() - idle_started)
+        check(result)
+        runner_before, driver_before = cpu_s(runner, children=True), cpu_s(os.getpid(), children=False)
+        own_before, started = ray_processes.cpu_s(), time.monotonic()
+        check(await driver.run_rollout(oracle(f"ray-{index}")))
+        ray_wall_s = time.monotonic() - started
+        row = {
+            "local wall s": wall_s,
+            "local cpu s": spent,
+            "ray wall s": ray_wall_s,
+            "ray runner cpu s": cpu_s(runner, children=True) - runner_before,
+            "ray driver cpu s": cpu_s(os.getpid(), children=False) - driver_before,
+            "ray own processes cpu s": ray_processes.cpu_s() - own_before,
+            "ray idle cpu s per s": idle_rate,
+        }
+        if index:  # the first of each warms caches (imports, the node's image, the runner's first rollout)
+            for name, value in row.items():
+                figures[name].append(value)
+    return figures
+
+
+def print_paired(figures: dict[str, list[float]], pairs: int) -> None:
+    ray_cpu = [
+        sum(values)
+        for values in zip(
+            figures["ray runner cpu s"], figures["ray driver cpu s"], figures["ray own processes cpu s"], strict=True
+        )
+    ]
+    added_cpu = [r - local for r, local in zip(ray_cpu, figures["local cpu s"], strict=True)]
+    added_wall = [r - local for r, local in zip(figures["ray wall s"], figures["local wall s"], strict=True)]
+    print(f"\nper rollout, {pairs} interleaved pairs of oracle rollouts (mean [95% bootstrap CI])")
+    rows = [
+        ("local: CPU s (process + sandboxes)", figures["local cpu s"]),
+        ("ray: CPU s, all", ray_cpu),
+        ("  runner actor (process + sandboxes)", figures["ray runner cpu s"]),
+        ("  driver (this process)", figures["ray driver cpu s"]),
+        ("  Ray's own processes", figures["ray own processes cpu s"]),
+        ("ray - local: CPU s", added_cpu),
+        ("local: wall s", figures["local wall s"]),
+        ("ray: wall s", figures["ray wall s"]),
+        ("ray - local: wall s", added_wall),
+        ("Ray's own processes idle, CPU s per s", figures["ray idle cpu s per s"]),
+    ]
+    for name, values in rows:
+        print(f"{name:40} {mean_ci(values)}")
+    ratio = statistics.mean(figures["ray wall s"]) / statistics.mean(figures["local wall s"])
+    print(f"{'ray / local: wall':40} {ratio:.3f}")
+
+
+async def bench(args: argparse.Namespace) -> None:
+    base = tempfile.mkdtemp(prefix="ray-bench-")
+    lean = not args.ray_defaults
+    if lean:
+        os.environ.update(LEAN_RAY_ENV)
+    print(f"at start: {load_line()}")
+    started = time.monotonic()
+    cluster = Cluster(initialize_head=False)
+    add_node(cluster, args.slots, head=True, lean=lean)
+    ray.init(address=cluster.address, log_to_driver=False)
+    print(f"a one-node cluster ({'lean' if lean else 'Ray defaults'}) up in {time.monotonic() - started:.1f} s")
+    local = LocalWorker(base)
+    try:
+        config = NodeConfig(base_dir=base)
+        driver = RayRollouts(cluster.address, node_config=config)
+        started = time.monotonic()
+        await driver.start()
+        print(f"a driver's start (connect, place and prepare the runner): {time.monotonic() - started:.1f} s, once")
+        ray_pids = RayProcesses({local.process.pid}).pids()
+        print(f"Ray's processes hold {rss_mib(ray_pids):.0f} MiB RSS ({len(ray_pids)} processes, the runner included)")
+        figures = await paired(driver, local, args.pairs)
+        print_paired(figures, args.pairs)
+        await driver.close()
+        if args.tasks:
+            await tasks_section(base, args)
+        if args.scaling:
+            await scaling_section(cluster, config, args)
+        if args.image:
+            print(f"\nthe base image through Ray's object store: {image_shipping()}")
+    finally:
+        local.close()
+        ray.shutdown()
+        cluster.shutdown()
+    print(f"\nat end: {load_line()}")
+
+
+async def tasks_section(base: str, args: argparse.Namespace) -> None:
     task_times: list[float] = []
-    for run in range(runs + 1):
-        started = time.monotonic()
-        direct = await run_rollout(oracle(f"direct-{run}"), backend)
-        direct_s = time.monotonic() - started
-        started = time.monotonic()
-        through_actor = await driver.run_rollout(oracle(f"actor-{run}"))
-        actor_s = time.monotonic() - started
-        check(direct)
-        check(through_actor)
-        if run:  # the first of each warms caches (the worker's imports, the node's setup)
-            times["direct (this process)"].append(direct_s)
-            times["ray actor (opencode_env.cluster)"].append(actor_s)
-    await driver.close()
-    for run in range(runs + 1):
+    for run in range(args.pairs + 1):
         started = time.monotonic()
         answer, _, _ = await rollout_in_task.options(resources={SLOT_RESOURCE: 1}).remote(
             oracle(f"task-{run}").model_dump_json(), base
@@ -95,8 +289,28 @@ async def per_rollout(driver: RayRollouts, base: str, runs: int) -> dict[str, li
         check(RolloutResult.model_validate_json(answer))
         if run:
             task_times.append(time.monotonic() - started)
-    times["ray task (a backend per task)"] = task_times
-    return times
+    print(f"\none Ray task per rollout (a backend made per task): wall s {mean_ci(task_times)}")
+    workers, rss = await task_processes(base, args.slots)
+    print(f"{args.slots} rollouts at once as tasks: {workers} worker processes, mean RSS {rss:.0f} MiB each")
+
+
+async def scaling_section(cluster: Cluster, config: NodeConfig, args: argparse.Namespace) -> None:
+    one = RayRollouts(cluster.address, node_config=config)
+    await one.start()
+    await throughput(one, args.slots)  # warm-up
+    one_node = await throughput(one, args.batch)
+    add_node(cluster, args.slots, lean=not args.ray_defaults)
+    await one.start()
+    await throughput(one, args.slots)
+    two_nodes = await throughput(one, args.batch)
+    await one.close()
+    print(f"\nrollouts/min, a batch of {args.batch}, {args.slots} slots per node, both nodes on this machine's cores")
+    print(f"1 node: {one_node:6.1f}\n2 nodes: {two_nodes:5.1f}   ratio {two_nodes / one_node:.2f}")
+
+
+def check(result: RolloutResult) -> None:
+    if (result.status, result.reward) != ("completed", 1.0):
+        raise SystemExit(f"a bench rollout failed: {result.status} {result.error}")
 
 
 async def throughput(driver: RayRollouts, batch: int) -> float:
@@ -148,51 +362,19 @@ def _size_of(data: bytes) -> int:
     return len(data)
 
 
-async def bench(runs: int, batch: int, slots: int) -> None:
-    base = tempfile.mkdtemp(prefix="ray-bench-")
-    started = time.monotonic()
-    cluster = Cluster(initialize_head=False)
-    add_node(cluster, slots, head=True)
-    ray.init(address=cluster.address, log_to_driver=False)
-    print(f"cluster of one node up in {time.monotonic() - started:.1f} s")
-    try:
-        config = NodeConfig(base_dir=base)
-        driver = RayRollouts(cluster.address, node_config=config)
-        await driver.start()
-        times = await per_rollout(driver, base, runs)
-        direct = statistics.median(times["direct (this process)"])
-        print(f"\nper-rollout wall time, p50 of {runs} sequential oracle rollouts (caller's clock)")
-        print(f"{'path':36} {'p50 s':>7} {'overhead s':>11} {'ratio':>6}")
-        for name, values in times.items():
-            p50 = statistics.median(values)
-            print(f"{name:36} {p50:7.3f} {p50 - direct:11.3f} {p50 / direct:6.2f}")
-        workers, rss = await task_processes(base, slots)
-        print(f"\n{slots} rollouts at once as tasks: {workers} worker processes, mean RSS {rss:.0f} MiB each")
-        one = RayRollouts(cluster.address, node_config=config)
-        await one.start()
-        await throughput(one, slots)  # warm-up
-        one_node = await throughput(one, batch)
-        add_node(cluster, slots)
-        await one.start()
-        await throughput(one, slots)
-        two_nodes = await throughput(one, batch)
-        await one.close()
-        print(f"\nrollouts/min, a batch of {batch} oracle rollouts, {slots} slots per node, {os.cpu_count()} cores")
-        print(f"1 node: {one_node:6.1f}\n2 nodes: {two_nodes:5.1f}   ratio {two_nodes / one_node:.2f}")
-        shipping = image_shipping()
-        print(f"\nthe base image through Ray's object store: {shipping}")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
 def main() -> None:
+    if sys.argv[1:2] == ["--local-worker"]:
+        local_worker(sys.argv[2])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=20, help="interleaved rollouts each way (default 20)")
     parser.add_argument("--slots", type=int, default=2)
-    args = parser.parse_args()
-    asyncio.run(bench(args.runs, args.batch, args.slots))
+    parser.add_argument("--ray-defaults", action="store_true", help="start the cluster with Ray's own defaults")
+    parser.add_argument("--tasks", action="store_true", help="add: one Ray task per rollout")
+    parser.add_argument("--scaling", action="store_true", help="add: one node against two (one machine's cores)")
+    parser.add_argument("--batch", type=int, default=8, help="--scaling's batch")
+    parser.add_argument("--image", action="store_true", help="add: the base image through the object store")
+    asyncio.run(bench(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""One GRPO group: 8 rollouts of one task on a running server, then rewards, training sequences and forks.
+"""One GRPO group: 8 rollouts of one task on a runner, then rewards, training sequences and forks.
 
     opencode-env serve &
     python examples/grpo_group.py --base-url http://GPU-HOST:8000/v1 --model Qwen/Qwen3-8B
     python examples/grpo_group.py --scripted       # the built-in scripted model; its first reply "thinks", and
                                                    # its chat template drops earlier reasoning, like Qwen3's
+    python examples/grpo_group.py --scripted --in-process   # no server: the local backend in this process
+    python examples/grpo_group.py --ray auto ...   # on a Ray cluster (the ray extra; docs/cluster.md)
+
+The group runs on a runner (a server, this process or a Ray cluster): the same call on each.
 
 Prints one line per rollout and the shape of the TRL batch the group makes (see opencode_env/formats.py).
 """
@@ -17,12 +21,13 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from opencode_env import OpenCodeEnv, RolloutRequest, RolloutResult
+from opencode_env import InProcess, OpenCodeEnv, RolloutRequest, RolloutResult
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.formats import rollout_reward, trl_batch
 from opencode_env.training.sequences import training_sequences, training_summary
+from opencode_env.wire import Runner
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 
@@ -58,16 +63,34 @@ def describe(index: int, result: RolloutResult) -> str:
     )
 
 
-async def run_group(server: str, request: RolloutRequest, size: int) -> list[RolloutResult]:
+async def open_runner(args: argparse.Namespace) -> Runner:
+    if args.ray:
+        from opencode_env.cluster import RayRollouts
+
+        cluster = RayRollouts(args.ray)
+        await cluster.start()
+        return cluster
+    if args.in_process:
+        return InProcess()
     # Connecting first fails at once, saying what to start, when no server listens there.
-    async with OpenCodeEnv(base_url=server) as env:
-        results: list[RolloutResult] = await env.run_rollouts([request] * size, max_concurrency=4, progress=False)
-    return results
+    async with OpenCodeEnv(base_url=args.server):
+        pass
+    return OpenCodeEnv(base_url=args.server)
+
+
+async def run_group(args: argparse.Namespace, request: RolloutRequest) -> list[RolloutResult]:
+    runner = await open_runner(args)
+    try:
+        return await runner.run_rollouts([request] * args.size, max_concurrency=4, progress=False)
+    finally:
+        await runner.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default="http://localhost:8000")
+    parser.add_argument("--in-process", action="store_true", help="run on the local backend in this process")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS", help="run on this Ray cluster ('auto')")
     parser.add_argument("--base-url", default="")
     parser.add_argument("--model", default="")
     parser.add_argument("--api-key-env", default="", metavar="VAR")
@@ -87,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             task_id="grpo_add",
         )
         try:
-            results = asyncio.run(run_group(args.server, request, args.size))
+            results = asyncio.run(run_group(args, request))
         except ConnectionError as error:
             print(f"grpo_group: {error}", file=sys.stderr)
             return 2

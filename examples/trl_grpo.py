@@ -28,7 +28,8 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
-from opencode_env.evals.trl_rollout import InProcess, make_rollout_func
+from opencode_env.evals.trl_rollout import make_rollout_func
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.testing.chat_template import EOS, SPECIAL_IDS

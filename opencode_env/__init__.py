@@ -6,12 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opencode_env.client.client import OpenCodeEnv
+    from opencode_env.rollout.in_process import InProcess
     from opencode_env.rollout.pipeline import run_rollout
     from opencode_env.wire import VERSION as __version__
     from opencode_env.wire import CommandResult, RolloutRequest, RolloutResult, RolloutTurn
 
 __all__ = [
     "CommandResult",
+    "InProcess",
     "OpenCodeEnv",
     "RolloutRequest",
     "RolloutResult",
@@ -40,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from opencode_env.client.client import OpenCodeEnv
 
         return OpenCodeEnv
+    if name == "InProcess":
+        from opencode_env.rollout.in_process import InProcess
+
+        return InProcess
     if name == "run_rollout":
         from opencode_env.rollout.pipeline import run_rollout
 

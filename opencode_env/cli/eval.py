@@ -11,13 +11,14 @@ from typing import Any
 
 from opencode_env.cli.endings import Ending, run_until_signalled, say
 from opencode_env.cli.support import announce_image_work, image_progress_to_stderr
+from opencode_env.client.client import OpenCodeEnv
 from opencode_env.evals.inputs import load_each, with_model
 from opencode_env.evals.runner import EvalError, run_eval
 from opencode_env.evals.summary import EvalSummary
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox import EMBEDDED, backend_names, make_backend
-from opencode_env.wire import RolloutRequest
+from opencode_env.wire import RolloutRequest, Runner
 
-SERVER_CONCURRENCY = 4
 EVAL_DESCRIPTION = """Run every task k times (at most --concurrency rollouts at once) in this process or on an
 opencode-env server (--server; its token from OPENCODE_ENV_TOKEN), and write into DIR:
   eval.json                  the run's configuration (a rerun with another k or model is refused without --force)
@@ -55,46 +56,49 @@ def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None,
     say(f"opencode-env eval: {len(loaded.tasks)} task(s) to run, {len(loaded.broken)} broken")
     key = _api_key(args.api_key_env)
     tasks = with_model(loaded.tasks, endpoint=args.endpoint, base_url=args.base_url, model=args.model, api_key=key)
+    return run_until_signalled(_on_runner(args, tasks), ending), loaded.broken
+
+
+async def _on_runner(args: argparse.Namespace, tasks: list[RolloutRequest]) -> EvalSummary:
+    runner = await _open_runner(args)
+    try:
+        return await run_eval(
+            tasks,
+            out=args.out,
+            k=args.k,
+            runner=runner,
+            concurrency=args.concurrency,
+            threshold=args.pass_threshold,
+            retry_infra=args.retry_infra,
+            force=args.force,
+            inputs=[str(path) for path in args.inputs],
+        )
+    finally:
+        await runner.close()
+
+
+async def _open_runner(args: argparse.Namespace) -> Runner:
+    """Where the eval runs, checked before any attempt: the Ray cluster at --ray (the opencode-env[ray] extra; each
+    node's slots at once by default), the server at --server, or a backend in this process."""
     if args.ray:
-        return run_until_signalled(_on_ray(args, tasks), ending), loaded.broken
-    backend = None if args.server else announce_image_work(make_backend(args.backend or EMBEDDED))
-    concurrency = args.concurrency or (backend.capabilities.default_concurrency if backend else SERVER_CONCURRENCY)
-    coroutine = run_eval(
-        tasks,
-        out=args.out,
-        k=args.k,
-        concurrency=concurrency,
-        backend=backend,
-        server=args.server,
-        threshold=args.pass_threshold,
-        retry_infra=args.retry_infra,
-        force=args.force,
-        inputs=[str(path) for path in args.inputs],
-    )
-    return run_until_signalled(coroutine, ending), loaded.broken
-
-
-async def _on_ray(args: argparse.Namespace, tasks: list[RolloutRequest]) -> EvalSummary:
-    """The eval on the Ray cluster at --ray (the opencode-env[ray] extra), each node's slots at once by default."""
-    try:
-        from opencode_env.cluster import ClusterError, RayRollouts
-    except ImportError as error:
-        raise EvalError(f"--ray needs the ray extra: pip install 'opencode-env[ray]' ({error})") from error
-    try:
-        async with RayRollouts(args.ray) as cluster:
-            return await run_eval(
-                tasks,
-                out=args.out,
-                k=args.k,
-                concurrency=args.concurrency or cluster.slots,
-                executor=cluster,
-                threshold=args.pass_threshold,
-                retry_infra=args.retry_infra,
-                force=args.force,
-                inputs=[str(path) for path in args.inputs],
-            )
-    except ClusterError as error:
-        raise EvalError(str(error)) from error
+        try:
+            from opencode_env.cluster import ClusterError, RayRollouts
+        except ImportError as error:
+            raise EvalError(f"--ray needs the ray extra: pip install 'opencode-env[ray]' ({error})") from error
+        cluster = RayRollouts(args.ray)
+        try:
+            await cluster.start()
+        except ClusterError as error:
+            raise EvalError(str(error)) from error
+        return cluster
+    if args.server:
+        try:
+            async with OpenCodeEnv(args.server):
+                pass
+        except ConnectionError as error:
+            raise EvalError(f"cannot open a session on the server {args.server}: {error}") from error
+        return OpenCodeEnv(args.server)
+    return InProcess(announce_image_work(make_backend(args.backend or EMBEDDED)))
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -20,14 +20,15 @@ from opencode_env.cli.support import (
     progress_to_stderr,
     summarize,
 )
+from opencode_env.rollout.endpoints import SCRIPTED
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.scripted import SCRIPTED, solving_script
 from opencode_env.sandbox import (
     EMBEDDED,
     backend_names,
     make_backend,
 )
 from opencode_env.settings import settings_or_exit
+from opencode_env.testing.builtin import solving_script
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
@@ -97,7 +98,7 @@ def _script_file(value: str) -> Script:
 
 def _script_for(args: argparse.Namespace) -> Script | None:
     """The script of a `--model scripted` run that plays one: --script FILE, else a task dir's solve.sh; None: the
-    built-in scripted model (model "scripted" with no base URL, see rollout/scripted.py)."""
+    built-in scripted model (model "scripted" with no base URL, see testing/builtin.py)."""
     if args.model != SCRIPTED or args.base_url or args.endpoint:
         if args.script is not None:
             raise RunArgumentError("--script plays a script as the model: give it with --model scripted alone")

@@ -12,6 +12,11 @@ Three forms work, each against a real server:
     with OpenCodeEnv(base_url=url) as env:              # notebook form, also inside a running event loop
         result = env.run_rollout(...)
 
+It is a runner (wire/runner.py, beside `InProcess` and the cluster's `RayRollouts`): an eval, TRL's rollout_func and
+the examples take it as they take the others. A client never entered (`async with`) runs each `run_rollout` in a
+session of its own, so that calls run at once and a server restarting mid-run fails only the calls it cut; an entered
+one runs its calls on its session, one at a time.
+
 Each call's wait follows its own budget (the rollout's deadline plus a margin larger than the server's), so the
 client never gives up before the server does.
 """
@@ -28,9 +33,10 @@ from opencode_env.client.by_reference import ResultFetchError, answer_of, fetch_
 from opencode_env.client.sync_view import SyncView
 from opencode_env.client.ws_session import OpenEnvSession, ServerError, Tool
 from opencode_env.settings import variable
-from opencode_env.wire import TOOL_NAME, RolloutRequest, RolloutResult, total_budget_s
+from opencode_env.wire import TOOL_NAME, RolloutRequest, RolloutResult, RunnerCapabilities, total_budget_s
 
 CLIENT_MARGIN_S = 120.0
+DEFAULT_CONCURRENCY = 4
 DEFAULT_MESSAGE_TIMEOUT_S = 3600.0
 __all__ = ["OpenCodeEnv", "ResultFetchError", "RolloutAnswerError", "ServerError", "Tool"]
 
@@ -86,12 +92,24 @@ class OpenCodeEnv(OpenEnvSession):
         await self.connect()
         return self
 
-    async def run_rollout(self, request: RolloutRequest | None = None, **fields: Any) -> RolloutResult:
-        """Run one rollout on the server. Pass a RolloutRequest or its fields as keyword arguments."""
+    @property
+    def capabilities(self) -> RunnerCapabilities:
+        return RunnerCapabilities(
+            max_concurrency=DEFAULT_CONCURRENCY, sandboxes="server", where=f"server {self.base_url}"
+        )
+
+    async def run_rollout(
+        self, request: RolloutRequest | None = None, *, partial: RolloutResult | None = None, **fields: Any
+    ) -> RolloutResult:
+        """Run one rollout on the server. Pass a RolloutRequest or its fields as keyword arguments. `partial` is
+        the runner seam's (the server keeps what a cancelled call captured: it is left as given)."""
         if request is None:
             request = RolloutRequest.model_validate(fields)
         elif fields:
             raise TypeError("pass either a RolloutRequest or keyword fields, not both")
+        if self._ws is None:
+            async with OpenCodeEnv(self.base_url, **self._client_options) as session:
+                return await session.run_rollout(request)
         previous = self._message_timeout
         self._message_timeout = max(previous, client_timeout_s(request))
         try:
@@ -104,12 +122,14 @@ class OpenCodeEnv(OpenEnvSession):
         return await fetch_result(self.base_url, answer, token=self._token, connect_timeout_s=self._connect_timeout)
 
     async def run_rollouts(
-        self, requests: Sequence[RolloutRequest], *, max_concurrency: int = 4, progress: bool = True
+        self, requests: Sequence[RolloutRequest], *, max_concurrency: int | None = None, progress: bool = True
     ) -> list[RolloutResult]:
-        """Run many rollouts (a GRPO group) over up to `max_concurrency` sessions; results come back in order.
+        """Run many rollouts (a GRPO group) over up to `max_concurrency` sessions (None: 4); results come back in
+        order.
 
         A rollout that fails, or whose session fails, gets its own result with the error; the others go on.
         """
+        max_concurrency = DEFAULT_CONCURRENCY if max_concurrency is None else max_concurrency
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
         results: list[RolloutResult | None] = [None] * len(requests)

@@ -1,5 +1,5 @@
-"""The driver: rollouts on a Ray cluster with the shape of the client's `run_rollouts`, so a trainer swaps the
-executor, not its code.
+"""The driver: rollouts on a Ray cluster, a runner (wire/runner.py) like the client and `InProcess`, so a trainer
+swaps the runner, not its code.
 
     async with RayRollouts("auto") as cluster:               # was: async with OpenCodeEnv(base_url=url) as env:
         results = await cluster.run_rollouts(group)           # same call, same list of results in request order
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -26,8 +27,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from opencode_env.cluster.capacity import SLOT_RESOURCE
 from opencode_env.cluster.faults import NodeFault, failed_on_cluster, marked_as_retry
-from opencode_env.cluster.node import NodeConfig, NodeReport, NodeRunner
-from opencode_env.wire import RolloutRequest, RolloutResult, total_budget_s
+from opencode_env.cluster.node import LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG, NodeConfig, NodeReport, NodeRunner
+from opencode_env.wire import RolloutRequest, RolloutResult, RunnerCapabilities, total_budget_s
 
 log = logging.getLogger("opencode_env.cluster")
 DRIVER_MARGIN_S = 120.0
@@ -83,8 +84,9 @@ class RayRollouts:
         self._config = node_config or NodeConfig()
         self._prepare_timeout_s = prepare_timeout_s
         self._nodes: dict[str, _Node] = {}
-        self._turn = asyncio.Condition()
-        self._started = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._turn_condition = asyncio.Condition()
+        self._start_lock = asyncio.Lock()
         self._images: set[str] = set()
 
     async def __aenter__(self) -> RayRollouts:
@@ -95,20 +97,40 @@ class RayRollouts:
         await self.close()
 
     @property
+    def _turn(self) -> asyncio.Condition:
+        self._follow_the_loop()
+        return self._turn_condition
+
+    @property
+    def _started(self) -> asyncio.Lock:
+        self._follow_the_loop()
+        return self._start_lock
+
+    def _follow_the_loop(self) -> None:
+        """One driver serves many event loops in turn (a sync `rollout_func` or `run_eval_sync` runs each call in a
+        loop of its own): its lock and condition are the current loop's. No rollout of it is in flight between."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._turn_condition, self._start_lock = loop, asyncio.Condition(), asyncio.Lock()
+
+    @property
     def slots(self) -> int:
         """Rollouts the live nodes run at once."""
         return sum(node.slots for node in self._nodes.values() if node.alive)
 
-    def describe(self) -> str:
+    @property
+    def capabilities(self) -> RunnerCapabilities:
+        """The live nodes' slots once started (`start`, `async with`, or the first rollout); 1 before."""
         live = [node for node in self._nodes.values() if node.alive]
-        return f"ray cluster {self.address or '(local)'}: {len(live)} nodes, {self.slots} slots"
+        where = f"ray cluster {self.address or '(local)'}: {len(live)} nodes, {self.slots} slots"
+        return RunnerCapabilities(max_concurrency=max(self.slots, 1), sandboxes="cluster", where=where)
 
     async def start(self) -> None:
         """Connect, and put a prepared runner on every node advertising slots that has none yet (call it again to
         take in nodes that joined since)."""
         async with self._started:
             if not ray.is_initialized():
-                ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False)
+                ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False, **_lean(self.address))
             await self._add_new_nodes()
         if not self.slots:
             raise ClusterError(
@@ -182,8 +204,11 @@ class RayRollouts:
                 node.free += 1
             self._turn.notify_all()
 
-    async def run_rollout(self, request: RolloutRequest, *, retries: int | None = None) -> RolloutResult:
-        """One rollout on the cluster; never raises for a node's failure (see the module doc)."""
+    async def run_rollout(
+        self, request: RolloutRequest, *, partial: RolloutResult | None = None, retries: int | None = None
+    ) -> RolloutResult:
+        """One rollout on the cluster; never raises for a node's failure (see the module doc). `partial` is left as
+        given: what a cancelled rollout captured stays on its node."""
         if not self._nodes:
             await self.start()
         allowed = self.retries if retries is None else retries
@@ -300,6 +325,15 @@ class RayRollouts:
             if node.alive:
                 ray.kill(node.runner, no_restart=True)
         self._nodes.clear()
+
+
+def _lean(address: str | None) -> dict[str, Any]:
+    """A local cluster this driver starts itself (address None) runs without what rollouts never use."""
+    if address is not None:
+        return {}
+    for name, value in LEAN_RAY_ENV.items():
+        os.environ.setdefault(name, value)
+    return {"include_dashboard": False, "_system_config": dict(LEAN_SYSTEM_CONFIG)}
 
 
 def _bar(total: int) -> Any:

@@ -31,6 +31,17 @@ from opencode_env.wire import RolloutRequest
 
 log = logging.getLogger("opencode_env.cluster")
 
+LEAN_RAY_START_FLAGS = ("--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats")
+"""What `ray start` runs by default that rollouts never use, turned off on every node (docs/cluster.md): the
+dashboard (head), the log monitor (it ships workers' logs to drivers; ours start with log_to_driver=False) and
+usage statistics. Measured in bench/ray_overhead.py."""
+LEAN_RAY_ENV = {"RAY_enable_metrics_collection": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+"""The same for what only the environment turns off: the metrics every Ray process collects and exports."""
+LEAN_NODE_ARGS = {"include_dashboard": False, "include_log_monitor": False}
+"""The flags above as `ray.cluster_utils.Cluster.add_node` takes them (a simulated cluster: the tests, the bench)."""
+LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+"""The metrics switch as a head node's `_system_config` (a local or simulated cluster started from Python)."""
+
 
 class NodeConfig(BaseModel):
     """What the operator sets for every node's runner, through the driver (the rest is each node's environment)."""
@@ -52,6 +63,11 @@ class NodeReport(BaseModel):
     opencode: str
     images: dict[str, str] = Field(default_factory=dict, description="Each image prepared: its id, or why not.")
     reaped: list[str] = Field(default_factory=list, description="Leftover trees this runner reaped, oldest first.")
+    cpu_s: float = Field(
+        0.0,
+        description="CPU seconds of this runner's process and of the children it waited for (the rollouts' "
+        "sandboxes), since it started: a node's rollout work, apart from Ray's own processes.",
+    )
 
 
 def set_process_nice(nice: int) -> None:
@@ -136,6 +152,8 @@ class NodeRunner:
     def report(self) -> NodeReport:
         self._report.nice = os.getpriority(os.PRIO_PROCESS, 0)
         self._report.images = dict(self._images)
+        times = os.times()
+        self._report.cpu_s = round(times.user + times.system + times.children_user + times.children_system, 3)
         return self._report.model_copy(deep=True)
 
     async def _reap_periodically(self) -> None:

@@ -1,5 +1,6 @@
-"""Run an eval: every task k times, at most `concurrency` rollouts at once, in-process or on a server; each result is
-written as soon as it finishes, so a rerun into the same directory resumes where the last one stopped.
+"""Run an eval: every task k times, at most `concurrency` rollouts at once, on a runner (wire/runner.py: in this
+process, on a server, on a Ray cluster); each result is written as soon as it finishes, so a rerun into the same
+directory resumes where the last one stopped.
 
     DIR/eval.json                 the run's configuration; a rerun with another k or model is refused unless forced
     DIR/results/<task>/<n>.json   attempt n's RolloutResult (written to a temporary file, then renamed)
@@ -23,16 +24,15 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.evals.index_page import render_index
 from opencode_env.evals.summary import AttemptOutcome, EvalSummary, summarize
-from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.viewer.page import render_page
-from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult, Runner
 
 Report = Callable[[str], None]
 RunOne = Callable[[RolloutRequest, RolloutResult], Awaitable[RolloutResult]]
@@ -42,14 +42,6 @@ T = TypeVar("T")
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._@+-]")
 _ERROR_CHARS = 160
-
-
-class Executor(Protocol):
-    """Where rollouts run when neither a backend in this process nor a server does (a Ray cluster: cluster/)."""
-
-    def describe(self) -> str: ...
-
-    async def run_rollout(self, request: RolloutRequest) -> RolloutResult: ...
 
 
 class EvalError(Exception):
@@ -273,25 +265,7 @@ async def _run_pending(
     return finished
 
 
-def _in_process(backend: SandboxBackend) -> RunOne:
-    async def run_one(request: RolloutRequest, partial: RolloutResult) -> RolloutResult:
-        return await run_rollout(request, backend, result=partial)
-
-    return run_one
-
-
-def _on_executor(executor: Executor) -> RunOne:
-    """An executor (a Ray cluster) returns its own result: what a cancelled attempt had captured stays where it ran,
-    so the partial result written on an ending holds the request alone."""
-
-    async def run_one(request: RolloutRequest, partial: RolloutResult) -> RolloutResult:
-        partial.task = request.model_copy(update={"api_key": ""})
-        return await executor.run_rollout(request)
-
-    return run_one
-
-
-def _failed_on_server(request: RolloutRequest, error: Exception) -> RolloutResult:
+def _failed_to_reach(request: RolloutRequest, error: Exception) -> RolloutResult:
     return RolloutResult(
         task_id=request.task_id,
         mode=request.mode,
@@ -301,29 +275,18 @@ def _failed_on_server(request: RolloutRequest, error: Exception) -> RolloutResul
     )
 
 
-def _on_server(url: str) -> RunOne:
-    """Each attempt in a session of its own, so that a server restarting mid-eval fails only the calls it cut."""
-    from opencode_env.client.client import OpenCodeEnv
+def _on(runner: Runner) -> RunOne:
+    """The partial result an ending writes holds the request; a runner running the pipeline here fills in the rest
+    as it goes. A runner that cannot be reached fails this attempt alone (a server restarting mid-eval)."""
 
     async def run_one(request: RolloutRequest, partial: RolloutResult) -> RolloutResult:
         partial.task = request.model_copy(update={"api_key": ""})
         try:
-            async with OpenCodeEnv(url) as env:
-                return await env.run_rollout(request)
+            return await runner.run_rollout(request, partial=partial)
         except (RuntimeError, OSError, TimeoutError, ValueError) as error:
-            return _failed_on_server(request, error)
+            return _failed_to_reach(request, error)
 
     return run_one
-
-
-async def _check_server(url: str) -> None:
-    from opencode_env.client.client import OpenCodeEnv
-
-    try:
-        async with OpenCodeEnv(url):
-            pass
-    except ConnectionError as error:
-        raise EvalError(f"cannot open a session on the server {url}: {error}") from error
 
 
 def _outcomes_by_task(
@@ -344,13 +307,11 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _validate(tasks: Sequence[RolloutRequest], k: int, concurrency: int, *where: object) -> None:
+def _validate(tasks: Sequence[RolloutRequest], k: int, concurrency: int | None) -> None:
     if not tasks:
         raise EvalError("no tasks to run")
-    if k < 1 or concurrency < 1:
+    if k < 1 or (concurrency is not None and concurrency < 1):
         raise EvalError(f"k and concurrency must be at least 1, got k={k}, concurrency={concurrency}")
-    if sum(place is not None for place in where) > 1:
-        raise EvalError("a backend, a server and an executor each run the rollouts: pass one of them, not several")
     _require_distinct(tasks)
 
 
@@ -362,49 +323,35 @@ def start_directory(
     return plan_attempts(tasks, config.k, layout, retry_infra=retry_infra)
 
 
-def _runner(backend: SandboxBackend | None, server: str | None, executor: Executor | None) -> tuple[RunOne, str]:
-    if executor is not None:
-        return _on_executor(executor), executor.describe()
-    if server is not None:
-        return _on_server(server), f"server {server}"
-    if backend is None:
-        from opencode_env.sandbox import default_backend
-
-        backend = default_backend()
-    return _in_process(backend), f"backend {backend.name}"
-
-
 async def run_eval(
     tasks: Sequence[RolloutRequest],
     *,
     out: Path,
     k: int,
-    concurrency: int,
-    backend: SandboxBackend | None = None,
-    server: str | None = None,
-    executor: Executor | None = None,
+    runner: Runner | None = None,
+    concurrency: int | None = None,
     threshold: float = 1.0,
     retry_infra: bool = False,
     force: bool = False,
     inputs: Sequence[str] = (),
     report: Report | None = None,
 ) -> EvalSummary:
-    """Run every task k times (at most `concurrency` at once) in this process on `backend` (the default backend when
-    None), on the opencode-env server at `server` (its token from OPENCODE_ENV_TOKEN) or by `executor` (a Ray
-    cluster); write each result under `out` as it finishes, then summary.json and index.html. Attempts saved in `out`
-    by an earlier run are kept (those that failed on our side run again with `retry_infra`). Progress lines go to
-    `report` (default: stderr)."""
+    """Run every task k times on `runner` (None: `InProcess()`, the default backend in this process), at most
+    `concurrency` at once (None: the runner's `capabilities.max_concurrency`); write each result under `out` as it
+    finishes, then summary.json and index.html. Attempts saved in `out` by an earlier run are kept (those that failed
+    on our side run again with `retry_infra`). Progress lines go to `report` (default: stderr). The runner is the
+    caller's: it is neither started nor closed here, so one runner (a cluster's) serves many evals."""
     started = time.monotonic()
     report = report or _stderr
-    _validate(tasks, k, concurrency, backend, server, executor)
+    _validate(tasks, k, concurrency)
+    runner = runner or InProcess()
+    concurrency = runner.capabilities.max_concurrency if concurrency is None else concurrency
     layout = EvalLayout(Path(out))
-    run_one, runs_on = _runner(backend, server, executor)
+    run_one, runs_on = _on(runner), runner.capabilities.where
     model = describe_model(tasks)
     task_ids = [task.task_id for task in tasks]
     config = EvalConfig(k=k, model=model, threshold=threshold, inputs=list(inputs), tasks=task_ids, runs_on=runs_on)
     await asyncio.to_thread(_check_config, layout, config, force=force)
-    if server is not None:
-        await _check_server(server)
     plan = await asyncio.to_thread(start_directory, layout, config, tasks, retry_infra=retry_infra)
     for note in plan.notes:
         report(note)

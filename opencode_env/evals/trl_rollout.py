@@ -1,4 +1,5 @@
-"""A TRL GRPOTrainer `rollout_func` that runs OpenCode rollouts (through a server or in process).
+"""A TRL GRPOTrainer `rollout_func` that runs OpenCode rollouts on a runner (wire/runner.py): `OpenCodeEnv` (a
+server), `InProcess` (a backend in this process) or `RayRollouts` (a Ray cluster).
 
     rollout_func = make_rollout_func(OpenCodeEnv(base_url=url), lambda prompt: RolloutRequest(...))
     trainer = GRPOTrainer(..., rollout_func=rollout_func, reward_funcs=[rollout_reward])
@@ -12,41 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.training.formats import trl_batch
-from opencode_env.wire import RolloutRequest, RolloutResult
-
-
-class RolloutRunner(Protocol):
-    """What runs a group of rollouts: `OpenCodeEnv` (a server) or `InProcess` (a backend in this process)."""
-
-    def run_rollouts(
-        self, requests: Sequence[RolloutRequest], *, max_concurrency: int = 4, progress: bool = True
-    ) -> Awaitable[list[RolloutResult]]: ...
-
-
-class InProcess:
-    """Runs rollouts on a sandbox backend in this process, at most `max_concurrency` at a time."""
-
-    def __init__(self, backend: SandboxBackend) -> None:
-        self.backend = backend
-
-    async def run_rollouts(
-        self, requests: Sequence[RolloutRequest], *, max_concurrency: int = 4, progress: bool = True
-    ) -> list[RolloutResult]:
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        gate = asyncio.Semaphore(max_concurrency)
-
-        async def one(request: RolloutRequest) -> RolloutResult:
-            async with gate:
-                return await run_rollout(request, self.backend)
-
-        return list(await asyncio.gather(*(one(request) for request in requests)))
+from opencode_env.wire import RolloutRequest, RolloutResult, Runner
 
 
 def _run_sync(work: Callable[[], Awaitable[list[RolloutResult]]]) -> list[RolloutResult]:
@@ -68,16 +39,17 @@ def _filler_token_id(trainer: Any) -> int:
 
 
 def make_rollout_func(
-    runner: RolloutRunner,
+    runner: Runner,
     to_request: Callable[[Any], RolloutRequest],
     *,
     rollouts_per_prompt: int = 1,
-    max_concurrency: int = 4,
+    max_concurrency: int | None = None,
     filler_token_id: int | None = None,
 ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
     """A `rollout_func(prompts, trainer)` returning one row per rollout, `rollouts_per_prompt` per prompt in order.
 
-    The filler token of a failed row (see formats.py) is the trainer's first EOS id unless given.
+    `max_concurrency`: rollouts at once (None: the runner's own). The filler token of a failed row (see formats.py)
+    is the trainer's first EOS id unless given.
     """
     if rollouts_per_prompt < 1:
         raise ValueError(f"rollouts_per_prompt must be at least 1, got {rollouts_per_prompt}")

@@ -7,9 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from opencode_env.rollout.scripted import BUILTIN_KEY, SCRIPTED, builtin_scripted_url, wants_builtin_scripted
 from opencode_env.settings import Settings, variable
+from opencode_env.testing.builtin import builtin_scripted_url
 from opencode_env.wire import EndpointName, RolloutRequest, UpstreamInfo
+
+SCRIPTED = "scripted"
+"""The model name of the built-in scripted model (testing/builtin.py), given with no base URL."""
+BUILTIN_KEY = "sk-scripted-not-a-secret"
 
 
 class EndpointError(ValueError):
@@ -124,6 +128,10 @@ def _server_key(request: RolloutRequest, base_url: str, configured_url: str, ser
     if base_url.rstrip("/") != configured_url.rstrip("/"):
         return ""
     return server_key
+
+
+def wants_builtin_scripted(request: RolloutRequest, configured_url: str) -> bool:
+    return request.model == SCRIPTED and not request.base_url and not configured_url
 
 
 def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:

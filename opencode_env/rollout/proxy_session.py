@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field, TypeAdapter, ValidationError
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.opencode import MODEL_KEY_ENV_NAME
 from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, RolloutSandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 from opencode_env.settings import Settings
-from opencode_env.wire import DeliveryRecord, RefusedRecord, RolloutRequest, RolloutTurn, ToolsRecord, TurnRecord
+from opencode_env.wire import RolloutRequest
+from opencode_env.wire.trace import Trace, parse_trace
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
@@ -114,62 +111,6 @@ async def stop_proxy(proxy: ProxyHandle) -> None:
     if await proxy.running():
         await proxy.call("/drain", "POST", DRAIN_WAIT_S)
     await proxy.kill()
-
-
-_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord] = TypeAdapter(
-    Annotated[ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord, Field(discriminator="type")]
-)
-
-
-@dataclass
-class Trace:
-    turns: list[RolloutTurn] = field(default_factory=list)
-    tools: dict[str, list[Any]] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    refused: int = 0
-    """Calls the proxy refused before they reached the model (never turns)."""
-
-
-def parse_trace(text: str) -> Trace:
-    """Turns and tool schemas from the proxy's JSONL trace, with compacted prompt ids expanded.
-
-    Strict: a line with an unknown key, type or outcome is left out and named in `problems`.
-    """
-    trace = Trace()
-    sequences: dict[int, list[int]] = {}
-    undelivered: dict[int, DeliveryRecord] = {}
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = _TRACE_LINE.validate_json(line)
-            if isinstance(record, ToolsRecord):
-                trace.tools[record.sha256] = record.tools
-                continue
-            if isinstance(record, DeliveryRecord):
-                undelivered[record.turn] = record
-                continue
-            if isinstance(record, RefusedRecord):
-                trace.refused = max(trace.refused, record.count)
-                continue
-            prompt = record.prompt_token_ids
-            if record.prompt_base is not None:
-                base = record.prompt_base
-                if base.count > len(sequences[base.turn]):
-                    raise ValueError(f"prompt_base.count {base.count} is over turn {base.turn}'s ids")
-                prompt = sequences[base.turn][: base.count] + prompt
-            turn = RolloutTurn.model_validate(record.turn_fields(prompt))
-            sequences[turn.turn] = turn.prompt_token_ids + turn.completion_token_ids
-            trace.turns.append(turn)
-        except KeyError as error:
-            trace.problems.append(f"trace line {number}: prompt_base.turn {error} is not an earlier turn")
-        except (ValueError, ValidationError) as error:
-            trace.problems.append(f"trace line {number}: {error}")
-    trace.turns.sort(key=lambda turn: turn.turn)
-    for turn in trace.turns:
-        if turn.turn in undelivered and turn.outcome == "complete":
-            turn.outcome, turn.upstream_error = "undelivered", undelivered[turn.turn].detail
-    return trace
 
 
 async def read_trace(proxy: ProxyHandle) -> Trace:

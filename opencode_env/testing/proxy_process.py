@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencode_env.rollout.proxy_session import Trace, parse_trace
+from opencode_env.wire import Trace, parse_trace
 
 
 @dataclass

@@ -74,6 +74,7 @@ from opencode_env.wire.result import (
     result_summary,
     tool_text,
 )
+from opencode_env.wire.runner import Runner, RunnerCapabilities, SandboxPlace
 from opencode_env.wire.shared import (
     AGENT_ENV,
     OPENCODE_PACKAGE,
@@ -88,6 +89,7 @@ from opencode_env.wire.shared import (
     NonFiniteName,
     WireFloat,
 )
+from opencode_env.wire.trace import Trace, parse_trace
 from opencode_env.wire.turn import (
     CallUsage,
     DeliveryRecord,
@@ -166,8 +168,11 @@ __all__ = [
     "RolloutResult",
     "RolloutStatus",
     "RolloutTurn",
+    "Runner",
+    "RunnerCapabilities",
     "Sampling",
     "SandboxPath",
+    "SandboxPlace",
     "SentToolSchema",
     "SetupAs",
     "TaskId",
@@ -179,6 +184,7 @@ __all__ = [
     "ToolCallSummary",
     "ToolsRecord",
     "TopLogprob",
+    "Trace",
     "TurnKind",
     "TurnOutcome",
     "TurnRecord",
@@ -190,6 +196,7 @@ __all__ = [
     "compact_prompts",
     "is_infrastructure_failure",
     "loader_env_names",
+    "parse_trace",
     "request_problems",
     "result_summary",
     "tool_text",

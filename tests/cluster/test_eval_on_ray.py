@@ -43,9 +43,3 @@ def test_an_eval_on_the_cluster_resumes_where_it_stopped(
     assert (out / "results/second/2.json").exists()
     assert (out / "results/first/1.json").read_text() == kept
     assert (out / "index.html").exists()
-
-
-def test_eval_refuses_ray_with_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["eval", str(tmp_path), "--out", str(tmp_path / "o"), "--ray", "auto", "--server", "http://x"]
-    assert main(argv) == 2
-    assert "exclude each other" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """What each backend declares on itself (`capabilities`, `preflight`) is what it does: every registered backend (the
-cloud ones over their fakes) and each test double, checked against the same behaviour."""
+cloud ones over their fakes), checked against the same behaviour. The stub backend runs no command at all (each
+exits 0 after a sleep), so no behaviour shows what it declares: its own test below holds it to declaring nothing it
+would need to run a command for."""
 
 from __future__ import annotations
 
@@ -33,10 +35,8 @@ COVERED = {"local": "backend", "e2b": "e2b_fake", "hf": "hf_fake"}
 """Each registered backend, by the fixture that builds it here (the cloud ones over their fakes)."""
 
 
-@pytest.fixture(params=[*COVERED, "stub"])
+@pytest.fixture(params=[*COVERED])
 def declared(request: pytest.FixtureRequest) -> SandboxBackend:
-    if request.param == "stub":
-        return StubBackend()
     return request.getfixturevalue(COVERED[request.param])  # type: ignore[no-any-return]
 
 
@@ -86,14 +86,13 @@ async def test_proxy_beside_task_root_is_whether_the_tasks_root_reaches_the_prox
     )
     proxy = await limited.start_proxy(launch)
     try:
-        if not isinstance(declared, StubBackend):
-            assert await proxy.call("/healthz", "GET", 30) is not None
+        assert await proxy.call("/healthz", "GET", 30) is not None
         control = f"/tmp/.control-{CANARY}"
         changed = f"find /tmp /home /run /root /opt /srv -type f -newercm {reference} -print0 2>/dev/null"
         look = f"echo {CANARY} > {control} && {changed} | xargs -0r grep -lsF {CANARY}"
         seen = await limited.run(look, timeout_s=60, identity="root")
         found = set(seen.stdout.split()) - {control}
-        assert isinstance(declared, StubBackend) or control in seen.stdout, seen.stdout + seen.stderr
+        assert control in seen.stdout, seen.stdout + seen.stderr
         assert bool(found) == declared.capabilities.proxy_beside_task_root, seen.stdout + seen.stderr
     finally:
         await proxy.kill()
@@ -112,3 +111,15 @@ def test_the_declaration_is_one_type_for_every_backend(declared: SandboxBackend)
     assert type(declared.capabilities) is Capabilities
     assert declared.capabilities.default_concurrency >= 1
     assert declared.capabilities.risk
+
+
+async def test_the_stub_declares_no_limit_and_no_reachable_proxy_and_runs_nothing() -> None:
+    stub = StubBackend()
+    assert (stub.capabilities.enforces_limits, stub.capabilities.proxy_beside_task_root) == (False, False)
+    box = await stub.create(SandboxSpec(limits=ResourceLimits(max_processes=MAX_PROCESSES)))
+    try:
+        ran = await box.run(f"echo {CANARY}", timeout_s=5)
+        assert (ran.exit_code, ran.stdout, box.limits_hit()) == (0, "", [])
+    finally:
+        await box.close()
+    assert await stub.preflight() == Preflight()

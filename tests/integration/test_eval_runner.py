@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from opencode_env.cli.eval import add_eval_parser
+from opencode_env.client.client import OpenCodeEnv
 from opencode_env.evals import (
     EvalConfig,
     EvalError,
@@ -26,6 +27,7 @@ from opencode_env.evals import (
     summarize_results,
     with_model,
 )
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
@@ -147,7 +149,9 @@ async def test_an_eval_writes_every_attempt_resumes_and_reruns_only_what_is_miss
     backend: LocalBackend, tmp_path: Path, no_leaks: None
 ) -> None:
     out, lines = tmp_path / "eval", list[str]()
-    summary = await run_eval([SOLVED, UNSOLVED], out=out, k=2, concurrency=2, backend=backend, report=lines.append)
+    summary = await run_eval(
+        [SOLVED, UNSOLVED], out=out, k=2, concurrency=2, runner=InProcess(backend), report=lines.append
+    )
 
     assert set(written_files(out)) == {*ALL_FOUR, "eval.json", "summary.json", "index.html"}
     assert scores(summary) == [("solved", 2, 2, 1.0, 1.0), ("unsolved", 2, 0, 0.0, 0.0)]
@@ -174,7 +178,9 @@ async def test_an_eval_writes_every_attempt_resumes_and_reruns_only_what_is_miss
     assert_no_secret_on_disk(out)
 
     before, lines = written_files(out), []
-    again = await run_eval([SOLVED, UNSOLVED], out=out, k=2, concurrency=2, backend=backend, report=lines.append)
+    again = await run_eval(
+        [SOLVED, UNSOLVED], out=out, k=2, concurrency=2, runner=InProcess(backend), report=lines.append
+    )
     assert lines == ["attempts: 4 in all, 4 done already (skipped), 0 to run"]
     assert again.tasks == summary.tasks
     after = written_files(out)
@@ -182,7 +188,9 @@ async def test_an_eval_writes_every_attempt_resumes_and_reruns_only_what_is_miss
 
     (out / "results/unsolved/2.json").unlink()
     lines = []
-    third = await run_eval([SOLVED, UNSOLVED], out=out, k=2, concurrency=2, backend=backend, report=lines.append)
+    third = await run_eval(
+        [SOLVED, UNSOLVED], out=out, k=2, concurrency=2, runner=InProcess(backend), report=lines.append
+    )
     assert lines[0] == "attempts: 4 in all, 3 done already (skipped), 1 to run"
     assert lines[1].startswith("[1/1] unsolved attempt 2: completed, reward 0.0")
     assert len(lines) == 2
@@ -200,7 +208,7 @@ async def test_infrastructure_failures_are_kept_apart_and_rerun_on_request(
     (out / "results/solved/1.json").write_text(failed.model_dump_json())
     (out / "results/solved/2.json").write_text("{ not json")
 
-    summary = await run_eval([SOLVED], out=out, k=2, concurrency=2, backend=backend, report=lines.append)
+    summary = await run_eval([SOLVED], out=out, k=2, concurrency=2, runner=InProcess(backend), report=lines.append)
     assert lines[0] == f"{out / 'results/solved/2.json'} is not a RolloutResult: running that attempt again"
     assert lines[1] == (
         "attempts: 2 in all, 1 done already (skipped), 1 to run; "
@@ -214,7 +222,7 @@ async def test_infrastructure_failures_are_kept_apart_and_rerun_on_request(
 
     lines = []
     summary = await run_eval(
-        [SOLVED], out=out, k=2, concurrency=2, backend=backend, retry_infra=True, report=lines.append
+        [SOLVED], out=out, k=2, concurrency=2, runner=InProcess(backend), retry_infra=True, report=lines.append
     )
     assert lines[0] == "attempts: 2 in all, 1 done already (skipped), 1 to run"
     assert lines[1].startswith("[1/1] solved attempt 1: completed, reward 1.0")
@@ -239,7 +247,9 @@ async def test_an_eval_refuses_duplicate_ids_and_another_k_or_model(tmp_path: Pa
 async def test_run_eval_sync_works_inside_a_running_event_loop(
     backend: LocalBackend, tmp_path: Path, no_leaks: None
 ) -> None:
-    summary = run_eval_sync([SOLVED], out=tmp_path / "eval", k=1, concurrency=1, backend=backend, report=print)
+    summary = run_eval_sync(
+        [SOLVED], out=tmp_path / "eval", k=1, concurrency=1, runner=InProcess(backend), report=print
+    )
     assert (summary.overall.successes, summary.overall.pass_at_1) == (1, 1.0)
 
 
@@ -331,7 +341,9 @@ def server_url(backend: LocalBackend) -> Iterator[str]:
 
 async def test_an_eval_runs_on_a_server(server_url: str, tmp_path: Path, no_leaks: None) -> None:
     out, lines = tmp_path / "eval", list[str]()
-    summary = await run_eval([SOLVED, UNSOLVED], out=out, k=2, concurrency=2, server=server_url, report=lines.append)
+    summary = await run_eval(
+        [SOLVED, UNSOLVED], out=out, k=2, concurrency=2, runner=OpenCodeEnv(server_url), report=lines.append
+    )
     assert [(task.task_id, task.scored, task.successes) for task in summary.tasks] == [
         ("solved", 2, 2),
         ("unsolved", 2, 0),
@@ -341,7 +353,19 @@ async def test_an_eval_runs_on_a_server(server_url: str, tmp_path: Path, no_leak
     assert_no_secret_on_disk(out)
 
 
-async def test_an_unreachable_server_stops_the_eval_before_anything_is_written(tmp_path: Path) -> None:
-    with pytest.raises(EvalError, match=r"cannot open a session on the server http://127\.0\.0\.1:9"):
-        await run_eval([SOLVED], out=tmp_path / "eval", k=1, concurrency=1, server="http://127.0.0.1:9")
+def test_an_unreachable_server_stops_the_eval_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks = write_tasks(tmp_path)
+    assert run_cli(*tasks, "--out", tmp_path / "eval", "--oracle", "--server", "http://127.0.0.1:9") == 2
+    assert "cannot open a session on the server http://127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "eval").exists()
+
+
+async def test_an_attempt_whose_server_cannot_be_reached_is_an_infrastructure_failure_of_its_own(
+    tmp_path: Path,
+) -> None:
+    summary = await run_eval([SOLVED], out=tmp_path / "eval", k=1, runner=OpenCodeEnv("http://127.0.0.1:9"))
+    assert summary.tasks[0].infrastructure_failures == {"internal_error": 1}
+    saved = RolloutResult.model_validate_json((tmp_path / "eval/results/solved/1.json").read_text())
+    assert "127.0.0.1:9" in (saved.error or "")

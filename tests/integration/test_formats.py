@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from opencode_env.cli import main
-from opencode_env.evals.trl_rollout import InProcess, make_rollout_func
+from opencode_env.evals.trl_rollout import make_rollout_func
 from opencode_env.rollout.attribution import attribute_turns
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, say, write

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from opencode_env.evals import load_tasks, run_eval
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
@@ -117,14 +118,14 @@ async def test_eval_over_task_dirs_resumes(backend: LocalBackend, tmp_path: Path
     tasks = load_tasks([tasks_root], oracle=True)
     assert sorted(task.task_id for task in tasks) == ["solved", "unsolved"]
     lines: list[str] = []
-    summary = await run_eval(tasks, out=out, k=2, concurrency=2, backend=backend, report=lines.append)
+    summary = await run_eval(tasks, out=out, k=2, concurrency=2, runner=InProcess(backend), report=lines.append)
     by_task = {task.task_id: task for task in summary.tasks}
     assert (by_task["solved"].pass_at_k, by_task["unsolved"].pass_at_k) == (1.0, 0.0)
     assert summary.overall.attempts == 4
     assert sorted(path.name for path in (out / "results" / "solved").glob("*.json")) == ["1.json", "2.json"]
     assert "solved/1.html" in (out / "index.html").read_text()
     stamps = {path: path.stat().st_mtime_ns for path in out.rglob("*.json") if path.parent.parent.name == "results"}
-    again = await run_eval(tasks, out=out, k=2, concurrency=2, backend=backend, report=lines.append)
+    again = await run_eval(tasks, out=out, k=2, concurrency=2, runner=InProcess(backend), report=lines.append)
     assert again.overall.attempts == 4
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from opencode_env.evals import load_tasks, run_eval
+from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.tasks import HarborTask, TaskFormatError
@@ -198,7 +199,9 @@ async def test_a_hostile_dockerfile_through_eval(
     tasks_root = tmp_path / "tasks"
     _task(tasks_root, f"hostile-eval-{os.getpid()}", dockerfile=_hostile_dockerfile(host_secret, marker, witness.port))
     tasks = load_tasks([tasks_root], oracle=True)
-    summary = await run_eval(tasks, out=tmp_path / "eval", k=1, concurrency=1, backend=backend, report=lambda _: None)
+    summary = await run_eval(
+        tasks, out=tmp_path / "eval", k=1, concurrency=1, runner=InProcess(backend), report=lambda _: None
+    )
     assert summary.overall.attempts == 1
     [result_file] = (tmp_path / "eval" / "results").rglob("1.json")
     result = RolloutResult.model_validate_json(result_file.read_text())

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +11,7 @@ from opencode_env.rollout.reward import parse_reward_json, parse_reward_txt, pas
 from opencode_env.sandbox.local.host_view import trust_settings
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.settings import Settings
-from opencode_env.wire import OPENCODE_VERSION, VERSION, CommandResult, RolloutRequest
+from opencode_env.wire import CommandResult, RolloutRequest
 
 
 def request(**fields: object) -> RolloutRequest:
@@ -134,10 +132,3 @@ def test_only_trust_settings_pass_from_the_host_environment() -> None:
     }
     assert trust_settings(host) == {"SSL_CERT_FILE": "/etc/ssl/ca.pem", "NPM_CONFIG_CAFILE": "/etc/ssl/ca.pem"}
     assert trust_settings({}) == {}
-
-
-def test_the_cli_says_its_version_and_opencodes() -> None:
-    command = [sys.executable, "-m", "opencode_env.cli", "--version"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"opencode-env {VERSION} (OpenCode {OPENCODE_VERSION})"

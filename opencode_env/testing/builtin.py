@@ -1,5 +1,7 @@
-"""`model="scripted"`: the built-in scripted model (the one `opencode-env demo` uses) as the policy, so a newcomer
-runs any task end to end, from the CLI, the server or Python, with no model server and no key.
+"""The built-in scripted model's launcher: `model="scripted"` (the one `opencode-env demo` uses) as the policy, so a
+newcomer runs any task end to end, from the CLI, the server or Python, with no model server and no key. The rule
+that picks it (rollout/endpoints.py) calls `builtin_scripted_url`; the pipeline imports this module, never the test
+doubles beside it, and nothing here imports the pipeline.
 
 A request naming model "scripted" with no base_url (and no operator URL for its endpoint) gets this process's own
 scripted model, started on loopback on first use and kept for the process's life. Its built-in behaviour: the agent
@@ -14,10 +16,6 @@ import threading
 
 from opencode_env.testing.script import Script, bash, say
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire import RolloutRequest
-
-SCRIPTED = "scripted"
-BUILTIN_KEY = "sk-scripted-not-a-secret"
 
 
 def builtin_script() -> Script:
@@ -52,10 +50,6 @@ class _ScriptedModels:
 
 
 _MODELS = _ScriptedModels()
-
-
-def wants_builtin_scripted(request: RolloutRequest, configured_url: str) -> bool:
-    return request.model == SCRIPTED and not request.base_url and not configured_url
 
 
 def builtin_scripted_url() -> str:

@@ -1,0 +1,52 @@
+"""The unit tier starts no process: each test runs with process creation refused, so a test that needs one fails
+here, naming what it started, and belongs in a later tier (tests/conftest.py's TIERS)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+PENDING_MOVE = frozenset(
+    {
+        # Process-starting tests in files that otherwise hold pure ones (several owned by other work in flight):
+        # each is to move to tests/integration/, after which its line goes.
+        "tests/unit/test_grader_env.py::test_the_scan_and_the_removal_keep_odd_names_exact",
+        "tests/unit/test_grader_env.py::test_a_sitecustomize_in_the_work_dir_is_not_the_images",
+        "tests/unit/test_grader_env.py::test_a_work_dir_module_shadows_nothing_but_stays_importable",
+        "tests/unit/test_grader_env.py::test_an_unchecked_hash_pyc_beside_a_source_is_never_read",
+        "tests/unit/test_grader_env.py::test_a_repositorys_fsmonitor_never_runs",
+        "tests/unit/test_hostfs_hostile.py::test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors",
+        "tests/unit/test_hostfs_hostile.py::test_a_wide_tree_is_listed_whole_with_a_few_descriptors",
+        "tests/unit/test_steps_coverage.py::test_export_steps_through_the_cli",
+    }
+)
+
+
+class ProcessStarted(AssertionError):
+    """A unit test started a process."""
+
+
+def _refuse(what: str) -> Any:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ProcessStarted(f"a unit test started a process ({what} {str(args[:1])[:120]}): move it to a later tier")
+
+    return refused
+
+
+@pytest.fixture(autouse=True)
+def no_process(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.nodeid.split("[")[0] in PENDING_MOVE:
+        yield
+        return
+    monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("subprocess.Popen"))
+    monkeypatch.setattr(os, "fork", _refuse("os.fork"))
+    monkeypatch.setattr(os, "posix_spawn", _refuse("os.posix_spawn"))
+    monkeypatch.setattr(os, "posix_spawnp", _refuse("os.posix_spawnp"))
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", _refuse("asyncio.create_subprocess_exec"))
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", _refuse("asyncio.create_subprocess_shell"))
+    yield
