@@ -8,6 +8,7 @@ from __future__ import annotations
 import grimp
 import pytest
 
+
 def package_graph() -> dict[str, set[str]]:
     graph = grimp.build_graph("opencode_env", "server")
     packages = {"server", *graph.find_children("opencode_env")}
