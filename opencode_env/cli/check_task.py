@@ -33,8 +33,9 @@ def _task_request(task: Path) -> RolloutRequest:
 
 
 def _cmd_check_task(args: argparse.Namespace) -> int:
-    from opencode_env.tasks import ImageBuildError, TaskFormatError
-    from opencode_env.tasks.hints import missing_base_hint
+    from opencode_env.sandbox.local.build import ImageBuildError
+    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.tasks import TaskFormatError
 
     try:
         request = _task_request(args.task)

@@ -242,8 +242,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from opencode_env.tasks import ImageBuildError, TaskFormatError
-    from opencode_env.tasks.hints import missing_base_hint
+    from opencode_env.sandbox.local.build import ImageBuildError
+    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.tasks import TaskFormatError
 
     try:
         request = _request_from_args(args)

@@ -88,9 +88,9 @@ def _task_dirs(path: Path) -> list[Path]:
 
 
 def _from_task_dir(path: Path, *, oracle: bool, image_progress: Report) -> RolloutRequest:
+    from opencode_env.sandbox.local.build.builder import ImageBuildError
+    from opencode_env.sandbox.local.build.hints import missing_base_hint
     from opencode_env.tasks.harbor import request_from_task_dir
-    from opencode_env.tasks.hints import missing_base_hint
-    from opencode_env.tasks.image_build import ImageBuildError
 
     try:
         request = request_from_task_dir(path, oracle=oracle, progress=image_progress)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from opencode_env.tasks.image_build import BuildProgress, ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.build.builder import BuildProgress, ImageBuilder, ImageBuildError
 from opencode_env.tasks.task_files import TaskDir, TaskFormatError
 from opencode_env.tasks.task_toml import TaskConfig, VerifierTests, deviations
 from opencode_env.wire import (

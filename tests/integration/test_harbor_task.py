@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.tasks import BuiltImage, HarborTask, ImageBuilder, ImageBuildError, TaskFormatError
+from opencode_env.sandbox.local.build import BuiltImage, ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.build.builder import TAG_REPOSITORY, context_hash, repository_name
+from opencode_env.tasks import HarborTask, TaskFormatError
 from opencode_env.tasks.harbor import request_from_task_dir
-from opencode_env.tasks.image_build import TAG_REPOSITORY, context_hash, repository_name
 from opencode_env.tasks.task_toml import parse_size_mb
 from opencode_env.wire import MAX_FILES
 

@@ -1,7 +1,7 @@
 """Task images built from a build context, offline (never pulled), in a box (build_box.py), and cached by content.
 
 A context's image is tagged `localhost/opencode-env-task/<name>:<sha256 of the context>`, so a context built once is
-found again by its tag and never rebuilt; a changed file gives a new tag. The context is copied (task_files.py: no
+found again by its tag and never rebuilt; a changed file gives a new tag. The context is copied (data_dir.py: no
 link followed, none allowed) into the box's work directory and built there; the image is then loaded into this
 machine's container storage, where the local backend takes its images from.
 """
@@ -20,9 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencode_env.sandbox.local.tools import cache_root
-from opencode_env.settings import Settings
-from opencode_env.tasks.build_box import (
+from opencode_env.sandbox.local.build.box import (
     BOX_DISK_BYTES,
     CAP_DROP,
     DEFAULT_ROOT,
@@ -36,7 +34,9 @@ from opencode_env.tasks.build_box import (
     run_group,
     tail,
 )
-from opencode_env.tasks.task_files import TaskDir
+from opencode_env.sandbox.local.data_dir import DataDir
+from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.settings import Settings
 
 TAG_REPOSITORY = "localhost/opencode-env-task"
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
@@ -101,6 +101,12 @@ def megabytes(size: int) -> str:
 
 class ImageBuildError(RuntimeError):
     """podman is missing, or a podman call failed or timed out (the message carries the tail of its stderr)."""
+
+
+class BuildContext(DataDir):
+    """The directory holding a build context, read as data; a link or a special file in it fails the build."""
+
+    error = ImageBuildError
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,7 @@ class ImageBuilder:
     def build(self, context_dir: Path, *, name: str, timeout_s: float) -> BuiltImage:
         """The image of `context_dir` (its Dockerfile), built in the box unless its content's tag is already
         present; `timeout_s` is capped at MAX_BUILD_TIMEOUT_S."""
-        context = TaskDir(context_dir.parent)
+        context = BuildContext(context_dir.parent)
         if context.kind(f"{context_dir.name}/Dockerfile") != "file":
             raise ImageBuildError(f"{context_dir / 'Dockerfile'}: no Dockerfile in the build context")
         ref = f"{TAG_REPOSITORY}/{repository_name(name)}:{context_hash(context_dir)}"
@@ -217,7 +223,7 @@ class ImageBuilder:
             self.progress(f"built {ref} in {time.monotonic() - started:.1f}s")
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
-    def _build_in_box(self, context: TaskDir, relative: str, ref: str, timeout_s: float) -> None:
+    def _build_in_box(self, context: BuildContext, relative: str, ref: str, timeout_s: float) -> None:
         box = BuildBox(self.box_root, self.podman, self.box_disk_bytes)
         box.prepare()
         build = box.new_build_dir(ref.rsplit(":", 1)[1][:16])
