@@ -100,9 +100,13 @@ class DataDir:
         return total
 
     def is_executable(self, relative: str) -> bool:
+        return bool(self.mode(relative) & stat.S_IXUSR)
+
+    def mode(self, relative: str) -> int:
+        """The entry's st_mode, the entry itself (a link is never followed)."""
         parent, name = self._split(relative)
         with self._opened_dir(parent) as fd:
-            return bool(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode & stat.S_IXUSR)
+            return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
 
     def _kind(self, path: Path, mode: int) -> str:
         if stat.S_ISLNK(mode):

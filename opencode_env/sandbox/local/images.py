@@ -5,6 +5,8 @@ accounts every sandbox has (`user`, 1000; `grader`, 1001) added to its /etc/pass
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -15,7 +17,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +29,23 @@ HOST_IMAGE = "host"
 """The image name that means none: the host's own root file system, read-only (the backend's default)."""
 BASE_IMAGE = "localhost/opencode-env-base:bookworm"
 PODMAN_TIMEOUT_S = 600.0
+UNPACK_LOCK_WAIT_S = 3 * PODMAN_TIMEOUT_S
+"""The longest a preparer waits for another one unpacking the same image (that one's own calls are bounded)."""
+LOCK_POLL_S = 0.2
+ACCOUNT_FILE_BYTES = 1 << 20
+REFUSED = ".refused"
+"""In an image's cache directory: why its content was refused (kept: an image id names its content)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
 ACCOUNTS = (("user", 1000, "/home/user"), ("grader", 1001, "/home/grader/home"))
 ImageProgress = Callable[[str], None]
 """Where the store says what takes time (an archive loaded, an image unpacked into the cache), one line at a time;
 by default the log."""
+
+
+class ImageRefused(SandboxError):
+    """The image's own content cannot be used (a special file where a regular one must be, a file over its limit):
+    the same for every rollout on the image, so it is remembered."""
 
 
 def _to_log(message: str) -> None:
@@ -193,8 +207,7 @@ class ImageStore:
             rootfs = str(directory / "rootfs")
             if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
                 continue
-            with (directory / ".lock").open("w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with _locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
                 (directory / ".complete").unlink(missing_ok=True)
             shutil.rmtree(directory)
             removed.append(directory.name)
@@ -205,11 +218,12 @@ class ImageStore:
         rootfs = directory / "rootfs"
         if (directory / ".complete").exists():
             return rootfs
+        _raise_refused(directory, ref)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with (directory / ".lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
             if (directory / ".complete").exists():
                 return rootfs
+            _raise_refused(directory, ref)
             staging = Path(tempfile.mkdtemp(prefix=".rootfs-", dir=directory))
             sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
             self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
@@ -221,12 +235,25 @@ class ImageStore:
                 if rootfs.exists():
                     shutil.rmtree(rootfs)
                 staging.rename(rootfs)
+            except ImageRefused as refused:
+                shutil.rmtree(staging, ignore_errors=True)
+                _write_atomically(directory / REFUSED, str(refused))
+                raise ImageRefused(f"image {ref}: {refused}") from None
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             (directory / ".complete").write_text(image_id)
             self.progress(f"unpacked {ref} in {time.monotonic() - started:.1f}s")
         return rootfs
+
+
+def _raise_refused(directory: Path, ref: str) -> None:
+    """The verdict an earlier unpack of this image left, raised again without copying the image again."""
+    try:
+        why = (directory / REFUSED).read_text()
+    except FileNotFoundError:
+        return
+    raise ImageRefused(f"image {ref}: {why}")
 
 
 def _mounted_sources() -> set[str]:
@@ -262,23 +289,93 @@ def _copy_image_tree(image_id: str, target: Path) -> None:
 
 
 def _add_accounts(rootfs: Path) -> None:
-    """`user` and `grader` in the image's account files, unless it has their uids already (under any name)."""
-    etc = rootfs / "etc"
-    if etc.is_symlink():
-        raise SandboxError("the image's /etc is a symbolic link")
-    etc.mkdir(mode=0o755, exist_ok=True)
-    for name, fields in (("passwd", "{name}:x:{uid}:{uid}:{name}:{home}:/bin/sh"), ("group", "{name}:x:{uid}:")):
-        path = etc / name
-        if path.is_symlink():
-            path.unlink()
-        text = path.read_text() if path.is_file() else "root:x:0:0:root:/root:/bin/sh\n" * (name == "passwd")
-        if name == "group" and not text:
-            text = "root:x:0:\n"
-        taken = {line.split(":")[2] for line in text.splitlines() if line.count(":") >= 2}
-        added = [fields.format(name=n, uid=uid, home=home) for n, uid, home in ACCOUNTS if str(uid) not in taken]
-        if added:
-            path.write_text(text + ("" if text.endswith("\n") or not text else "\n") + "\n".join(added) + "\n")
-            path.chmod(0o644)
+    """`user` and `grader` in the image's account files, unless it has their uids already (under any name). The
+    files are the image's, so they are read as data: from a held descriptor of the tree's /etc, never through a
+    link, regular files only (a FIFO or device is refused, never opened to block), at most ACCOUNT_FILE_BYTES; the
+    new text replaces them by a rename inside that directory."""
+    root = os.open(rootfs, _DIR_FLAGS)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir("etc", 0o755, dir_fd=root)
+        try:
+            etc = os.open("etc", _DIR_FLAGS, dir_fd=root)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise ImageRefused("the image's /etc is not a directory (a link or a file)") from None
+            raise
+    finally:
+        os.close(root)
+    try:
+        for name, fields in (("passwd", "{name}:x:{uid}:{uid}:{name}:{home}:/bin/sh"), ("group", "{name}:x:{uid}:")):
+            text = _read_account_file(etc, name)
+            if text is None:
+                text = "root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else "root:x:0:\n"
+            taken = {line.split(":")[2] for line in text.splitlines() if line.count(":") >= 2}
+            added = [fields.format(name=n, uid=uid, home=home) for n, uid, home in ACCOUNTS if str(uid) not in taken]
+            if added:
+                ending = "" if text.endswith("\n") or not text else "\n"
+                _replace_in(etc, name, text + ending + "\n".join(added) + "\n")
+    finally:
+        os.close(etc)
+
+
+def _read_account_file(etc: int, name: str) -> str | None:
+    """/etc/`name` of an image (None when it has none), opened without following a link and without blocking."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=etc)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise _not_an_account_file(name, os.stat(name, dir_fd=etc, follow_symlinks=False).st_mode) from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_an_account_file(name, mode)
+        data = handle.read(ACCOUNT_FILE_BYTES + 1)
+    if len(data) > ACCOUNT_FILE_BYTES:
+        raise ImageRefused(f"the image's /etc/{name} is over the limit of {ACCOUNT_FILE_BYTES} bytes")
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _not_an_account_file(name: str, mode: int) -> ImageRefused:
+    kinds = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    kind = kinds.get(stat.S_IFMT(mode), "a directory" if stat.S_ISDIR(mode) else "a device")
+    return ImageRefused(
+        f"the image's /etc/{name} is {kind}, not a regular file: the host reads an image's files as data (regular "
+        "files only, no links followed); make it a plain file in the image"
+    )
+
+
+def _replace_in(directory: int, name: str, text: str) -> None:
+    staging = f".{name}.opencode-env-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging, dir_fd=directory)
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(text.encode("utf-8", errors="surrogateescape"))
+        os.fchmod(handle.fileno(), 0o644)
+    os.rename(staging, name, src_dir_fd=directory, dst_dir_fd=directory)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, wait_s: float) -> Iterator[None]:
+    """An exclusive lock on `path`, waited for at most `wait_s` (a preparer holding it is itself bounded): a thread
+    that touches an image never waits without a deadline."""
+    with path.open("w") as lock:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SandboxError(
+                        f"{path.parent}: another unpack of this image held it over {wait_s:g} s"
+                    ) from None
+                time.sleep(LOCK_POLL_S)
+        yield
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -120,37 +120,20 @@ class BuiltImage:
 
 
 def context_hash(context_dir: Path) -> str:
-    """sha256 over the context's entries in sorted order: relative path, kind, mode, and the contents of a file or
-    the target of a symlink (never followed)."""
+    """sha256 over the context's entries in sorted order: relative path, kind, mode, and the contents of a file;
+    read as data (a link or a special file fails the build, at most MAX_CONTEXT_BYTES of contents)."""
+    context = BuildContext(context_dir.parent)
     digest = hashlib.sha256(_HASH_FORMAT)
-    for path in _sorted_entries(context_dir):
-        relative = path.relative_to(context_dir).as_posix().encode()
-        info = path.lstat()
+    total = 0
+    for entry, kind in sorted(context.walk(context_dir.name)):
+        relative = entry.removeprefix(context_dir.name + "/").encode()
+        mode = context.mode(entry)
         digest.update(len(relative).to_bytes(8, "big") + relative)
-        digest.update(f"{stat.S_IFMT(info.st_mode):o} {stat.S_IMODE(info.st_mode):o}\n".encode())
-        body = _entry_body(path, info)
+        digest.update(f"{stat.S_IFMT(mode):o} {stat.S_IMODE(mode):o}\n".encode())
+        body = context.read_bytes(entry, MAX_CONTEXT_BYTES - total) if kind == "file" else b""
+        total += len(body)
         digest.update(len(body).to_bytes(8, "big") + body)
     return digest.hexdigest()
-
-
-def _sorted_entries(root: Path) -> list[Path]:
-    entries: list[Path] = []
-    pending = [root]
-    while pending:
-        directory = pending.pop()
-        for child in directory.iterdir():
-            entries.append(child)
-            if child.is_dir() and not child.is_symlink():
-                pending.append(child)
-    return sorted(entries, key=lambda path: path.relative_to(root).as_posix())
-
-
-def _entry_body(path: Path, info: os.stat_result) -> bytes:
-    if stat.S_ISLNK(info.st_mode):
-        return os.readlink(path).encode()
-    if stat.S_ISREG(info.st_mode):
-        return path.read_bytes()
-    return b""
 
 
 def repository_name(name: str) -> str:
@@ -285,7 +268,7 @@ class ImageBuilder:
 
     def _load_from_box(self, archive: Path, ref: str) -> None:
         """The box's archive of `ref` into this machine's storage, opened here without following a link."""
-        fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
