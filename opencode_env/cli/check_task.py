@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ from opencode_env.cli.endings import say
 from opencode_env.cli.support import announce_image_work, image_progress_to_stderr, needs
 from opencode_env.rollout.check_task import EXIT_CODES, check_task
 from opencode_env.sandbox import make_backend
+from opencode_env.sandbox.local.data_dir import DataError, read_data_file
 from opencode_env.sandbox.registry import EMBEDDED, backend_names
 from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 
 
 def _line(name: str, result: RolloutResult) -> str:
@@ -29,7 +32,16 @@ def _task_request(task: Path) -> RolloutRequest:
 
         say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
         return request_from_task_dir(task, oracle=True, progress=image_progress_to_stderr)
-    return RolloutRequest.model_validate_json(task.read_bytes())
+    from opencode_env.tasks import TaskFormatError
+
+    try:
+        text = read_data_file(task, REQUEST_FILE.max_chars).decode("utf-8")
+        fields = loads_json(text, where=str(task), limits=REQUEST_FILE)
+    except ParseLimit as error:
+        raise TaskFormatError(str(error)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, DataError) as error:
+        raise TaskFormatError(f"{task}: not a JSON request: {error}") from None
+    return RolloutRequest.model_validate(fields)
 
 
 def _cmd_check_task(args: argparse.Namespace) -> int:

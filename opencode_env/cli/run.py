@@ -28,9 +28,11 @@ from opencode_env.sandbox import (
     backend_names,
     make_backend,
 )
+from opencode_env.sandbox.local.data_dir import DataError, read_data_file
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 from opencode_env.wire.request import request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
@@ -59,9 +61,11 @@ def _sandbox_file(value: str) -> tuple[str, str]:
 
 def _read_text(path: Path) -> str:
     try:
-        data = path.read_bytes()
+        data = read_data_file(path, REQUEST_FILE.max_chars)
     except OSError as error:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror or error}") from error
+    except DataError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -78,9 +82,11 @@ def _request_file(value: str) -> dict[str, Any]:
     """An argparse type for --request: the file's JSON object (validated as a request once the flags are merged)."""
     text = _read_text(Path(value))
     try:
-        fields = json.loads(text)
+        fields = loads_json(text, where=value, limits=REQUEST_FILE)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"{value} is not JSON: {error.msg} (line {error.lineno})") from error
+    except ParseLimit as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if not isinstance(fields, dict):
         raise argparse.ArgumentTypeError(f"{value} holds JSON {type(fields).__name__}, not a RolloutRequest object")
     return fields

@@ -13,7 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from opencode_env.evals.runner import EvalError, Report
+from opencode_env.sandbox.local.data_dir import DataError, read_data_file
 from opencode_env.wire import RolloutRequest
+from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 
 
 def _task_id_from_name(name: str) -> str:
@@ -22,16 +24,19 @@ def _task_id_from_name(name: str) -> str:
 
 def _parse_json(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return loads_json(text, where=where, limits=REQUEST_FILE)
     except json.JSONDecodeError as error:
         raise EvalError(f"{where}: not JSON: {error}") from error
+    except ParseLimit as error:
+        raise EvalError(str(error)) from None
 
 
-def _file_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """(where, default task id, JSON value) of each request in a .json or .jsonl file."""
+def _file_entries(path: Path, *, named: bool = True) -> Iterator[tuple[str, str, Any]]:
+    """(where, default task id, JSON value) of each request in a .json or .jsonl file, read as data (a file found
+    in a folder, not `named` by the operator, is never read through a link)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_data_file(path, REQUEST_FILE.max_chars, follow_link=named).decode("utf-8")
+    except (OSError, UnicodeDecodeError, DataError) as error:
         raise EvalError(f"cannot read {path}: {error}") from error
     stem = _task_id_from_name(path.stem)
     if path.suffix == ".jsonl":

@@ -27,6 +27,7 @@ from opencode_env.wire import (
     MAX_INSTRUCTION_CHARS,
     RolloutRequest,
 )
+from opencode_env.wire.bounded_parse import TASK_TOML, ParseLimit, loads_toml
 
 VERIFY_COMMAND = "bash /tests/test.sh"
 SOLUTION_COMMAND = "bash /solution/solve.sh"
@@ -175,9 +176,11 @@ def _read_config(task_dir: TaskDir) -> TaskConfig:
     if task_dir.kind("task.toml") != "file":
         raise TaskFormatError(f"{path}: missing")
     try:
-        data = tomllib.loads(_read_text(task_dir, "task.toml", MAX_TOML_BYTES))
+        data = loads_toml(_read_text(task_dir, "task.toml", MAX_TOML_BYTES), where=str(path), limits=TASK_TOML)
     except tomllib.TOMLDecodeError as error:
         raise TaskFormatError(f"{path}: not valid TOML: {error}") from error
+    except ParseLimit as error:
+        raise TaskFormatError(str(error)) from None
     try:
         return TaskConfig.model_validate(data)
     except ValidationError as error:

@@ -9,6 +9,7 @@ The directory itself is the operator's choice (named on the command line) and ma
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -160,3 +161,25 @@ def _kind(path: Path, mode: int) -> str | None:
 
 def _link(path: Path) -> str:
     return f"{path}: a symbolic link; task files are never read through links (copy the file in its place)"
+
+
+def read_data_file(path: Path, limit: int, *, follow_link: bool = True) -> bytes:
+    """A file named on its own (a request file, one found in a dataset folder) read as data: opened without
+    blocking, a regular file only, at most `limit` bytes (DataError otherwise, naming it). `follow_link`: the
+    operator named this path and may name it through a link; a file found in a folder is never read through one."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP and not follow_link:
+            raise DataError(_link(path)) from None
+        if error.errno == errno.ENXIO:
+            raise DataError(f"{path}: not a regular file (a socket)") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise DataError(f"{path}: not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise DataError(f"{path}: over the limit of {limit} bytes")
+    return data

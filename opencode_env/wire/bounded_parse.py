@@ -1,0 +1,95 @@
+"""JSON and TOML from a task (task.toml, request files, reward.json) parsed within limits: size, nesting depth and
+item count are checked by a scan of the text before the parser sees it (Python's parsers recurse once per nesting
+level: 400,000 nested arrays are a RecursionError, not a parse error), and a breach is a `ParseLimit` naming the
+file and the limit."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+
+class ParseLimit(ValueError):
+    """The text is over one of its limits; the message names where it came from and the limit."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_chars: int
+    max_depth: int = 32
+    max_items: int = 100_000
+    """Opening brackets and braces, commas and (TOML) key assignments: values and keys, roughly."""
+
+
+TASK_TOML = Limits(max_chars=1 << 20)
+REQUEST_FILE = Limits(max_chars=256 << 20, max_depth=64, max_items=10_000_000)
+REWARD_JSON = Limits(max_chars=1 << 20, max_depth=16, max_items=10_000)
+
+_JSON_TOKEN = re.compile(r'["\[\]{},]')
+_TOML_TOKEN = re.compile(r"\"\"\"|'''|[\"'#\[\]{},=]")
+_BASIC_END = re.compile(r'[\\"]')
+_MULTILINE_BASIC_END = re.compile(r'\\|"""')
+
+
+def loads_json(text: str, *, where: str, limits: Limits) -> Any:
+    """`json.loads(text)` once the text is within `limits`; json.JSONDecodeError as json gives it."""
+    _scan(text, where, limits, toml=False)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _over(where, "nesting depth", limits.max_depth) from None
+
+
+def loads_toml(text: str, *, where: str, limits: Limits) -> dict[str, Any]:
+    """`tomllib.loads(text)` once the text is within `limits`; tomllib.TOMLDecodeError as tomllib gives it."""
+    _scan(text, where, limits, toml=True)
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise _over(where, "nesting depth", limits.max_depth) from None
+
+
+def _over(where: str, what: str, limit: int) -> ParseLimit:
+    return ParseLimit(f"{where}: over the {what} limit of {limit}")
+
+
+def _scan(text: str, where: str, limits: Limits, *, toml: bool) -> None:
+    """Depth and item count outside strings (and TOML comments); an unterminated string ends the scan (the parser
+    reports it)."""
+    if len(text) > limits.max_chars:
+        raise _over(where, "size", limits.max_chars)
+    tokens = _TOML_TOKEN if toml else _JSON_TOKEN
+    depth = items = position = 0
+    while (found := tokens.search(text, position)) is not None:
+        token, position = found.group(), found.end()
+        if token in "[{":
+            depth += 1
+            items += 1
+            if depth > limits.max_depth:
+                raise _over(where, "nesting depth", limits.max_depth)
+        elif token in "]}":
+            depth = max(0, depth - 1)
+        elif token in ",=":
+            items += 1
+        else:
+            position = _string_end(text, position, token)
+        if items > limits.max_items:
+            raise _over(where, "item count", limits.max_items)
+
+
+def _string_end(text: str, position: int, opened: str) -> int:
+    """Where the string (or TOML comment) that `opened` at `position` ends."""
+    if opened == "#":
+        end = text.find("\n", position)
+    elif opened in ("'", "'''"):
+        end = text.find(opened, position)
+        end = -1 if end < 0 else end + len(opened)
+    else:
+        closing = _BASIC_END if opened == '"' else _MULTILINE_BASIC_END
+        while (found := closing.search(text, position)) is not None and found.group() == "\\":
+            position = found.end() + 1
+        end = -1 if found is None else found.end()
+    return len(text) if end < 0 else end
