@@ -20,9 +20,28 @@ from opencode_env.sandbox.registry import EMBEDDED, backend_names
 from opencode_env.wire import RolloutRequest, RolloutResult
 from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 
+MAX_DOCKERFILE_BYTES = 1 << 20
+
 
 def _line(name: str, result: RolloutResult) -> str:
     return f"{name:<12}reward {result.reward} ({result.status}, {result.reward_source}) in {result.wall_s:.1f}s"
+
+
+def _warn_network_steps(task: Path) -> None:
+    """Task images are built offline: each Dockerfile step that looks like it needs the network, said before the
+    build fails on it."""
+    from opencode_env.sandbox.local.build.hints import OFFLINE_HINT, network_steps
+    from opencode_env.tasks.task_files import TaskDir
+
+    task_dir = TaskDir(task)
+    if task_dir.kind("environment") != "dir" or task_dir.kind("environment/Dockerfile") != "file":
+        return
+    dockerfile = task_dir.read_bytes("environment/Dockerfile", MAX_DOCKERFILE_BYTES).decode(errors="replace")
+    steps = network_steps(dockerfile)
+    for number, line in steps:
+        say(f"opencode-env check-task: warning: environment/Dockerfile line {number} needs the network? {line}")
+    if steps:
+        say(f"opencode-env check-task: {OFFLINE_HINT}")
 
 
 def _task_request(task: Path) -> RolloutRequest:
@@ -31,6 +50,7 @@ def _task_request(task: Path) -> RolloutRequest:
         from opencode_env.tasks.harbor import request_from_task_dir
 
         say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
+        _warn_network_steps(task)
         return request_from_task_dir(task, oracle=True, progress=image_progress_to_stderr)
     from opencode_env.tasks import TaskFormatError
 

@@ -34,6 +34,7 @@ from opencode_env.sandbox.local.build.box import (
     run_group,
     tail,
 )
+from opencode_env.sandbox.local.build.hints import offline_hint
 from opencode_env.sandbox.local.data_dir import DataDir
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.settings import Settings
@@ -202,7 +203,7 @@ class ImageBuilder:
             try:
                 self._build_in_box(context, context_dir.name, ref, min(timeout_s, MAX_BUILD_TIMEOUT_S))
             except BoxError as error:
-                raise ImageBuildError(str(error)) from None
+                raise ImageBuildError(offline_hint(str(error))) from None
             self.progress(f"built {ref} in {time.monotonic() - started:.1f}s")
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
