@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -17,11 +16,12 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.local.image_budget import ImageBudget, locked, mounted_sources
 
 log = logging.getLogger("opencode_env.images")
 ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
@@ -104,11 +104,21 @@ def image_exists(ref: str) -> bool:
 class ImageStore:
     """The cache of unpacked images, one directory per image id; concurrent preparers wait on a file lock."""
 
-    def __init__(self, root: Path, *, archive_dir: Path | None = None, progress: ImageProgress | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        archive_dir: Path | None = None,
+        progress: ImageProgress | None = None,
+        budget: ImageBudget | None = None,
+    ) -> None:
         """`archive_dir`: the only directory an `oci-archive:`/`docker-archive:` ref may name a file in (the
         operator's); None refuses archives (a caller naming a host path would have root load it). `progress`: where
-        loading an archive and unpacking an image are announced (size first, time once done); default the log."""
+        loading an archive and unpacking an image are announced (size first, time once done); default the log.
+        `budget`: the image storage budget the cache's trees (and our task images, as rollouts use them) are
+        charged to; None charges nothing."""
         self.root = root
+        self.budget = budget
         self.archive_dir = archive_dir
         self.progress = progress or _to_log
         self._resolved: dict[str, tuple[int, dict[str, object]]] = {}
@@ -118,7 +128,10 @@ class ImageStore:
         image_id = str(inspected["Id"])
         config = inspected.get("Config") or {}
         assert isinstance(config, dict)
-        rootfs = self._unpacked(image_id, ref, inspected.get("Size"))
+        size = inspected.get("Size")
+        if self.budget is not None:
+            self.budget.touch(ref)
+        rootfs = self._unpacked(image_id, ref, size)
         env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         return PreparedImage(
             ref=ref,
@@ -199,7 +212,7 @@ class ImageStore:
         returns the ids removed."""
         if not self.root.is_dir():
             return []
-        in_use = _mounted_sources()
+        in_use = mounted_sources()
         removed = []
         for directory in sorted(self.root.iterdir()):
             if not directory.is_dir() or len(directory.name) != 64 or image_exists(directory.name):
@@ -207,23 +220,29 @@ class ImageStore:
             rootfs = str(directory / "rootfs")
             if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
                 continue
-            with _locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
+            with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
                 (directory / ".complete").unlink(missing_ok=True)
             shutil.rmtree(directory)
+            self._release(directory.name)
             removed.append(directory.name)
         return removed
 
     def _unpacked(self, image_id: str, ref: str, size: object) -> Path:
         directory = self.root / image_id.removeprefix("sha256:")[:64]
         rootfs = directory / "rootfs"
+        charge = size if isinstance(size, int) else 0
         if (directory / ".complete").exists():
+            if self.budget is not None:
+                self.budget.use("tree", directory.name, charge, what=f"image {ref} unpacked")
             return rootfs
         _raise_refused(directory, ref)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with _locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
+        with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
             if (directory / ".complete").exists():
                 return rootfs
             _raise_refused(directory, ref)
+            if self.budget is not None:
+                self.budget.charge("tree", directory.name, charge, what=f"image {ref} unpacked", keep=(ref,))
             staging = Path(tempfile.mkdtemp(prefix=".rootfs-", dir=directory))
             sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
             self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
@@ -237,14 +256,20 @@ class ImageStore:
                 staging.rename(rootfs)
             except ImageRefused as refused:
                 shutil.rmtree(staging, ignore_errors=True)
+                self._release(directory.name)
                 _write_atomically(directory / REFUSED, str(refused))
                 raise ImageRefused(f"image {ref}: {refused}") from None
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
+                self._release(directory.name)
                 raise
             (directory / ".complete").write_text(image_id)
             self.progress(f"unpacked {ref} in {time.monotonic() - started:.1f}s")
         return rootfs
+
+    def _release(self, tree: str) -> None:
+        if self.budget is not None:
+            self.budget.release(tree)
 
 
 def _raise_refused(directory: Path, ref: str) -> None:
@@ -254,12 +279,6 @@ def _raise_refused(directory: Path, ref: str) -> None:
     except FileNotFoundError:
         return
     raise ImageRefused(f"image {ref}: {why}")
-
-
-def _mounted_sources() -> set[str]:
-    """The source paths of this mount namespace's mounts (/proc/self/mountinfo's fourth field: the root of the
-    mount within its file system, which for an id-mapped view of an unpacked image is that image's tree)."""
-    return {line.split(" ")[3] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
 def _storage_stamp() -> int:
@@ -357,25 +376,6 @@ def _replace_in(directory: int, name: str, text: str) -> None:
         handle.write(text.encode("utf-8", errors="surrogateescape"))
         os.fchmod(handle.fileno(), 0o644)
     os.rename(staging, name, src_dir_fd=directory, dst_dir_fd=directory)
-
-
-@contextlib.contextmanager
-def _locked(path: Path, wait_s: float) -> Iterator[None]:
-    """An exclusive lock on `path`, waited for at most `wait_s` (a preparer holding it is itself bounded): a thread
-    that touches an image never waits without a deadline."""
-    with path.open("w") as lock:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SandboxError(
-                        f"{path.parent}: another unpack of this image held it over {wait_s:g} s"
-                    ) from None
-                time.sleep(LOCK_POLL_S)
-        yield
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -36,10 +36,11 @@ from opencode_env.sandbox.local.build.box import (
 )
 from opencode_env.sandbox.local.build.hints import offline_hint
 from opencode_env.sandbox.local.data_dir import DataDir
+from opencode_env.sandbox.local.image_budget import TASK_REPOSITORY, BudgetExceeded, ImageBudget
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.settings import Settings
 
-TAG_REPOSITORY = "localhost/opencode-env-task"
+TAG_REPOSITORY = TASK_REPOSITORY
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
 QUERY_TIMEOUT_S = 60.0
 COPY_TIMEOUT_S = 600.0
@@ -173,7 +174,10 @@ class ImageBuilder:
         box_root: Path | None = None,
         progress: BuildProgress | None = None,
         box_disk_bytes: int = BOX_DISK_BYTES,
+        budget: ImageBudget | None = None,
     ) -> None:
+        """`budget`: the image storage budget a built image is charged to (default: the operator's
+        OPENCODE_ENV_IMAGE_STORAGE_MB over the unpacked image cache's ledger, the one the local backend uses)."""
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
@@ -181,6 +185,10 @@ class ImageBuilder:
         self.box_root = box_root or DEFAULT_ROOT
         self.progress = progress or _quiet
         self.box_disk_bytes = box_disk_bytes
+        if budget is None:
+            settings = Settings.load()
+            budget = ImageBudget(cache_root(settings.cache) / "images", settings.image_storage_mb << 20)
+        self.budget = budget
 
     def _step(self, line: str) -> None:
         """One line of podman build's output: its STEP and COMMIT lines are passed on (a RUN step's output is not)."""
@@ -197,6 +205,7 @@ class ImageBuilder:
         cached = self.image_exists(ref)
         if cached:
             self.progress(f"{ref} is built already (same context): nothing to build")
+            self._use(ref)
         else:
             self.progress(f"building {ref} from {context_dir}")
             started = time.monotonic()
@@ -222,9 +231,29 @@ class ImageBuilder:
             view.run(args, timeout_s, what=f"building {context.path / relative}", on_line=self._step)
             self.progress("saving the built image out of the build box")
             view.run(["save", "--format", "docker-archive", "-o", f"{BUILD}/image.tar", "--", ref], COPY_TIMEOUT_S)
-            self._load_from_box(build / "image.tar", ref)
+            self._charge(build / "image.tar", ref)
+            try:
+                self._load_from_box(build / "image.tar", ref)
+            except BaseException:
+                self.budget.release(ref)
+                raise
         finally:
             shutil.rmtree(build, ignore_errors=True)
+
+    def _charge(self, archive: Path, ref: str) -> None:
+        """The built image's archive charged to the image storage budget before it is loaded (what it does not fit
+        never reaches this machine's storage)."""
+        try:
+            self.budget.charge("image", ref, archive.lstat().st_size, what=f"the built image {ref}")
+        except BudgetExceeded as error:
+            raise ImageBuildError(str(error)) from None
+
+    def _use(self, ref: str) -> None:
+        size = self._inspect(ref, "{{.Size}}")
+        try:
+            self.budget.use("image", ref, int(size) if size.isdigit() else 0, what=f"the image {ref}")
+        except BudgetExceeded as error:
+            raise ImageBuildError(str(error)) from None
 
     def _base_into_box(self, box: BuildBox, image: str) -> bool:
         """The base image `image` from this machine's storage into its own store in the box (once: the box keeps
