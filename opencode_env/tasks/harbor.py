@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from opencode_env.sandbox.local.build.builder import BuildProgress, ImageBuilder, ImageBuildError
+from opencode_env.settings import Settings
 from opencode_env.tasks.task_files import TaskDir, TaskFormatError
 from opencode_env.tasks.task_toml import TaskConfig, VerifierTests, deviations
 from opencode_env.wire import (
@@ -141,7 +142,7 @@ def request_from_task_dir(
     task = HarborTask.from_dir(path)
     if oracle:
         task.require_solution()
-    image, workdir = task_image(task, builder or ImageBuilder(progress=progress))
+    image, workdir = task_image(task, builder or ImageBuilder.for_settings(Settings.load(), progress=progress))
     return task.to_request(image, workdir, oracle=oracle, **overrides)
 
 

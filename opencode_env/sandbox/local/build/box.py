@@ -276,14 +276,15 @@ def run_group(
     argv: list[str],
     timeout_s: float,
     *,
-    env: dict[str, str],
+    env: dict[str, str] | None,
     what: str,
     stdin: int | IO[bytes] | None = None,
     on_line: OnLine | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run argv in its own process group, which is stopped whole on timeout (podman build leaves children): SIGTERM
     first so podman can remove its build container, then SIGKILL. With `on_line`, each line of its stdout and stderr
-    goes there as it is printed (and is kept for the result as well)."""
+    goes there as it is printed (and is kept for the result as well). `env` None: this process's own (the host's
+    podman calls on its own storage; a call in the box always gets `_clean_env`)."""
     if on_line is not None:
         return _run_group_streaming(argv, timeout_s, env=env, what=what, stdin=stdin, on_line=on_line)
     with _popen(argv, env, stdin) as process:
@@ -295,7 +296,7 @@ def run_group(
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
-def _popen(argv: list[str], env: dict[str, str], stdin: int | IO[bytes] | None) -> subprocess.Popen[str]:
+def _popen(argv: list[str], env: dict[str, str] | None, stdin: int | IO[bytes] | None) -> subprocess.Popen[str]:
     """argv in a process group of its own (stopped whole), both pipes as text."""
     return subprocess.Popen(
         argv,
@@ -310,7 +311,13 @@ def _popen(argv: list[str], env: dict[str, str], stdin: int | IO[bytes] | None) 
 
 
 def _run_group_streaming(
-    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None, on_line: OnLine
+    argv: list[str],
+    timeout_s: float,
+    *,
+    env: dict[str, str] | None,
+    what: str,
+    stdin: int | IO[bytes] | None,
+    on_line: OnLine,
 ) -> subprocess.CompletedProcess[str]:
     """run_group, reading both pipes line by line in threads (a pipe read whole at the end would hide a build's
     steps until it ends)."""

@@ -38,7 +38,7 @@ from opencode_env.sandbox.local.build.hints import offline_hint
 from opencode_env.sandbox.local.data_dir import DataDir
 from opencode_env.sandbox.local.image_budget import TASK_REPOSITORY, BudgetExceeded, ImageBudget
 from opencode_env.sandbox.local.tools import cache_root
-from opencode_env.settings import Settings
+from opencode_env.settings import DEFAULT_IMAGE_STORAGE_MB, Settings
 
 TAG_REPOSITORY = TASK_REPOSITORY
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
@@ -148,7 +148,7 @@ def containers_conf(cache: Path | None = None) -> Path:
     """A containers.conf for podman in a container like this one: crun fails here, and podman's default ulimits
     exceed what runc may set, so: runc, and no default ulimits. Kept in `cache` (default: the operator's
     OPENCODE_ENV_CACHE, else ~/.cache/opencode-env)."""
-    path = (cache or cache_root(Settings.load().cache)) / "containers.conf"
+    path = (cache or cache_root()) / "containers.conf"
     if path.is_file() and path.read_text() == CONTAINERS_CONF:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -156,13 +156,6 @@ def containers_conf(cache: Path | None = None) -> Path:
     staging.write_text(CONTAINERS_CONF)
     staging.replace(path)
     return path
-
-
-def _podman_env() -> dict[str, str]:
-    env = dict(os.environ)
-    if "CONTAINERS_CONF" not in env:
-        env["CONTAINERS_CONF"] = str(containers_conf())
-    return env
 
 
 class ImageBuilder:
@@ -176,8 +169,8 @@ class ImageBuilder:
         box_disk_bytes: int = BOX_DISK_BYTES,
         budget: ImageBudget | None = None,
     ) -> None:
-        """`budget`: the image storage budget a built image is charged to (default: the operator's
-        OPENCODE_ENV_IMAGE_STORAGE_MB over the unpacked image cache's ledger, the one the local backend uses)."""
+        """`budget`: the image storage budget a built image is charged to (default: the default budget over the
+        default cache's ledger; `for_settings` gives the operator's, the one the local backend uses)."""
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
@@ -185,10 +178,14 @@ class ImageBuilder:
         self.box_root = box_root or DEFAULT_ROOT
         self.progress = progress or _quiet
         self.box_disk_bytes = box_disk_bytes
-        if budget is None:
-            settings = Settings.load()
-            budget = ImageBudget(cache_root(settings.cache) / "images", settings.image_storage_mb << 20)
-        self.budget = budget
+        self.budget = budget or ImageBudget(cache_root() / "images", DEFAULT_IMAGE_STORAGE_MB << 20)
+
+    @classmethod
+    def for_settings(cls, settings: Settings, *, progress: BuildProgress | None = None) -> ImageBuilder:
+        """A builder charging the operator's image storage budget (OPENCODE_ENV_IMAGE_STORAGE_MB) in the ledger of
+        their cache (OPENCODE_ENV_CACHE): the budget the local backend charges its unpacked images to."""
+        budget = ImageBudget(cache_root(settings.cache) / "images", settings.image_storage_mb << 20)
+        return cls(progress=progress, budget=budget)
 
     def _step(self, line: str) -> None:
         """One line of podman build's output: its STEP and COMMIT lines are passed on (a RUN step's output is not)."""
@@ -307,7 +304,7 @@ class ImageBuilder:
             started = time.monotonic()
             # -i /proc/self/fd/0: podman reads our descriptor in place (from a pipe-like stdin it copies it first)
             argv = [self.podman, "load", "-i", "/proc/self/fd/0"]
-            completed = run_group(argv, COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
+            completed = run_group(argv, COPY_TIMEOUT_S, env=None, what="", stdin=fd)
         finally:
             os.close(fd)
         if completed.returncode != 0 or not self.image_exists(ref):
@@ -332,7 +329,7 @@ class ImageBuilder:
         self, argv: list[str], timeout_s: float, *, what: str, ok: tuple[int, ...] = (0,)
     ) -> subprocess.CompletedProcess[str]:
         try:
-            completed = run_group([self.podman, *argv], timeout_s, env=_podman_env(), what=what)
+            completed = run_group([self.podman, *argv], timeout_s, env=None, what=what)
         except BoxError as error:
             raise ImageBuildError(str(error)) from None
         if completed.returncode not in ok:
