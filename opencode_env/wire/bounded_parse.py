@@ -63,8 +63,6 @@ def _scan_json(text: str, where: str, limits: Limits) -> None:
     if len(text) > limits.max_chars:
         raise _over(where, "size", limits.max_chars)
     bare = _JSON_STRING.sub('""', text)
-    if bare.count(",") + bare.count("[") + bare.count("{") > limits.max_items:
-        raise _over(where, "item count", limits.max_items)
     depth = 0
     for found in _BRACKET.finditer(bare):
         if found.group() in "[{":
@@ -73,6 +71,8 @@ def _scan_json(text: str, where: str, limits: Limits) -> None:
                 raise _over(where, "nesting depth", limits.max_depth)
         else:
             depth = max(0, depth - 1)
+    if bare.count(",") + bare.count("[") + bare.count("{") > limits.max_items:
+        raise _over(where, "item count", limits.max_items)
 
 
 def _scan_toml(text: str, where: str, limits: Limits) -> None:
