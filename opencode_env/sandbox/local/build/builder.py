@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from opencode_env.sandbox.base import SandboxError
 from opencode_env.sandbox.local.build.box import (
     BOX_DISK_BYTES,
     CAP_DROP,
@@ -36,7 +37,7 @@ from opencode_env.sandbox.local.build.box import (
 )
 from opencode_env.sandbox.local.build.hints import offline_hint
 from opencode_env.sandbox.local.data_dir import DataDir
-from opencode_env.sandbox.local.image_budget import TASK_REPOSITORY, BudgetExceeded, ImageBudget
+from opencode_env.sandbox.local.image_budget import TASK_REPOSITORY, ImageBudget
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.settings import DEFAULT_IMAGE_STORAGE_MB, Settings
 
@@ -242,14 +243,14 @@ class ImageBuilder:
         never reaches this machine's storage)."""
         try:
             self.budget.charge("image", ref, archive.lstat().st_size, what=f"the built image {ref}")
-        except BudgetExceeded as error:
+        except SandboxError as error:  # over the budget, or its ledger held past its deadline
             raise ImageBuildError(str(error)) from None
 
     def _use(self, ref: str) -> None:
         size = self._inspect(ref, "{{.Size}}")
         try:
             self.budget.use("image", ref, int(size) if size.isdigit() else 0, what=f"the image {ref}")
-        except BudgetExceeded as error:
+        except SandboxError as error:  # over the budget, or its ledger held past its deadline
             raise ImageBuildError(str(error)) from None
 
     def _base_into_box(self, box: BuildBox, image: str) -> bool:
