@@ -12,9 +12,9 @@ import time
 import uuid
 from pathlib import Path
 
+from opencode_env.sandbox.local.build.box import DEFAULT_ROOT, BuildBox
+from opencode_env.sandbox.local.build.builder import ImageBuilder, containers_conf
 from opencode_env.sandbox.local.images import BASE_IMAGE
-from opencode_env.tasks.build_box import DEFAULT_ROOT, BuildBox
-from opencode_env.tasks.image_build import ImageBuilder, containers_conf
 
 ROUNDS = 3
 

@@ -24,9 +24,9 @@ from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.build.builder import containers_conf
 from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore
 from opencode_env.sandbox.local.tools import cache_root, cached_tools
-from opencode_env.tasks.image_build import containers_conf
 
 
 async def lifetime(backend: LocalBackend, image: str) -> float:

@@ -20,6 +20,9 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+DEFAULT_IMAGE_STORAGE_MB = 50 << 10
+"""50 GiB."""
+
 BackendName = Literal["auto", "local", "e2b", "hf"]
 """Where rollouts run: a backend of the sandbox registry, or `auto` (the registry decides)."""
 LOWER_CASE_TOO = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
@@ -153,6 +156,15 @@ class Settings(BaseSettings):
         gt=0,
     )
     cache: str = _setting("", "OPENCODE_ENV_CACHE", "local backend", "Our caches (default ~/.cache/opencode-env).")
+    image_storage_mb: int = _setting(
+        DEFAULT_IMAGE_STORAGE_MB,
+        "OPENCODE_ENV_IMAGE_STORAGE_MB",
+        "local backend",
+        "What task images leave on this machine, together: the task images we build (in podman's storage) and the "
+        "unpacked image cache. Past it the least recently used not in use are evicted; an image that does not fit "
+        "fails its task.",
+        ge=1,
+    )
     e2b_api_key: SecretStr = _setting(SecretStr(""), "E2B_API_KEY", "E2B", "Rollouts in E2B sandboxes.")
     e2b_max_sandboxes: int = _setting(20, "OPENCODE_ENV_E2B_MAX_SANDBOXES", "E2B", "E2B sandboxes alive at once.", ge=1)
     hf_token: SecretStr = _setting(SecretStr(""), "HF_TOKEN", "Hugging Face", "A token allowed to run Jobs.")

@@ -15,6 +15,7 @@ from opencode_env.cli.export import add_export_parser
 from opencode_env.cli.image import add_image_parser
 from opencode_env.cli.run import RUN_EPILOG, add_run_arguments, run_command
 from opencode_env.cli.support import needs, progress_to_stderr, summarize
+from opencode_env.cli.terminal import guard_terminal
 from opencode_env.cli.view import add_view_parser
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import (
@@ -193,6 +194,7 @@ def _cmd_settings(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    guard_terminal()
     args = build_parser().parse_args(argv)
     warn_unknown_variables()
     try:

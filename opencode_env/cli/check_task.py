@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,33 @@ from opencode_env.cli.endings import say
 from opencode_env.cli.support import announce_image_work, image_progress_to_stderr, needs
 from opencode_env.rollout.check_task import EXIT_CODES, check_task
 from opencode_env.sandbox import make_backend
+from opencode_env.sandbox.local.data_dir import DataError, read_data_file
 from opencode_env.sandbox.registry import EMBEDDED, backend_names
 from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
+
+MAX_DOCKERFILE_BYTES = 1 << 20
 
 
 def _line(name: str, result: RolloutResult) -> str:
     return f"{name:<12}reward {result.reward} ({result.status}, {result.reward_source}) in {result.wall_s:.1f}s"
+
+
+def _warn_network_steps(task: Path) -> None:
+    """Task images are built offline: each Dockerfile step that looks like it needs the network, said before the
+    build fails on it."""
+    from opencode_env.sandbox.local.build.hints import OFFLINE_HINT, network_steps
+    from opencode_env.tasks.task_files import TaskDir
+
+    task_dir = TaskDir(task)
+    if task_dir.kind("environment") != "dir" or task_dir.kind("environment/Dockerfile") != "file":
+        return
+    dockerfile = task_dir.read_bytes("environment/Dockerfile", MAX_DOCKERFILE_BYTES).decode(errors="replace")
+    steps = network_steps(dockerfile)
+    for number, line in steps:
+        say(f"opencode-env check-task: warning: environment/Dockerfile line {number} needs the network? {line}")
+    if steps:
+        say(f"opencode-env check-task: {OFFLINE_HINT}")
 
 
 def _task_request(task: Path) -> RolloutRequest:
@@ -28,13 +50,24 @@ def _task_request(task: Path) -> RolloutRequest:
         from opencode_env.tasks.harbor import request_from_task_dir
 
         say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
+        _warn_network_steps(task)
         return request_from_task_dir(task, oracle=True, progress=image_progress_to_stderr)
-    return RolloutRequest.model_validate_json(task.read_bytes())
+    from opencode_env.tasks import TaskFormatError
+
+    try:
+        text = read_data_file(task, REQUEST_FILE.max_chars).decode("utf-8")
+        fields = loads_json(text, where=str(task), limits=REQUEST_FILE)
+    except ParseLimit as error:
+        raise TaskFormatError(str(error)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, DataError) as error:
+        raise TaskFormatError(f"{task}: not a JSON request: {error}") from None
+    return RolloutRequest.model_validate(fields)
 
 
 def _cmd_check_task(args: argparse.Namespace) -> int:
-    from opencode_env.tasks import ImageBuildError, TaskFormatError
-    from opencode_env.tasks.hints import missing_base_hint
+    from opencode_env.sandbox.local.build import ImageBuildError
+    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.tasks import TaskFormatError
 
     try:
         request = _task_request(args.task)

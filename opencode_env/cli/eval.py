@@ -13,7 +13,7 @@ from opencode_env.cli.endings import Ending, run_until_signalled, say
 from opencode_env.cli.support import announce_image_work, image_progress_to_stderr
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.evals.inputs import load_each, with_model
-from opencode_env.evals.runner import EvalError, run_eval
+from opencode_env.evals.runner import EvalError, EvalLayout, run_eval, write_summary
 from opencode_env.evals.summary import EvalSummary
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox import EMBEDDED, backend_names, make_backend
@@ -25,11 +25,12 @@ opencode-env server (--server; its token from OPENCODE_ENV_TOKEN), and write int
   results/<task>/<n>.json    each attempt's RolloutResult, as soon as it finishes (and <n>.html, its page)
   summary.json, index.html   pass@1, pass@k, rewards, statuses, tokens and time, per task and overall
 
-A task is a Harbor task directory (or a directory of them), a JSON file holding one RolloutRequest or a list of
-them, or a .jsonl file holding one per line; a request's `solution` runs only with --oracle. A rerun into the same
-DIR skips the attempts whose result is there; those that failed on our side run again with --retry-infra. Exit
-A broken task (a task directory whose image does not build, an entry that is not a request) is named on stderr with
-why, and the rest run; --fail-fast stops at the first instead. SIGTERM, Ctrl-C or a closed terminal end the eval:
+A task is a Harbor task directory, a JSON file holding one RolloutRequest or a list of them, or a .jsonl file
+holding one per line; a folder gives its task directories and its .json / .jsonl files. A request's `solution` runs
+only with --oracle. A rerun into the same DIR skips the attempts whose result is there; those that failed on our
+side run again with --retry-infra. A broken input (a task directory whose image does not build, an entry that is
+not a request) is named with why on stderr, under the table, in summary.json and on index.html, and the rest run;
+--fail-fast stops at the first instead. SIGTERM, Ctrl-C or a closed terminal end the eval:
 the attempts running are cut short, their partial results written as results/<task>/<n>.cancelled.json, and the
 same command resumes. Exit status: 0 when every task loaded and every attempt has a result that is not an
 infrastructure failure, 1 when some failed on our side or a task was broken, 2 for a problem with the arguments or
@@ -120,6 +121,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             "(their partial results in <n>.cancelled.json); the same command resumes"
         )
         return ending.exit_code
+    if broken:
+        summary = summary.model_copy(update={"broken": broken})
+        write_summary(EvalLayout(args.out), summary)
     print(summary.table())
     print(f"index:      {args.out / 'index.html'}")
     if broken:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from opencode_env.sandbox.local.base_image import MIRROR, SUITE, BaseImageError, build_base_image
+from opencode_env.sandbox.local.image_budget import ImageBudget
 from opencode_env.sandbox.local.images import ARCHIVE_PREFIXES, BASE_IMAGE, ImageStore, archive_dir_of
+from opencode_env.settings import settings_or_exit
 
 
 def _say(message: str) -> None:
@@ -31,8 +33,15 @@ def _cmd_build_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store(args: argparse.Namespace, archive_dir: Path | None = None) -> ImageStore:
+    """The operator's image cache, charged to their image storage budget (the one the local backend charges)."""
+    root = args.cache_dir() / "images"
+    budget = ImageBudget(root, settings_or_exit().image_storage_mb << 20)
+    return ImageStore(root, archive_dir=archive_dir, budget=budget)
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    store = ImageStore(args.cache_dir() / "images", archive_dir=archive_dir_of(args.image))
+    store = _store(args, archive_dir_of(args.image))
     prepared = store.prepare(_operator_ref(args.image))
     print(f"{prepared.ref}: {prepared.image_id[:19]} unpacked at {prepared.rootfs} (workdir {prepared.workdir or '/'})")
     return 0
@@ -47,7 +56,7 @@ def _operator_ref(ref: str) -> str:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    removed = ImageStore(args.cache_dir() / "images").prune()
+    removed = _store(args).prune()
     for image_id in removed:
         print(image_id)
     print(f"removed {len(removed)} unpacked image(s) no longer in podman's storage", file=sys.stderr)

@@ -27,11 +27,13 @@ from opencode_env.sandbox import (
     backend_names,
     make_backend,
 )
+from opencode_env.sandbox.local.data_dir import DataError, read_data_file
 from opencode_env.settings import settings_or_exit
 from opencode_env.testing.builtin import solving_script
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 from opencode_env.wire.request import request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
@@ -60,9 +62,11 @@ def _sandbox_file(value: str) -> tuple[str, str]:
 
 def _read_text(path: Path) -> str:
     try:
-        data = path.read_bytes()
+        data = read_data_file(path, REQUEST_FILE.max_chars)
     except OSError as error:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror or error}") from error
+    except DataError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -79,9 +83,11 @@ def _request_file(value: str) -> dict[str, Any]:
     """An argparse type for --request: the file's JSON object (validated as a request once the flags are merged)."""
     text = _read_text(Path(value))
     try:
-        fields = json.loads(text)
+        fields = loads_json(text, where=value, limits=REQUEST_FILE)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"{value} is not JSON: {error.msg} (line {error.lineno})") from error
+    except ParseLimit as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if not isinstance(fields, dict):
         raise argparse.ArgumentTypeError(f"{value} holds JSON {type(fields).__name__}, not a RolloutRequest object")
     return fields
@@ -243,8 +249,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from opencode_env.tasks import ImageBuildError, TaskFormatError
-    from opencode_env.tasks.hints import missing_base_hint
+    from opencode_env.sandbox.local.build import ImageBuildError
+    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.tasks import TaskFormatError
 
     try:
         request = _request_from_args(args)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from html import escape
 from urllib.parse import quote
 
-from opencode_env.evals.summary import AttemptOutcome, EvalSummary, Tally, number, tally_cells
+from opencode_env.evals.summary import AttemptOutcome, EvalSummary, Tally, column_names, pass_k_cell, tally_cells
 from opencode_env.viewer.page import html_document
 
 Href = Callable[[str, int], str]
@@ -59,7 +59,7 @@ def _attempt_link(task_id: str, outcome: AttemptOutcome, threshold: float, href:
     return f'<a class="attempt {kind}" href="{target}" title="{escape(title)}">{outcome.attempt}</a>'
 
 
-def _cells(tally: Tally, pass_k: str) -> str:
+def _cells(tally: Tally, pass_k: str | None) -> str:
     cells = "".join(f"<td>{escape(value)}</td>" for value in tally_cells(tally, pass_k))
     return cells + f'<td class="statuses">{_statuses(tally)}</td>'
 
@@ -70,15 +70,15 @@ def _task_rows(summary: EvalSummary, href: Href) -> str:
         marker = "*" if task.task_id in summary.reduced_k else ""
         links = " ".join(_attempt_link(task.task_id, outcome, summary.threshold, href) for outcome in task.outcomes)
         rows.append(
-            f'<tr><td class="name">{escape(task.task_id)}</td>{_cells(task, number(task.pass_at_k) + marker)}'
+            f'<tr><td class="name">{escape(task.task_id)}</td>'
+            f"{_cells(task, pass_k_cell(summary.k, task.pass_at_k, marker))}"
             f'<td class="attempts">{links}</td></tr>'
         )
     return "".join(rows)
 
 
 def _header(k: int) -> str:
-    names = ["attempts", "scored", "successes", "pass@1", f"pass@{k}", "mean reward", "infra", "tokens", "rollout s"]
-    cells = "".join(f"<th>{escape(name)}</th>" for name in names)
+    cells = "".join(f"<th>{escape(name)}</th>" for name in column_names(k))
     return (
         f'<thead><tr><th class="name">task</th>{cells}<th class="name">statuses</th><th class="name">attempts</th>'
         "</tr></thead>"
@@ -96,14 +96,24 @@ def _notes(summary: EvalSummary) -> str:
     return "".join(f'<p class="note">{note}</p>' for note in notes)
 
 
+def _broken(broken: list[str]) -> str:
+    if not broken:
+        return ""
+    items = "".join(f'<li class="broken">{escape(line)}</li>' for line in broken)
+    return f'<h2>Broken inputs, not run ({len(broken)})</h2><ul class="broken">{items}</ul>'
+
+
 def render_index(summary: EvalSummary, href: Href) -> str:
     """The eval's index page; every attempt with a result links to its viewer page."""
     meta = (
         f"k={summary.k}, model {summary.model or '-'}, {len(summary.tasks)} tasks, "
         f"{summary.overall.attempts} attempts; this run took {summary.run_wall_s:.1f}s"
     )
-    overall = _cells(summary.overall, number(summary.overall.pass_at_k))
+    overall = _cells(summary.overall, pass_k_cell(summary.k, summary.overall.pass_at_k))
     footer = f'<tfoot><tr><td class="name">overall</td>{overall}<td></td></tr></tfoot>'
     table = f"<table>{_header(summary.k)}<tbody>{_task_rows(summary, href)}</tbody>{footer}</table>"
-    body = f'<main><h1>opencode-env eval</h1><p class="meta">{escape(meta)}</p>{table}{_notes(summary)}</main>'
+    body = (
+        f'<main><h1>opencode-env eval</h1><p class="meta">{escape(meta)}</p>{table}{_notes(summary)}'
+        f"{_broken(summary.broken)}</main>"
+    )
     return html_document("opencode-env eval", body, scripts=[], styles=[STYLE])

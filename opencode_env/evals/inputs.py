@@ -13,7 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from opencode_env.evals.runner import EvalError, Report
+from opencode_env.sandbox.local.data_dir import DataError, read_data_file
 from opencode_env.wire import RolloutRequest
+from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 
 
 def _task_id_from_name(name: str) -> str:
@@ -22,16 +24,19 @@ def _task_id_from_name(name: str) -> str:
 
 def _parse_json(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return loads_json(text, where=where, limits=REQUEST_FILE)
     except json.JSONDecodeError as error:
         raise EvalError(f"{where}: not JSON: {error}") from error
+    except ParseLimit as error:
+        raise EvalError(str(error)) from None
 
 
-def _file_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """(where, default task id, JSON value) of each request in a .json or .jsonl file."""
+def _file_entries(path: Path, *, named: bool = True) -> Iterator[tuple[str, str, Any]]:
+    """(where, default task id, JSON value) of each request in a .json or .jsonl file, read as data (a file found
+    in a folder, not `named` by the operator, is never read through a link)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_data_file(path, REQUEST_FILE.max_chars, follow_link=named).decode("utf-8")
+    except (OSError, UnicodeDecodeError, DataError) as error:
         raise EvalError(f"cannot read {path}: {error}") from error
     stem = _task_id_from_name(path.stem)
     if path.suffix == ".jsonl":
@@ -54,11 +59,13 @@ def _for_this_run(where: str, request: RolloutRequest, *, oracle: bool) -> Rollo
     return request if oracle else request.model_copy(update={"solution": None})
 
 
-def _from_file(path: Path, *, oracle: bool, loaded: LoadedTasks) -> list[tuple[str, RolloutRequest]]:
+def _from_file(
+    path: Path, *, oracle: bool, loaded: LoadedTasks, named: bool = True
+) -> list[tuple[str, RolloutRequest]]:
     """The file's requests; an entry that is not one is refused (the whole file, when it is not JSON)."""
     requests = []
     try:
-        entries = list(_file_entries(path))
+        entries = list(_file_entries(path, named=named))
     except EvalError as error:
         loaded.refuse(str(error))
         return []
@@ -79,18 +86,45 @@ def _from_file(path: Path, *, oracle: bool, loaded: LoadedTasks) -> list[tuple[s
     return requests
 
 
-def _task_dirs(path: Path) -> list[Path]:
-    """The task directory itself, or the task directories inside a dataset directory."""
+REQUEST_SUFFIXES = (".json", ".jsonl")
+
+
+@dataclass
+class Folder:
+    """What a folder given to eval holds: task directories (a child with task.toml or instruction.md), request
+    files (*.json, *.jsonl), and the entries refused (links: what a folder holds is never read through one)."""
+
+    task_dirs: list[Path] = field(default_factory=list)
+    request_files: list[Path] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def read_folder(path: Path) -> Folder:
+    """The task directory itself, or what a dataset folder holds (hidden entries and other files are not inputs);
+    a folder with neither is read as a task directory, so its error says what it lacks."""
     if (path / "task.toml").exists():
-        return [path]
-    inside = sorted(child for child in path.iterdir() if (child / "task.toml").is_file())
-    return inside or [path]
+        return Folder(task_dirs=[path])
+    folder = Folder()
+    for child in sorted(path.iterdir()):
+        if child.name.startswith("."):
+            continue
+        is_task = (child / "task.toml").exists() or (child / "instruction.md").exists()
+        if child.is_symlink():
+            if is_task or child.suffix in REQUEST_SUFFIXES:
+                folder.refused.append(f"{child}: a symbolic link; what a folder holds is never read through links")
+        elif child.is_dir() and is_task:
+            folder.task_dirs.append(child)
+        elif child.is_file() and child.suffix in REQUEST_SUFFIXES:
+            folder.request_files.append(child)
+    if not (folder.task_dirs or folder.request_files or folder.refused):
+        folder.task_dirs.append(path)
+    return folder
 
 
 def _from_task_dir(path: Path, *, oracle: bool, image_progress: Report) -> RolloutRequest:
+    from opencode_env.sandbox.local.build.builder import ImageBuildError
+    from opencode_env.sandbox.local.build.hints import missing_base_hint
     from opencode_env.tasks.harbor import request_from_task_dir
-    from opencode_env.tasks.hints import missing_base_hint
-    from opencode_env.tasks.image_build import ImageBuildError
 
     try:
         request = request_from_task_dir(path, oracle=oracle, progress=image_progress)
@@ -118,10 +152,18 @@ def _load_path(
 ) -> list[tuple[str, RolloutRequest]]:
     if path.is_dir():
         entries = []
-        task_dirs = _task_dirs(path)
-        if len(task_dirs) > 1:
-            report(f"{path}: {len(task_dirs)} task directories")
-        for task_dir in task_dirs:
+        folder = read_folder(path)
+        if folder.task_dirs != [path]:
+            report(
+                f"{path}: {len(folder.task_dirs)} task directories, {len(folder.request_files)} request files"
+                + (f", {len(folder.refused)} refused" if folder.refused else "")
+            )
+        for line in folder.refused:
+            loaded.refuse(line)
+        for request_file in folder.request_files:
+            report(f"loading {request_file}")
+            entries += _from_file(request_file, oracle=oracle, loaded=loaded, named=False)
+        for task_dir in folder.task_dirs:
             report(f"loading {task_dir} (its image is built now if it has none yet)")
             try:
                 entries.append((str(task_dir), _from_task_dir(task_dir, oracle=oracle, image_progress=image_progress)))

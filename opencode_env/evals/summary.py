@@ -102,6 +102,9 @@ class EvalSummary(BaseModel):
     )
     reduced_k: list[str] = Field(description="Tasks whose pass_at_k is pass@n, with n < k scored attempts.")
     run_wall_s: WireFloat = Field(0.0, description="Wall-clock seconds of the run that wrote this summary.")
+    broken: list[str] = Field(
+        default_factory=list, description="The inputs not run, each as 'where: why' (a task that does not load)."
+    )
 
     def table(self) -> str:
         return format_table(self)
@@ -212,14 +215,21 @@ def _statuses(tally: Tally) -> str:
     return scored + (f"; infrastructure: {infra}" if infra else "")
 
 
-def tally_cells(tally: Tally, pass_k: str) -> list[str]:
-    """A tally's columns after its name, in the table's order (the index page shows the same)."""
+def column_names(k: int) -> list[str]:
+    """The columns after a row's name; at k = 1 pass@k is pass@1, shown once."""
+    pass_k = [f"pass@{k}"] if k > 1 else []
+    return ["attempts", "scored", "successes", "pass@1", *pass_k, "mean reward", "infra", "tokens", "rollout s"]
+
+
+def tally_cells(tally: Tally, pass_k: str | None) -> list[str]:
+    """A tally's columns after its name, in the table's order (the index page shows the same); `pass_k` None at
+    k = 1 (no column of its own)."""
     return [
         str(tally.attempts),
         str(tally.scored),
         str(tally.successes),
         number(tally.pass_at_1),
-        pass_k,
+        *([] if pass_k is None else [pass_k]),
         number(tally.mean_reward),
         str(sum(tally.infrastructure_failures.values())),
         str(tally.total_tokens),
@@ -229,13 +239,12 @@ def tally_cells(tally: Tally, pass_k: str) -> list[str]:
 
 def format_table(summary: EvalSummary) -> str:
     """The summary as a plain-text table, one row per task and one for all, with the status counts below."""
-    header = ["task", "attempts", "scored", "successes", "pass@1", f"pass@{summary.k}", "mean reward", "infra"]
-    header += ["tokens", "rollout s"]
+    header = ["task", *column_names(summary.k)]
     rows = [header]
     for task in summary.tasks:
         marker = "*" if task.task_id in summary.reduced_k else ""
-        rows.append([task.task_id, *tally_cells(task, number(task.pass_at_k) + marker)])
-    rows.append(["overall", *tally_cells(summary.overall, number(summary.overall.pass_at_k))])
+        rows.append([task.task_id, *tally_cells(task, pass_k_cell(summary.k, task.pass_at_k, marker))])
+    rows.append(["overall", *tally_cells(summary.overall, pass_k_cell(summary.k, summary.overall.pass_at_k))])
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(f"statuses: {_statuses(summary.overall) or 'none'}")
@@ -244,4 +253,12 @@ def format_table(summary: EvalSummary) -> str:
         listed = ", ".join(f"{task_id} (n={n})" for task_id, n in reduced.items())
         lines.append(f"* pass@n over the n < {summary.k} scored attempts: {listed}")
     lines.append(f"threshold: reward >= {summary.threshold:g}; run wall time {summary.run_wall_s:.1f}s")
+    if summary.broken:
+        lines.append(f"broken inputs, not run ({len(summary.broken)}):")
+        lines += [f"  {line}" for line in summary.broken]
     return "\n".join(lines)
+
+
+def pass_k_cell(k: int, value: float | None, marker: str = "") -> str | None:
+    """The pass@k cell, None at k = 1 (the pass@1 column says it)."""
+    return None if k == 1 else number(value) + marker

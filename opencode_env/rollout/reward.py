@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opencode_env.sandbox.base import REWARD_JSON, REWARD_TXT, Sandbox
 from opencode_env.wire import CommandResult, RewardSource
+from opencode_env.wire.bounded_parse import REWARD_JSON as REWARD_JSON_LIMITS
+from opencode_env.wire.bounded_parse import loads_json
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Reward:
 
 
 def parse_reward_json(raw: bytes) -> float:
-    data = json.loads(raw.decode("utf-8"))
+    data = loads_json(raw.decode("utf-8"), where="reward.json", limits=REWARD_JSON_LIMITS)
     if not isinstance(data, dict) or "reward" not in data:
         raise ValueError("reward.json must be an object with a 'reward' key")
     return _finite(data["reward"])

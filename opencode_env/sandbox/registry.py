@@ -67,6 +67,7 @@ def _build_local(settings: Settings) -> SandboxBackend:
         egress_trusted_hosts=parse_trusted_hosts(settings.egress_trusted_hosts),
         cache_dir=cache,
         image_archive_dir=Path(settings.image_archive_dir) if settings.image_archive_dir else None,
+        image_storage_bytes=settings.image_storage_mb << 20,
     )
 
 

@@ -1,13 +1,5 @@
-"""Task formats read into rollout requests: Harbor task directories, and the images their environments build."""
+"""Harbor's task format read into rollout requests: task directories, their task.toml and their files."""
 
 from opencode_env.tasks.harbor import HarborTask, TaskFormatError, request_from_task_dir
-from opencode_env.tasks.image_build import BuiltImage, ImageBuilder, ImageBuildError
 
-__all__ = [
-    "BuiltImage",
-    "HarborTask",
-    "ImageBuildError",
-    "ImageBuilder",
-    "TaskFormatError",
-    "request_from_task_dir",
-]
+__all__ = ["HarborTask", "TaskFormatError", "request_from_task_dir"]

@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from opencode_env.tasks.image_build import BuildProgress, ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.build.builder import BuildProgress, ImageBuilder, ImageBuildError
+from opencode_env.settings import Settings
 from opencode_env.tasks.task_files import TaskDir, TaskFormatError
 from opencode_env.tasks.task_toml import TaskConfig, VerifierTests, deviations
 from opencode_env.wire import (
@@ -27,6 +28,7 @@ from opencode_env.wire import (
     MAX_INSTRUCTION_CHARS,
     RolloutRequest,
 )
+from opencode_env.wire.bounded_parse import TASK_TOML, ParseLimit, loads_toml
 
 VERIFY_COMMAND = "bash /tests/test.sh"
 SOLUTION_COMMAND = "bash /solution/solve.sh"
@@ -140,7 +142,7 @@ def request_from_task_dir(
     task = HarborTask.from_dir(path)
     if oracle:
         task.require_solution()
-    image, workdir = task_image(task, builder or ImageBuilder(progress=progress))
+    image, workdir = task_image(task, builder or ImageBuilder.for_settings(Settings.load(), progress=progress))
     return task.to_request(image, workdir, oracle=oracle, **overrides)
 
 
@@ -175,9 +177,11 @@ def _read_config(task_dir: TaskDir) -> TaskConfig:
     if task_dir.kind("task.toml") != "file":
         raise TaskFormatError(f"{path}: missing")
     try:
-        data = tomllib.loads(_read_text(task_dir, "task.toml", MAX_TOML_BYTES))
+        data = loads_toml(_read_text(task_dir, "task.toml", MAX_TOML_BYTES), where=str(path), limits=TASK_TOML)
     except tomllib.TOMLDecodeError as error:
         raise TaskFormatError(f"{path}: not valid TOML: {error}") from error
+    except ParseLimit as error:
+        raise TaskFormatError(str(error)) from None
     try:
         return TaskConfig.model_validate(data)
     except ValidationError as error:

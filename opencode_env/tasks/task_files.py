@@ -1,148 +1,16 @@
-"""A task directory's files read without following a link: every path below the task dir is opened one component at a
-time relative to its parent's descriptor with O_NOFOLLOW, so a symbolic link anywhere (instruction.md, tests/ itself,
-a file deep in environment/) is refused with its path named, and nothing outside the task dir is ever opened.
-
-The task dir itself is the operator's choice (named on the command line) and may be reached through a link.
-"""
+"""A task directory's files read as data (sandbox/local/data_dir.py: no link followed, regular files only, bounded
+reads), refusals raised as the task's format error."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
-from collections.abc import Iterator
-from pathlib import Path
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-MAX_TREE_ENTRIES = 100_000
+from opencode_env.sandbox.local.data_dir import DataDir
 
 
 class TaskFormatError(ValueError):
     """A task directory that cannot be read as a Harbor task; the message names the file and the field."""
 
 
-class TaskDir:
+class TaskDir(DataDir):
     """Reads below one task directory; each method takes a path relative to it ('tests', 'tests/test.sh')."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def kind(self, relative: str) -> str:
-        """'file', 'dir' or 'missing'; a link (at any component) raises, any other kind of entry too."""
-        parent, name = self._split(relative)
-        try:
-            with self._opened_dir(parent) as fd:
-                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return "missing"
-        return _kind(self.path / relative, info.st_mode)
-
-    def read_bytes(self, relative: str, limit: int) -> bytes:
-        """The file's bytes; more than `limit` bytes is refused."""
-        parent, name = self._split(relative)
-        with self._opened_dir(parent) as parent_fd:
-            fd = self._open(name, parent_fd, _FILE_FLAGS, relative)
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise TaskFormatError(f"{self.path / relative}: not a regular file")
-            data = handle.read(limit + 1)
-        if len(data) > limit:
-            raise TaskFormatError(f"{self.path / relative}: over the limit of {limit} bytes")
-        return data
-
-    def files_under(self, relative: str) -> list[str]:
-        """The regular files below the directory `relative` (relative to the task dir), sorted; a link or any
-        other kind of entry anywhere below is refused."""
-        found: list[str] = []
-        for entry, kind in self.walk(relative):
-            if kind == "file":
-                found.append(entry)
-        return sorted(found)
-
-    def walk(self, relative: str) -> Iterator[tuple[str, str]]:
-        """(path relative to the task dir, 'file' or 'dir') for every entry below `relative`, iteratively."""
-        pending = [relative]
-        seen = 0
-        while pending:
-            directory = pending.pop()
-            with self._opened_dir(directory) as fd:
-                names = sorted(os.listdir(fd))
-                for name in names:
-                    seen += 1
-                    if seen > MAX_TREE_ENTRIES:
-                        raise TaskFormatError(f"{self.path / relative}: more than {MAX_TREE_ENTRIES} entries")
-                    entry = f"{directory}/{name}"
-                    kind = _kind(self.path / entry, os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
-                    if kind == "dir":
-                        pending.append(entry)
-                    yield entry, kind
-
-    def copy_tree(self, relative: str, target: Path, *, limit_bytes: int) -> int:
-        """Copy the directory `relative` into `target` (created), files and directories only, modes kept; returns
-        the bytes copied; more than `limit_bytes` in all is refused."""
-        target.mkdir(mode=0o755)
-        total = 0
-        for entry, kind in self.walk(relative):
-            destination = target / entry.removeprefix(relative + "/")
-            if kind == "dir":
-                destination.mkdir(mode=0o755)
-                continue
-            data = self.read_bytes(entry, limit_bytes - total)
-            total += len(data)
-            destination.write_bytes(data)
-            destination.chmod(0o755 if self.is_executable(entry) else 0o644)
-        return total
-
-    def is_executable(self, relative: str) -> bool:
-        parent, name = self._split(relative)
-        with self._opened_dir(parent) as fd:
-            return bool(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode & stat.S_IXUSR)
-
-    @staticmethod
-    def _split(relative: str) -> tuple[str, str]:
-        parts = [part for part in relative.split("/") if part not in ("", ".")]
-        if not parts or ".." in parts:
-            raise ValueError(f"not a path below the task dir: {relative!r}")
-        return "/".join(parts[:-1]), parts[-1]
-
-    @contextlib.contextmanager
-    def _opened_dir(self, relative: str) -> Iterator[int]:
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            walked: list[str] = []
-            for part in [part for part in relative.split("/") if part]:
-                walked.append(part)
-                child = self._open(part, fd, _DIR_FLAGS, "/".join(walked))
-                os.close(fd)
-                fd = child
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _open(self, name: str, dir_fd: int, flags: int, relative: str) -> int:
-        try:
-            return os.open(name, flags, dir_fd=dir_fd)
-        except OSError as error:
-            with contextlib.suppress(OSError):
-                if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                    raise _link(self.path / relative) from None
-            if isinstance(error, NotADirectoryError):
-                raise TaskFormatError(f"{self.path / relative}: not a directory") from None
-            raise
-
-
-def _kind(path: Path, mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        raise _link(path)
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISREG(mode):
-        return "file"
-    raise TaskFormatError(f"{path}: not a regular file or directory")
-
-
-def _link(path: Path) -> TaskFormatError:
-    return TaskFormatError(
-        f"{path}: a symbolic link; task files are never read through links (copy the file in its place)"
-    )
+    error = TaskFormatError

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from opencode_env.tasks.build_box import MAX_BUILD_TIMEOUT_S
-from opencode_env.tasks.image_build import is_image_reference
+from opencode_env.sandbox.local.build.box import MAX_BUILD_TIMEOUT_S
+from opencode_env.sandbox.local.build.builder import is_image_reference
 from opencode_env.wire import RESERVED_ENV, Network, VerifyAs, loader_env_names
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]

@@ -312,7 +312,7 @@ def test_the_cli_runs_resumes_and_refuses_another_k(
     captured = capsys.readouterr()
     assert "attempts: 3 in all, 0 done already (skipped), 3 to run" in captured.err
     table = captured.out.splitlines()
-    header = "task attempts scored successes pass@1 pass@1 mean reward infra tokens rollout s"
+    header = "task attempts scored successes pass@1 mean reward infra tokens rollout s"
     assert table[0].split() == header.split()
     assert table[4].split()[:6] == ["overall", "3", "3", "2", "0.667", "0.667"]
     assert table[-1] == f"index:      {out / 'index.html'}"

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.tasks import BuiltImage, HarborTask, ImageBuilder, ImageBuildError, TaskFormatError
+from opencode_env.sandbox.local.build import BuiltImage, ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.build.builder import TAG_REPOSITORY, context_hash, repository_name
+from opencode_env.tasks import HarborTask, TaskFormatError
 from opencode_env.tasks.harbor import request_from_task_dir
-from opencode_env.tasks.image_build import TAG_REPOSITORY, context_hash, repository_name
 from opencode_env.tasks.task_toml import parse_size_mb
 from opencode_env.wire import MAX_FILES
 
@@ -352,7 +353,7 @@ def test_a_workdir_the_request_cannot_carry_is_a_task_error(tmp_path):
         task.to_request("img", "/my app")
 
 
-def test_the_context_hash_covers_paths_contents_modes_and_symlinks(tmp_path):
+def test_the_context_hash_covers_paths_contents_and_modes_and_refuses_links(tmp_path):
     context = tmp_path / "ctx"
     context.mkdir()
     (context / "Dockerfile").write_text("FROM x\n")
@@ -364,13 +365,11 @@ def test_the_context_hash_covers_paths_contents_modes_and_symlinks(tmp_path):
     hashes.append(context_hash(context))
     (context / "a.txt").rename(context / "c.txt")
     hashes.append(context_hash(context))
-    (context / "link").symlink_to("c.txt")
-    hashes.append(context_hash(context))
-    (context / "link").unlink()
-    (context / "link").symlink_to("Dockerfile")
-    hashes.append(context_hash(context))
     assert len(set(hashes)) == len(hashes)
     assert context_hash(context) == hashes[-1]
+    (context / "link").symlink_to("c.txt")
+    with pytest.raises(ImageBuildError, match=r"ctx/link: a symbolic link"):
+        context_hash(context)
 
 
 def test_repository_names_are_legal():

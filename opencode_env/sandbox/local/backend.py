@@ -40,6 +40,7 @@ from opencode_env.sandbox.local.compartment import Compartment
 from opencode_env.sandbox.local.host_ids import UidLease
 from opencode_env.sandbox.local.host_runtime import BASE_PATH, HOST_ROOT, HostRuntime
 from opencode_env.sandbox.local.host_view import runtime_for
+from opencode_env.sandbox.local.image_budget import ImageBudget
 from opencode_env.sandbox.local.images import HOST_IMAGE, ImageProgress, ImageStore, default_image
 from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, CONTROL_MOUNT, Layout
 from opencode_env.sandbox.local.layout import (
@@ -56,6 +57,7 @@ from opencode_env.sandbox.local.sandbox_boot import SandboxBoot
 from opencode_env.sandbox.local.sandbox_files import SandboxFiles
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess, SandboxProcesses
 from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.settings import DEFAULT_IMAGE_STORAGE_MB
 from opencode_env.wire import CommandResult, LimitHit
 
 log = logging.getLogger("opencode_env.local")
@@ -255,13 +257,15 @@ class LocalBackend:
         egress_trusted_hosts: frozenset[str] = frozenset(),
         cache_dir: Path | None = None,
         image_archive_dir: Path | None = None,
+        image_storage_bytes: int = DEFAULT_IMAGE_STORAGE_MB << 20,
     ) -> None:
         """`image`: what a request naming none runs on (images.default_image: '' is the base image once built, else
         the host's root). `memory_overcommit`: the rollouts' memory limits may add up to this many times the
         machine's memory (admission.py), unless `admission` is given. `egress_trusted_hosts`: names the egress
         proxy lets through even on private addresses. `cache_dir`: where unpacked images are kept (default
         tools.cache_root()). `image_archive_dir`: the operator's directory of image archives a request may name
-        (`oci-archive:`/`docker-archive:`); None refuses them.
+        (`oci-archive:`/`docker-archive:`); None refuses them. `image_storage_bytes`: the image storage budget
+        (image_budget.py) the unpacked cache is charged to, with the task images the builder makes.
 
         `share_host_network=True` runs every sandbox in the host's network namespace, as a cloud VM has a network
         of its own: no egress policy and no loopback isolation (a sandbox reaches whatever the host reaches, the
@@ -275,7 +279,9 @@ class LocalBackend:
         self._extra_path = extra_path
         self._open = OpenSandboxes()
         self._base_dir = base_dir
-        self._images = ImageStore((cache_dir or cache_root()) / "images", archive_dir=image_archive_dir)
+        images = (cache_dir or cache_root()) / "images"
+        budget = ImageBudget(images, image_storage_bytes)
+        self._images = ImageStore(images, archive_dir=image_archive_dir, budget=budget)
         self._configured_image = image
         self._default_image: str | None = None
         self._memory_overcommit = memory_overcommit

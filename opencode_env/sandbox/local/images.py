@@ -5,7 +5,8 @@ accounts every sandbox has (`user`, 1000; `grader`, 1001) added to its /etc/pass
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.local.image_budget import ImageBudget, locked, mounted_sources
 
 log = logging.getLogger("opencode_env.images")
 ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
@@ -27,11 +29,23 @@ HOST_IMAGE = "host"
 """The image name that means none: the host's own root file system, read-only (the backend's default)."""
 BASE_IMAGE = "localhost/opencode-env-base:bookworm"
 PODMAN_TIMEOUT_S = 600.0
+UNPACK_LOCK_WAIT_S = 3 * PODMAN_TIMEOUT_S
+"""The longest a preparer waits for another one unpacking the same image (that one's own calls are bounded)."""
+LOCK_POLL_S = 0.2
+ACCOUNT_FILE_BYTES = 1 << 20
+REFUSED = ".refused"
+"""In an image's cache directory: why its content was refused (kept: an image id names its content)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
 ACCOUNTS = (("user", 1000, "/home/user"), ("grader", 1001, "/home/grader/home"))
 ImageProgress = Callable[[str], None]
 """Where the store says what takes time (an archive loaded, an image unpacked into the cache), one line at a time;
 by default the log."""
+
+
+class ImageRefused(SandboxError):
+    """The image's own content cannot be used (a special file where a regular one must be, a file over its limit):
+    the same for every rollout on the image, so it is remembered."""
 
 
 def _to_log(message: str) -> None:
@@ -90,11 +104,21 @@ def image_exists(ref: str) -> bool:
 class ImageStore:
     """The cache of unpacked images, one directory per image id; concurrent preparers wait on a file lock."""
 
-    def __init__(self, root: Path, *, archive_dir: Path | None = None, progress: ImageProgress | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        archive_dir: Path | None = None,
+        progress: ImageProgress | None = None,
+        budget: ImageBudget | None = None,
+    ) -> None:
         """`archive_dir`: the only directory an `oci-archive:`/`docker-archive:` ref may name a file in (the
         operator's); None refuses archives (a caller naming a host path would have root load it). `progress`: where
-        loading an archive and unpacking an image are announced (size first, time once done); default the log."""
+        loading an archive and unpacking an image are announced (size first, time once done); default the log.
+        `budget`: the image storage budget the cache's trees (and our task images, as rollouts use them) are
+        charged to; None charges nothing."""
         self.root = root
+        self.budget = budget
         self.archive_dir = archive_dir
         self.progress = progress or _to_log
         self._resolved: dict[str, tuple[int, dict[str, object]]] = {}
@@ -104,7 +128,10 @@ class ImageStore:
         image_id = str(inspected["Id"])
         config = inspected.get("Config") or {}
         assert isinstance(config, dict)
-        rootfs = self._unpacked(image_id, ref, inspected.get("Size"))
+        size = inspected.get("Size")
+        if self.budget is not None:
+            self.budget.touch(ref)
+        rootfs = self._unpacked(image_id, ref, size)
         env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         return PreparedImage(
             ref=ref,
@@ -185,7 +212,7 @@ class ImageStore:
         returns the ids removed."""
         if not self.root.is_dir():
             return []
-        in_use = _mounted_sources()
+        in_use = mounted_sources()
         removed = []
         for directory in sorted(self.root.iterdir()):
             if not directory.is_dir() or len(directory.name) != 64 or image_exists(directory.name):
@@ -193,23 +220,29 @@ class ImageStore:
             rootfs = str(directory / "rootfs")
             if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
                 continue
-            with (directory / ".lock").open("w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
                 (directory / ".complete").unlink(missing_ok=True)
             shutil.rmtree(directory)
+            self._release(directory.name)
             removed.append(directory.name)
         return removed
 
     def _unpacked(self, image_id: str, ref: str, size: object) -> Path:
         directory = self.root / image_id.removeprefix("sha256:")[:64]
         rootfs = directory / "rootfs"
+        charge = size if isinstance(size, int) else 0
         if (directory / ".complete").exists():
+            if self.budget is not None:
+                self.budget.use("tree", directory.name, charge, what=f"image {ref} unpacked")
             return rootfs
+        _raise_refused(directory, ref)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with (directory / ".lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
             if (directory / ".complete").exists():
                 return rootfs
+            _raise_refused(directory, ref)
+            if self.budget is not None:
+                self.budget.charge("tree", directory.name, charge, what=f"image {ref} unpacked", keep=(ref,))
             staging = Path(tempfile.mkdtemp(prefix=".rootfs-", dir=directory))
             sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
             self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
@@ -221,18 +254,31 @@ class ImageStore:
                 if rootfs.exists():
                     shutil.rmtree(rootfs)
                 staging.rename(rootfs)
+            except ImageRefused as refused:
+                shutil.rmtree(staging, ignore_errors=True)
+                self._release(directory.name)
+                _write_atomically(directory / REFUSED, str(refused))
+                raise ImageRefused(f"image {ref}: {refused}") from None
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
+                self._release(directory.name)
                 raise
             (directory / ".complete").write_text(image_id)
             self.progress(f"unpacked {ref} in {time.monotonic() - started:.1f}s")
         return rootfs
 
+    def _release(self, tree: str) -> None:
+        if self.budget is not None:
+            self.budget.release(tree)
 
-def _mounted_sources() -> set[str]:
-    """The source paths of this mount namespace's mounts (/proc/self/mountinfo's fourth field: the root of the
-    mount within its file system, which for an id-mapped view of an unpacked image is that image's tree)."""
-    return {line.split(" ")[3] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+def _raise_refused(directory: Path, ref: str) -> None:
+    """The verdict an earlier unpack of this image left, raised again without copying the image again."""
+    try:
+        why = (directory / REFUSED).read_text()
+    except FileNotFoundError:
+        return
+    raise ImageRefused(f"image {ref}: {why}")
 
 
 def _storage_stamp() -> int:
@@ -262,23 +308,74 @@ def _copy_image_tree(image_id: str, target: Path) -> None:
 
 
 def _add_accounts(rootfs: Path) -> None:
-    """`user` and `grader` in the image's account files, unless it has their uids already (under any name)."""
-    etc = rootfs / "etc"
-    if etc.is_symlink():
-        raise SandboxError("the image's /etc is a symbolic link")
-    etc.mkdir(mode=0o755, exist_ok=True)
-    for name, fields in (("passwd", "{name}:x:{uid}:{uid}:{name}:{home}:/bin/sh"), ("group", "{name}:x:{uid}:")):
-        path = etc / name
-        if path.is_symlink():
-            path.unlink()
-        text = path.read_text() if path.is_file() else "root:x:0:0:root:/root:/bin/sh\n" * (name == "passwd")
-        if name == "group" and not text:
-            text = "root:x:0:\n"
-        taken = {line.split(":")[2] for line in text.splitlines() if line.count(":") >= 2}
-        added = [fields.format(name=n, uid=uid, home=home) for n, uid, home in ACCOUNTS if str(uid) not in taken]
-        if added:
-            path.write_text(text + ("" if text.endswith("\n") or not text else "\n") + "\n".join(added) + "\n")
-            path.chmod(0o644)
+    """`user` and `grader` in the image's account files, unless it has their uids already (under any name). The
+    files are the image's, so they are read as data: from a held descriptor of the tree's /etc, never through a
+    link, regular files only (a FIFO or device is refused, never opened to block), at most ACCOUNT_FILE_BYTES; the
+    new text replaces them by a rename inside that directory."""
+    root = os.open(rootfs, _DIR_FLAGS)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir("etc", 0o755, dir_fd=root)
+        try:
+            etc = os.open("etc", _DIR_FLAGS, dir_fd=root)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise ImageRefused("the image's /etc is not a directory (a link or a file)") from None
+            raise
+    finally:
+        os.close(root)
+    try:
+        for name, fields in (("passwd", "{name}:x:{uid}:{uid}:{name}:{home}:/bin/sh"), ("group", "{name}:x:{uid}:")):
+            text = _read_account_file(etc, name)
+            if text is None:
+                text = "root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else "root:x:0:\n"
+            taken = {line.split(":")[2] for line in text.splitlines() if line.count(":") >= 2}
+            added = [fields.format(name=n, uid=uid, home=home) for n, uid, home in ACCOUNTS if str(uid) not in taken]
+            if added:
+                ending = "" if text.endswith("\n") or not text else "\n"
+                _replace_in(etc, name, text + ending + "\n".join(added) + "\n")
+    finally:
+        os.close(etc)
+
+
+def _read_account_file(etc: int, name: str) -> str | None:
+    """/etc/`name` of an image (None when it has none), opened without following a link and without blocking."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=etc)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise _not_an_account_file(name, os.stat(name, dir_fd=etc, follow_symlinks=False).st_mode) from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_an_account_file(name, mode)
+        data = handle.read(ACCOUNT_FILE_BYTES + 1)
+    if len(data) > ACCOUNT_FILE_BYTES:
+        raise ImageRefused(f"the image's /etc/{name} is over the limit of {ACCOUNT_FILE_BYTES} bytes")
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _not_an_account_file(name: str, mode: int) -> ImageRefused:
+    kinds = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    kind = kinds.get(stat.S_IFMT(mode), "a directory" if stat.S_ISDIR(mode) else "a device")
+    return ImageRefused(
+        f"the image's /etc/{name} is {kind}, not a regular file: the host reads an image's files as data (regular "
+        "files only, no links followed); make it a plain file in the image"
+    )
+
+
+def _replace_in(directory: int, name: str, text: str) -> None:
+    staging = f".{name}.opencode-env-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging, dir_fd=directory)
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(text.encode("utf-8", errors="surrogateescape"))
+        os.fchmod(handle.fileno(), 0o644)
+    os.rename(staging, name, src_dir_fd=directory, dst_dir_fd=directory)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -1,7 +1,7 @@
 """Task images built from a build context, offline (never pulled), in a box (build_box.py), and cached by content.
 
 A context's image is tagged `localhost/opencode-env-task/<name>:<sha256 of the context>`, so a context built once is
-found again by its tag and never rebuilt; a changed file gives a new tag. The context is copied (task_files.py: no
+found again by its tag and never rebuilt; a changed file gives a new tag. The context is copied (data_dir.py: no
 link followed, none allowed) into the box's work directory and built there; the image is then loaded into this
 machine's container storage, where the local backend takes its images from.
 """
@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opencode_env.sandbox.local.tools import cache_root
-from opencode_env.settings import Settings
-from opencode_env.tasks.build_box import (
+from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.local.build.box import (
     BOX_DISK_BYTES,
     CAP_DROP,
     DEFAULT_ROOT,
@@ -36,9 +35,13 @@ from opencode_env.tasks.build_box import (
     run_group,
     tail,
 )
-from opencode_env.tasks.task_files import TaskDir
+from opencode_env.sandbox.local.build.hints import offline_hint
+from opencode_env.sandbox.local.data_dir import DataDir
+from opencode_env.sandbox.local.image_budget import TASK_REPOSITORY, ImageBudget
+from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.settings import DEFAULT_IMAGE_STORAGE_MB, Settings
 
-TAG_REPOSITORY = "localhost/opencode-env-task"
+TAG_REPOSITORY = TASK_REPOSITORY
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
 QUERY_TIMEOUT_S = 60.0
 COPY_TIMEOUT_S = 600.0
@@ -103,6 +106,12 @@ class ImageBuildError(RuntimeError):
     """podman is missing, or a podman call failed or timed out (the message carries the tail of its stderr)."""
 
 
+class BuildContext(DataDir):
+    """The directory holding a build context, read as data; a link or a special file in it fails the build."""
+
+    error = ImageBuildError
+
+
 @dataclass(frozen=True)
 class BuiltImage:
     ref: str
@@ -114,37 +123,20 @@ class BuiltImage:
 
 
 def context_hash(context_dir: Path) -> str:
-    """sha256 over the context's entries in sorted order: relative path, kind, mode, and the contents of a file or
-    the target of a symlink (never followed)."""
+    """sha256 over the context's entries in sorted order: relative path, kind, mode, and the contents of a file;
+    read as data (a link or a special file fails the build, at most MAX_CONTEXT_BYTES of contents)."""
+    context = BuildContext(context_dir.parent)
     digest = hashlib.sha256(_HASH_FORMAT)
-    for path in _sorted_entries(context_dir):
-        relative = path.relative_to(context_dir).as_posix().encode()
-        info = path.lstat()
+    total = 0
+    for entry, kind in sorted(context.walk(context_dir.name)):
+        relative = entry.removeprefix(context_dir.name + "/").encode()
+        mode = context.mode(entry)
         digest.update(len(relative).to_bytes(8, "big") + relative)
-        digest.update(f"{stat.S_IFMT(info.st_mode):o} {stat.S_IMODE(info.st_mode):o}\n".encode())
-        body = _entry_body(path, info)
+        digest.update(f"{stat.S_IFMT(mode):o} {stat.S_IMODE(mode):o}\n".encode())
+        body = context.read_bytes(entry, MAX_CONTEXT_BYTES - total) if kind == "file" else b""
+        total += len(body)
         digest.update(len(body).to_bytes(8, "big") + body)
     return digest.hexdigest()
-
-
-def _sorted_entries(root: Path) -> list[Path]:
-    entries: list[Path] = []
-    pending = [root]
-    while pending:
-        directory = pending.pop()
-        for child in directory.iterdir():
-            entries.append(child)
-            if child.is_dir() and not child.is_symlink():
-                pending.append(child)
-    return sorted(entries, key=lambda path: path.relative_to(root).as_posix())
-
-
-def _entry_body(path: Path, info: os.stat_result) -> bytes:
-    if stat.S_ISLNK(info.st_mode):
-        return os.readlink(path).encode()
-    if stat.S_ISREG(info.st_mode):
-        return path.read_bytes()
-    return b""
 
 
 def repository_name(name: str) -> str:
@@ -157,7 +149,7 @@ def containers_conf(cache: Path | None = None) -> Path:
     """A containers.conf for podman in a container like this one: crun fails here, and podman's default ulimits
     exceed what runc may set, so: runc, and no default ulimits. Kept in `cache` (default: the operator's
     OPENCODE_ENV_CACHE, else ~/.cache/opencode-env)."""
-    path = (cache or cache_root(Settings.load().cache)) / "containers.conf"
+    path = (cache or cache_root()) / "containers.conf"
     if path.is_file() and path.read_text() == CONTAINERS_CONF:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,13 +157,6 @@ def containers_conf(cache: Path | None = None) -> Path:
     staging.write_text(CONTAINERS_CONF)
     staging.replace(path)
     return path
-
-
-def _podman_env() -> dict[str, str]:
-    env = dict(os.environ)
-    if "CONTAINERS_CONF" not in env:
-        env["CONTAINERS_CONF"] = str(containers_conf())
-    return env
 
 
 class ImageBuilder:
@@ -183,7 +168,10 @@ class ImageBuilder:
         box_root: Path | None = None,
         progress: BuildProgress | None = None,
         box_disk_bytes: int = BOX_DISK_BYTES,
+        budget: ImageBudget | None = None,
     ) -> None:
+        """`budget`: the image storage budget a built image is charged to (default: the default budget over the
+        default cache's ledger; `for_settings` gives the operator's, the one the local backend uses)."""
         found = podman or shutil.which("podman")
         if found is None:
             raise ImageBuildError("podman is not installed: apt-get install podman buildah")
@@ -191,6 +179,14 @@ class ImageBuilder:
         self.box_root = box_root or DEFAULT_ROOT
         self.progress = progress or _quiet
         self.box_disk_bytes = box_disk_bytes
+        self.budget = budget or ImageBudget(cache_root() / "images", DEFAULT_IMAGE_STORAGE_MB << 20)
+
+    @classmethod
+    def for_settings(cls, settings: Settings, *, progress: BuildProgress | None = None) -> ImageBuilder:
+        """A builder charging the operator's image storage budget (OPENCODE_ENV_IMAGE_STORAGE_MB) in the ledger of
+        their cache (OPENCODE_ENV_CACHE): the budget the local backend charges its unpacked images to."""
+        budget = ImageBudget(cache_root(settings.cache) / "images", settings.image_storage_mb << 20)
+        return cls(progress=progress, budget=budget)
 
     def _step(self, line: str) -> None:
         """One line of podman build's output: its STEP and COMMIT lines are passed on (a RUN step's output is not)."""
@@ -200,24 +196,25 @@ class ImageBuilder:
     def build(self, context_dir: Path, *, name: str, timeout_s: float) -> BuiltImage:
         """The image of `context_dir` (its Dockerfile), built in the box unless its content's tag is already
         present; `timeout_s` is capped at MAX_BUILD_TIMEOUT_S."""
-        context = TaskDir(context_dir.parent)
+        context = BuildContext(context_dir.parent)
         if context.kind(f"{context_dir.name}/Dockerfile") != "file":
             raise ImageBuildError(f"{context_dir / 'Dockerfile'}: no Dockerfile in the build context")
         ref = f"{TAG_REPOSITORY}/{repository_name(name)}:{context_hash(context_dir)}"
         cached = self.image_exists(ref)
         if cached:
             self.progress(f"{ref} is built already (same context): nothing to build")
+            self._use(ref)
         else:
             self.progress(f"building {ref} from {context_dir}")
             started = time.monotonic()
             try:
                 self._build_in_box(context, context_dir.name, ref, min(timeout_s, MAX_BUILD_TIMEOUT_S))
             except BoxError as error:
-                raise ImageBuildError(str(error)) from None
+                raise ImageBuildError(offline_hint(str(error))) from None
             self.progress(f"built {ref} in {time.monotonic() - started:.1f}s")
         return BuiltImage(ref=ref, image_id=self.image_id(ref), workdir=self.image_workdir(ref), cached=cached)
 
-    def _build_in_box(self, context: TaskDir, relative: str, ref: str, timeout_s: float) -> None:
+    def _build_in_box(self, context: BuildContext, relative: str, ref: str, timeout_s: float) -> None:
         box = BuildBox(self.box_root, self.podman, self.box_disk_bytes)
         box.prepare()
         build = box.new_build_dir(ref.rsplit(":", 1)[1][:16])
@@ -232,9 +229,29 @@ class ImageBuilder:
             view.run(args, timeout_s, what=f"building {context.path / relative}", on_line=self._step)
             self.progress("saving the built image out of the build box")
             view.run(["save", "--format", "docker-archive", "-o", f"{BUILD}/image.tar", "--", ref], COPY_TIMEOUT_S)
-            self._load_from_box(build / "image.tar", ref)
+            self._charge(build / "image.tar", ref)
+            try:
+                self._load_from_box(build / "image.tar", ref)
+            except BaseException:
+                self.budget.release(ref)
+                raise
         finally:
             shutil.rmtree(build, ignore_errors=True)
+
+    def _charge(self, archive: Path, ref: str) -> None:
+        """The built image's archive charged to the image storage budget before it is loaded (what it does not fit
+        never reaches this machine's storage)."""
+        try:
+            self.budget.charge("image", ref, archive.lstat().st_size, what=f"the built image {ref}")
+        except SandboxError as error:  # over the budget, or its ledger held past its deadline
+            raise ImageBuildError(str(error)) from None
+
+    def _use(self, ref: str) -> None:
+        size = self._inspect(ref, "{{.Size}}")
+        try:
+            self.budget.use("image", ref, int(size) if size.isdigit() else 0, what=f"the image {ref}")
+        except SandboxError as error:  # over the budget, or its ledger held past its deadline
+            raise ImageBuildError(str(error)) from None
 
     def _base_into_box(self, box: BuildBox, image: str) -> bool:
         """The base image `image` from this machine's storage into its own store in the box (once: the box keeps
@@ -279,7 +296,7 @@ class ImageBuilder:
 
     def _load_from_box(self, archive: Path, ref: str) -> None:
         """The box's archive of `ref` into this machine's storage, opened here without following a link."""
-        fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -288,7 +305,7 @@ class ImageBuilder:
             started = time.monotonic()
             # -i /proc/self/fd/0: podman reads our descriptor in place (from a pipe-like stdin it copies it first)
             argv = [self.podman, "load", "-i", "/proc/self/fd/0"]
-            completed = run_group(argv, COPY_TIMEOUT_S, env=_podman_env(), what="", stdin=fd)
+            completed = run_group(argv, COPY_TIMEOUT_S, env=None, what="", stdin=fd)
         finally:
             os.close(fd)
         if completed.returncode != 0 or not self.image_exists(ref):
@@ -313,7 +330,7 @@ class ImageBuilder:
         self, argv: list[str], timeout_s: float, *, what: str, ok: tuple[int, ...] = (0,)
     ) -> subprocess.CompletedProcess[str]:
         try:
-            completed = run_group([self.podman, *argv], timeout_s, env=_podman_env(), what=what)
+            completed = run_group([self.podman, *argv], timeout_s, env=None, what=what)
         except BoxError as error:
             raise ImageBuildError(str(error)) from None
         if completed.returncode not in ok:

@@ -39,17 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from opencode_env.sandbox.base import ResourceLimits
 from opencode_env.sandbox.local import bounded_fs, cgroup, userns
 from opencode_env.sandbox.local.host_ids import UID_BASE
 from opencode_env.sandbox.local.isolation import SYSTEM_DIRS
 
-log = logging.getLogger("opencode_env.tasks")
+log = logging.getLogger("opencode_env.images")
 BUILD_UID = UID_BASE - (1 << 17)
 """The host uid of the box's root; the box maps BUILD_IDS uids from here, none of them any sandbox's (those start at
 UID_BASE) or a real account's."""
 BUILD_IDS = 1 << 16
 MAX_BUILD_TIMEOUT_S = 3600.0
-BUILD_LIMITS = cgroup.Limits(memory_bytes=4 << 30, max_processes=1024, cpus=2.0)
 MAX_FILE_BYTES = 8 << 30
 """RLIMIT_FSIZE of everything in the box: no one file (a layer, a RUN step's output) larger than this."""
 MAX_CONTEXT_BYTES = 512 << 20
@@ -61,6 +61,9 @@ STDERR_TAIL_CHARS = 4000
 BOX_DISK_BYTES = 64 << 30
 """The size of the box's own file system (sparse: it takes only what is written): every image, layer, cache and
 context of every build together; a build that writes more fails with 'no space left', the host's disk untouched."""
+BUILD_LIMITS = ResourceLimits(memory_mb=4096, max_processes=1024, disk_mb=BOX_DISK_BYTES >> 20, cpus=2.0)
+"""The box in the sandbox seam's terms: what all of one podman call uses (memory, processes, CPUs: its cgroup), and
+the box's own file system (disk). Like a sandbox with network 'none': only its own loopback."""
 BOX = "/box"
 SCRATCH = f"{BOX}/tmp"
 """Inside the box: the podman call's own HOME, TMPDIR and storage.conf."""
@@ -180,7 +183,7 @@ class BuildBox:
         store: Bind,
         image_stores: tuple[Bind, ...] = (),
         inputs: tuple[Bind, ...] = (),
-        limits: cgroup.Limits = BUILD_LIMITS,
+        limits: ResourceLimits = BUILD_LIMITS,
         ok: tuple[int, ...] = (0,),
         on_line: OnLine | None = None,
     ) -> subprocess.CompletedProcess[str]:
@@ -192,7 +195,7 @@ class BuildBox:
         scratch = self._scratch(store, [bind.inside for bind in image_stores])
         binds = (store, *image_stores, *inputs, Bind(scratch, SCRATCH, writable=True))
         if group is not None:
-            group.create(limits)
+            group.create(cgroup.Limits(limits.memory_mb << 20, limits.max_processes, limits.cpus))
         try:
             argv = [*cgroup.cgroup_prefix(group), *self._argv(args, binds)]
             completed = run_group(argv, timeout_s, env=_clean_env(), what=what, on_line=on_line)
@@ -273,14 +276,15 @@ def run_group(
     argv: list[str],
     timeout_s: float,
     *,
-    env: dict[str, str],
+    env: dict[str, str] | None,
     what: str,
     stdin: int | IO[bytes] | None = None,
     on_line: OnLine | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run argv in its own process group, which is stopped whole on timeout (podman build leaves children): SIGTERM
     first so podman can remove its build container, then SIGKILL. With `on_line`, each line of its stdout and stderr
-    goes there as it is printed (and is kept for the result as well)."""
+    goes there as it is printed (and is kept for the result as well). `env` None: this process's own (the host's
+    podman calls on its own storage; a call in the box always gets `_clean_env`)."""
     if on_line is not None:
         return _run_group_streaming(argv, timeout_s, env=env, what=what, stdin=stdin, on_line=on_line)
     with _popen(argv, env, stdin) as process:
@@ -292,7 +296,7 @@ def run_group(
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
-def _popen(argv: list[str], env: dict[str, str], stdin: int | IO[bytes] | None) -> subprocess.Popen[str]:
+def _popen(argv: list[str], env: dict[str, str] | None, stdin: int | IO[bytes] | None) -> subprocess.Popen[str]:
     """argv in a process group of its own (stopped whole), both pipes as text."""
     return subprocess.Popen(
         argv,
@@ -307,7 +311,13 @@ def _popen(argv: list[str], env: dict[str, str], stdin: int | IO[bytes] | None) 
 
 
 def _run_group_streaming(
-    argv: list[str], timeout_s: float, *, env: dict[str, str], what: str, stdin: int | IO[bytes] | None, on_line: OnLine
+    argv: list[str],
+    timeout_s: float,
+    *,
+    env: dict[str, str] | None,
+    what: str,
+    stdin: int | IO[bytes] | None,
+    on_line: OnLine,
 ) -> subprocess.CompletedProcess[str]:
     """run_group, reading both pipes line by line in threads (a pipe read whole at the end would hide a build's
     steps until it ends)."""
