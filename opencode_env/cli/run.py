@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from pydantic import ValidationError
 
@@ -30,7 +30,7 @@ from opencode_env.sandbox import (
 )
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire import Capture, Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.request import request_problems
 
 RUN_EPILOG = """The request is built from --request FILE.json (a whole RolloutRequest, as `check-task` reads it), or
@@ -153,6 +153,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["transparent_proxy", "black_box"], help="capture or not")
     parser.add_argument("--network", choices=["internet", "model_only"], help="the sandbox's way out")
     parser.add_argument(
+        "--capture",
+        choices=get_args(Capture),
+        help="what the endpoint must return, checked before the sandbox starts (text: the reward only)",
+    )
+    parser.add_argument(
         "--agent-timeout", dest="agent_timeout_s", type=float, metavar="S", help="the agent's time limit"
     )
     parser.add_argument(
@@ -273,13 +278,13 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(result.model_dump_json(indent=2))
     if result.status == "invalid_request":
-        hint = (
-            " (on the command line: --base-url and --model, or --endpoint)"
-            if "base_url" in (result.error or "")
-            else ""
-        )
+        refusal = result.error or ""
+        hint = " (on the command line: --base-url and --model, or --endpoint)" if "base_url" in refusal else ""
+        hint += " (on the command line: --capture text)" if "capture='text'" in refusal else ""
         print(f"opencode-env run: {result.error}{hint}", file=sys.stderr)
         return 2
+    if result.failed_phase == "validate":
+        print(f"opencode-env run: {result.error}", file=sys.stderr)
     return 0 if result.status == "completed" else 1
 
 

@@ -31,6 +31,7 @@ from opencode_env.proxy.completions import server_root
 from opencode_env.proxy.fingerprint import PROBE_HEADER, fingerprint, tokenize_body
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
 from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.probe_diagnosis import raise_if_misaddressed, raise_if_unreachable
 from opencode_env.wire.provenance import (
     Capture,
     EndpointCapabilities,
@@ -283,6 +284,7 @@ async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Calla
             asks_ids = False
             answer = await client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=False, tools=False))
         if answer.status_code != 200:
+            await raise_if_misaddressed(upstream, answer, client.get)
             problem = f"the endpoint refused the probe's capture request: {_refused(answer)}"
             return _unprobed(problem, clock, started) if answer.status_code >= 500 else _refusing(problem, clock)
         hot = fold_stream(answer.content)
@@ -291,6 +293,7 @@ async def _probe(upstream: Upstream, top_logprobs: int, proxy: str, clock: Calla
             client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=asks_ids, tools=True)),
         )
     except httpx.HTTPError as error:
+        raise_if_unreachable(upstream, error, CALL_TIMEOUT_S)
         return _unprobed(f"the endpoint did not answer the probe: {type(error).__name__}: {error}", clock, started)
     finally:
         await client.http.aclose()
