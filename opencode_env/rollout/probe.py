@@ -4,9 +4,10 @@ It asks what the capture proxy will ask (the same request rewrite, the same stre
 capture gets: completion and prompt token ids, logprobs and the alternatives' ids; whether the logprobs are the
 sampler's (two temperatures compared); whether the model calls a tool; the model's identity (`/v1/models`) and the
 chat template's fingerprint (`/tokenize`). A request whose `capture` the endpoint cannot give is refused with what
-is missing and how to fix it; whatever is degraded becomes a warning. An endpoint that does not answer at all is
-not refused here (the agent's calls then fail the usual way): its rollout carries a warning that nothing was
-checked.
+is missing and how to fix it; whatever is degraded becomes a warning. An endpoint nobody listens on, whose name
+does not resolve, whose TLS fails, or that refuses the key or the model is refused with the cause and the fix
+(`probe_diagnosis`); one that fails otherwise (a read timeout, a 5xx) is not refused here (the agent's calls then
+fail the usual way): its rollout carries a warning that nothing was checked.
 
 Pure decision core (`decide`, `capabilities_of`, `logprobs_kind`) and a thin I/O shell (`probe_endpoint`), cached
 in-process per server, model and key for `PROBE_TTL_S`; probes of one endpoint that start together share one run.
