@@ -16,14 +16,14 @@ WORKDIR /opt/app
 # The dependencies' layer reads only pyproject.toml and uv.lock: an edit of the README or the code rebuilds what
 # follows it, not the dependencies (minutes of downloads).
 COPY pyproject.toml uv.lock ./
-RUN --mount=type=secret,id=ca eval "$TRUST" && /opt/uv/bin/uv sync --frozen --no-dev --no-install-project
+RUN --mount=type=secret,id=ca eval "$TRUST" && /opt/uv/bin/uv sync --frozen --no-dev --extra server --no-install-project
 COPY README.md ./
 COPY opencode_env opencode_env
 COPY server server
 COPY openenv.yaml ./
 # Bytecode only for the modules the server and the proxy import (compiling every package would add ~150 MB).
 RUN --mount=type=secret,id=ca eval "$TRUST" \
-    && /opt/uv/bin/uv sync --frozen --no-dev --no-editable \
+    && /opt/uv/bin/uv sync --frozen --no-dev --extra server --no-editable \
     && /opt/app/.venv/bin/python -m opencode_env.sandbox.cloud.hf_shell install-opencode /opt/opencode-env | sh -e \
     && version=$(/opt/app/.venv/bin/python -c "from opencode_env.rollout.opencode import OPENCODE_VERSION; print(OPENCODE_VERSION)") \
     && cache=/opt/opencode-env/cache/opencode-$version \
@@ -51,4 +51,4 @@ WORKDIR /home/user
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"
-CMD ["server"]
+CMD ["python", "-m", "server.app"]

@@ -23,6 +23,8 @@ from server.served_ports import ServedPorts
 from server.tool import build_mcp
 
 log = logging.getLogger("opencode_env.server")
+STDIO = "stdio"
+"""The address of a server over stdio (`opencode-env mcp`): it has no HTTP route."""
 
 
 @dataclass
@@ -49,7 +51,8 @@ class Runtime:
     ) -> Runtime:
         """The runtime of a server configured by `settings` (default: this process's environment). `backend` and
         `max_rollouts` replace what the settings say; without `keep_results` finished results stay in memory only.
-        `address`: where the server is reached, as each rollout's row records it (default: HOST:PORT)."""
+        `address`: where the server is reached, as each rollout's row records it (default: HOST:PORT; STDIO over
+        stdio, where the answers name no URL)."""
         settings = settings or Settings.load()
         backend = backend or make_backend(settings.backend, settings)
         access = AccessPolicy(
@@ -79,7 +82,8 @@ class Runtime:
             rollouts.limit,
         )
         store = ResultStore.configured(settings.results_dir, settings.result_retention_s)
-        return cls(settings, backend, rollouts, build_mcp(rollouts, store), access, served_ports, store)
+        mcp = build_mcp(rollouts, store, http=address != STDIO)
+        return cls(settings, backend, rollouts, mcp, access, served_ports, store)
 
     async def cancel_in_flight(self, timeout_s: float = CANCEL_GRACE_S) -> None:
         """Cancel every rollout still running (server shutdown) and wait for their sandboxes to close."""

@@ -49,9 +49,11 @@ class RolloutTool(Tool):
 
     _rollouts: Rollouts = PrivateAttr()
     _store: ResultStore = PrivateAttr()
+    _http: bool = PrivateAttr(default=True)
 
     @classmethod
-    def serving(cls, rollouts: Rollouts, store: ResultStore) -> RolloutTool:
+    def serving(cls, rollouts: Rollouts, store: ResultStore, *, http: bool = True) -> RolloutTool:
+        """`http`: the server has HTTP routes (not over stdio), so the answer names the result's URL."""
         tool = cls(
             name=TOOL_NAME,
             description=TOOL_DESCRIPTION,
@@ -59,7 +61,7 @@ class RolloutTool(Tool):
             # Given whole: FastMCP strips titles from the schemas it derives, and ours keeps RolloutAnswer's name.
             output_schema=RolloutAnswer.model_json_schema(mode="serialization"),
         )
-        tool._rollouts, tool._store = rollouts, store
+        tool._rollouts, tool._store, tool._http = rollouts, store, http
         return tool
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
@@ -74,7 +76,8 @@ class RolloutTool(Tool):
 
         result = await self._rollouts.run(request, progress, owner=_caller().id)
         # Off the event loop: a result with its token arrays is megabytes to encode and compress.
-        return await asyncio.to_thread(mcp_tool_result, result, self._store, request.result_text, _base_url())
+        base_url = _base_url() if self._http else None
+        return await asyncio.to_thread(mcp_tool_result, result, self._store, request.result_text, base_url)
 
 
 def _base_url() -> str:
@@ -94,9 +97,9 @@ def _caller() -> Caller:
         return current_caller()
 
 
-def build_mcp(rollouts: Rollouts, store: ResultStore) -> FastMCP:
+def build_mcp(rollouts: Rollouts, store: ResultStore, *, http: bool = True) -> FastMCP:
     mcp = FastMCP(SERVER_NAME, instructions=TOOL_DESCRIPTION, version=VERSION)
-    mcp.add_tool(RolloutTool.serving(rollouts, store))
+    mcp.add_tool(RolloutTool.serving(rollouts, store, http=http))
 
     @mcp.resource(
         f"{RESOURCE_SCHEME}://results/{{ref}}/{{part}}",

@@ -37,15 +37,16 @@ SESSION_INLINE_MAX_BYTES = 16 * 1024
 where it travels gzip'd: ~26-39 B per sampled token against ~54-79 inline (bench.answer_paths)."""
 
 
-def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str = "") -> tuple[RolloutAnswer, bytes]:
-    """The answer's summary with the result kept by reference, and the result's JSON."""
+def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str | None = "") -> tuple[RolloutAnswer, bytes]:
+    """The answer's summary with the result kept by reference, and the result's JSON. `base_url` None: the server
+    has no HTTP route (stdio), so the reference has no URL."""
     result_json = result.model_dump_json().encode()
     stored = store.put(result_json)
     path = f"{RESULT_PATH}/{stored.id}"
     parts = max(1, -(-stored.gzip_bytes // PART_BYTES))
     ref = ResultRef(
         id=stored.id,
-        url=base_url.rstrip("/") + path,
+        url=None if base_url is None else base_url.rstrip("/") + path,
         path=path,
         resources=[resource_uri(stored.id, part) for part in range(parts)],
         json_bytes=stored.json_bytes,
@@ -85,20 +86,21 @@ def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str = ""
 
 def answer_text(answer: RolloutAnswer, result: RolloutResult) -> str:
     ref = answer.result_ref
-    where = (
-        f"full RolloutResult ({ref.json_bytes:,} bytes of JSON, {ref.gzip_bytes:,} gzip'd): GET {ref.url} with the "
-        f"server's bearer token, or resources/read {', '.join(ref.resources)} (gzip parts, in order); kept "
-        f"{ref.retention_s:.0f} s"
-        if ref is not None
-        else "the full RolloutResult was not kept"
-    )
+    if ref is None:
+        where = "the full RolloutResult was not kept"
+    else:
+        route = f"GET {ref.url} with the server's bearer token, or " if ref.url is not None else ""
+        where = (
+            f"full RolloutResult ({ref.json_bytes:,} bytes of JSON, {ref.gzip_bytes:,} gzip'd): {route}"
+            f"resources/read {', '.join(ref.resources)} (gzip parts, in order); kept {ref.retention_s:.0f} s"
+        )
     inline = "; it is also inline in structuredContent.result" if answer.result is not None else ""
     task = f"task:       {result.task_id}\n" if result.task_id else ""
     return f"{task}{result_summary(result)}\ncoverage:   {answer.coverage}\n{where}{inline}"
 
 
 def mcp_tool_result(
-    result: RolloutResult, store: ResultStore, text: ResultText = "summary", base_url: str = ""
+    result: RolloutResult, store: ResultStore, text: ResultText = "summary", base_url: str | None = ""
 ) -> ToolResult:
     """For the MCP transports: the answer in the structured content; its text a short summary with where the whole
     result is (a chat model's context is not filled with token arrays), or the JSON when asked and small."""
@@ -112,7 +114,7 @@ def mcp_tool_result(
         content.append(
             ResourceLink(
                 type="resource_link",
-                uri=ref.url if ref.url.startswith("http") else ref.resources[0],
+                uri=ref.url if ref.url and ref.url.startswith("http") else ref.resources[0],
                 name="rollout-result",
                 description=f"The whole RolloutResult (gzip-encoded JSON), kept {ref.retention_s:.0f} s",
                 mimeType=RESULT_MIME,

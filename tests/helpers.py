@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+import functools
 import secrets
 from dataclasses import dataclass
 
+from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.probe import probe_endpoint
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.settings import Settings
 from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script
+from opencode_env.testing.script import Script, demo_script
 from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
-from opencode_env.wire import RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult
 
 RUN_MARK = f"{secrets.randbelow(10**6):06d}"
 """Fractional digits that make this test run's sleeping commands its own: a leak check looks for them across the
@@ -30,3 +34,20 @@ async def rollout(backend: SandboxBackend, script: Script, **fields: object) -> 
         request = demo_request(model.base_url, **fields)
         result = await run_rollout(request, backend)
         return Outcome(result, list(model.exchanges))
+
+
+@functools.cache
+def idle_model_url() -> str:
+    """A model server for rollouts that never reach their agent's model (stub sandboxes, cloud fakes that fail
+    first): the endpoint probe refuses a URL nobody listens on before any sandbox, and this one answers it. One per
+    test process, its thread a daemon's."""
+    return ScriptedModelServer(demo_script()).__enter__().base_url
+
+
+async def gone_after_its_probe(**fields: object) -> RolloutRequest:
+    """The demo request toward a model server that answered the endpoint probe (cached) and then went away: what a
+    model server that dies mid-run looks like to the rollout, whose agent's calls then find nobody listening."""
+    with ScriptedModelServer(demo_script()) as model:
+        request = demo_request(model.base_url, **fields)
+        await probe_endpoint(resolve_upstream(request, Settings.load()), top_logprobs=request.top_logprobs)
+    return request

@@ -12,6 +12,7 @@ from typing import Any
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.testing.stub_backend import StubBackend, StubSandbox
 from opencode_env.testing.threaded_server import ThreadedServer
+from tests.helpers import idle_model_url
 from tests.server_app import app_for
 
 
@@ -51,7 +52,7 @@ def stub_arguments(task_id: str = "") -> dict[str, Any]:
     """A request the stub runs: one setup command (which sleeps), then an agent that exits without a model."""
     return {
         "instruction": "x",
-        "base_url": "http://127.0.0.1:9/v1",
+        "base_url": idle_model_url(),
         "model": "m",
         "mode": "black_box",
         "setup": ["sleep"],

@@ -89,10 +89,10 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    from server.runtime import Runtime
+    from server.runtime import STDIO, Runtime
 
     settings = settings_or_exit().model_copy(update={"backend": args.backend})
-    Runtime.build(settings, address="stdio").mcp.run(transport="stdio", show_banner=False)
+    Runtime.build(settings, address=STDIO).mcp.run(transport="stdio", show_banner=False)
     return 0
 
 

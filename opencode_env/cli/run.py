@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from pydantic import ValidationError
 
@@ -32,7 +32,7 @@ from opencode_env.settings import settings_or_exit
 from opencode_env.testing.builtin import solving_script
 from opencode_env.testing.script import Script
 from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.wire import Phase, RolloutRequest, RolloutResult
+from opencode_env.wire import Capture, Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 from opencode_env.wire.request import request_problems
 
@@ -160,6 +160,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["transparent_proxy", "black_box"], help="capture or not")
     parser.add_argument("--network", choices=["internet", "model_only"], help="the sandbox's way out")
     parser.add_argument(
+        "--capture",
+        choices=get_args(Capture),
+        help="what the endpoint must return, checked before the sandbox starts (text: the reward only)",
+    )
+    parser.add_argument(
         "--agent-timeout", dest="agent_timeout_s", type=float, metavar="S", help="the agent's time limit"
     )
     parser.add_argument(
@@ -281,13 +286,13 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(result.model_dump_json(indent=2))
     if result.status == "invalid_request":
-        hint = (
-            " (on the command line: --base-url and --model, or --endpoint)"
-            if "base_url" in (result.error or "")
-            else ""
-        )
+        refusal = result.error or ""
+        hint = " (on the command line: --base-url and --model, or --endpoint)" if "base_url" in refusal else ""
+        hint += " (on the command line: --capture text)" if "capture='text'" in refusal else ""
         print(f"opencode-env run: {result.error}{hint}", file=sys.stderr)
         return 2
+    if result.failed_phase == "validate":
+        print(f"opencode-env run: {result.error}", file=sys.stderr)
     return 0 if result.status == "completed" else 1
 
 

@@ -28,6 +28,7 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from opencode_env.client.by_reference import ResultFetchError, answer_of, fetch_result
 from opencode_env.client.sync_view import SyncView
@@ -43,6 +44,26 @@ __all__ = ["OpenCodeEnv", "ResultFetchError", "RolloutAnswerError", "ServerError
 
 class RolloutAnswerError(RuntimeError):
     """The server's answer to `run_rollout` was not a RolloutResult."""
+
+
+ROUTES = ("/mcp/stream", "/mcp", "/ws", "/web", "/health", "/ready", "/metadata")
+"""The server's own routes: a URL naming one of them means the server whose route it is."""
+
+
+def server_root(base_url: str) -> str:
+    """The server's URL from what a caller may give: its root, or the URL of one of its routes (an MCP client's
+    `/mcp`, the viewer's `/web`); the client adds the route it speaks itself."""
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.netloc:
+        raise ValueError(
+            f"base_url: the server's URL, e.g. http://localhost:8000 or https://NAME.hf.space; got {base_url!r}"
+        )
+    path = parts.path.rstrip("/")
+    for route in ROUTES:
+        if path.endswith(route):
+            path = path.removesuffix(route)
+            break
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 def client_timeout_s(request: RolloutRequest) -> float:
@@ -72,7 +93,7 @@ class OpenCodeEnv(OpenEnvSession):
         """`ready_timeout_s`: how long to wait for a server that is still loading (its /ready says so)."""
         resolved = token if token is not None else os.environ.get(variable("token"), "")
         super().__init__(
-            base_url,
+            server_root(base_url),
             token=resolved,
             connect_timeout_s=connect_timeout_s,
             message_timeout_s=message_timeout_s,

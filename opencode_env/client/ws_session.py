@@ -21,8 +21,6 @@ from opencode_env.wire import READY_PATH, STARTING
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_RETRY_AFTER_S = 2.0
-REFUSED_BUDGET_S = 15.0
-"""How long 'connection refused' counts as a server still binding its port (~2.4 s after `serve` starts here)."""
 REFUSED_RETRY_S = 0.25
 
 
@@ -118,24 +116,25 @@ class OpenEnvSession:
 
     async def wait_until_ready(self) -> None:
         """Ask the server's readiness route (answered at once, even while it loads): while it says it is starting,
-        wait as long as its Retry-After says, and while nothing listens yet (connection refused) retry every
-        quarter second for up to REFUSED_BUDGET_S; all of it for at most `ready_timeout_s`. A server that could not
-        start is an error with its reason at once. A server without the route (404) is taken as ready."""
+        wait as long as its Retry-After says, and while nothing listens yet on this machine (connection refused)
+        retry every quarter second within the connect timeout (elsewhere, refused is an answer); all of it for at
+        most `ready_timeout_s`. A server that could not start is an error with its reason at once. A server without
+        the route (404) is taken as ready."""
         import httpx
 
         url = http_url(self.base_url) + READY_PATH
         started = asyncio.get_running_loop().time()
         deadline = started + self._ready_timeout
-        refused_deadline = started + min(self._ready_timeout, REFUSED_BUDGET_S)
         local = urlsplit(url).hostname in LOCAL_HOSTS
+        refused_deadline = started + (min(self._ready_timeout, self._connect_timeout) if local else 0.0)
         async with httpx.AsyncClient(timeout=self._connect_timeout, trust_env=not local) as http:
             while True:
                 try:
                     answer = await http.get(url)
                 except httpx.ConnectError as error:
-                    # A server starting beside its client binds its port a few seconds after it starts: refused is
-                    # "not yet" for REFUSED_BUDGET_S, like a 503; past it, nobody is there (an eval or an example
-                    # pointed at no server says so in seconds, not after the whole ready budget).
+                    # A server starting beside its client binds its port a few seconds after it starts (~2.4 s
+                    # after `serve` here): refused is "not yet" within the connect timeout, like a 503; past it,
+                    # nobody is there (an eval or an example pointed at no server says so in seconds).
                     if asyncio.get_running_loop().time() + REFUSED_RETRY_S > refused_deadline:
                         raise ConnectionError(nobody_at(url)) from error
                     await asyncio.sleep(REFUSED_RETRY_S)

@@ -6,8 +6,10 @@ sampler's (two temperatures compared); whether the model calls a tool; the model
 chat template's fingerprint (`/tokenize`); for a request in token-in mode, which route takes a prompt as ids (a
 second turn sent as ids by each route in turn, see `_token_in`). A request whose `capture` the endpoint cannot give,
 or whose `token_in="require"` it cannot serve, is refused with what is missing and how to fix it; whatever is
-degraded becomes a warning. An endpoint that does not answer at all is not refused here (the agent's calls then fail
-the usual way): its rollout carries a warning that nothing was checked.
+degraded becomes a warning. An endpoint nobody listens on, whose name does not resolve, whose TLS fails, or that
+refuses the key or the model is refused with the cause and the fix (`probe_diagnosis`); one that fails otherwise (a
+read timeout, a 5xx) is not refused here (the agent's calls then fail the usual way): its rollout carries a warning
+that nothing was checked.
 
 Pure decision core (`decide`, `capabilities_of`, `logprobs_kind`) and a thin I/O shell (`probe_endpoint`), cached
 in-process per server, model and key for `PROBE_TTL_S`; probes of one endpoint that start together share one run.
@@ -33,6 +35,7 @@ from opencode_env.proxy.fingerprint import PROBE_HEADER, fingerprint, tokenize_b
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
 from opencode_env.proxy.token_in import ROUTES, Route, rendered_suffix, request_body, routed_body
 from opencode_env.rollout.endpoints import Upstream
+from opencode_env.rollout.probe_diagnosis import raise_if_misaddressed, raise_if_unreachable
 from opencode_env.wire.provenance import (
     Capture,
     EndpointCapabilities,
@@ -334,6 +337,7 @@ async def _probe(
             asks_ids = False
             answer = await client.post(chat, _chat_body(upstream, top_logprobs, HOT, ids=False, tools=False))
         if answer.status_code != 200:
+            await raise_if_misaddressed(upstream, answer, client.get)
             problem = f"the endpoint refused the probe's capture request: {_refused(answer)}"
             return _unprobed(problem, clock, started) if answer.status_code >= 500 else _refusing(problem, clock)
         hot = fold_stream(answer.content)
@@ -354,6 +358,7 @@ async def _probe(
         if token_in:
             found.token_in = await _token_in(client, tool_body, tool_fold, found)
     except httpx.HTTPError as error:
+        raise_if_unreachable(upstream, error, CALL_TIMEOUT_S)
         return _unprobed(f"the endpoint did not answer the probe: {type(error).__name__}: {error}", clock, started)
     finally:
         await client.http.aclose()

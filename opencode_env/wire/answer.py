@@ -36,10 +36,11 @@ class ResultRef(BaseModel):
     """Where the whole RolloutResult is, and for how long."""
 
     id: str = Field(description="The result's capability: unguessable, known only to the caller that ran it.")
-    url: str = Field(
+    url: str | None = Field(
         description="GET it (with the server's bearer token, as for the tool): the RolloutResult JSON, "
         "absolute when the server knows how the call reached it, else relative to the server's URL; "
-        "gzip-encoded (Content-Encoding: gzip; plain JSON to a client that does not accept gzip)."
+        "gzip-encoded (Content-Encoding: gzip; plain JSON to a client that does not accept gzip). None over "
+        "stdio, where the server has no HTTP route: read the resources."
     )
     path: str = Field(
         description="The same route relative to the server (when the URL's host is not how you reach it)."

@@ -23,6 +23,7 @@ from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
+from tests.helpers import idle_model_url
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ async def test_a_cancelled_creation_still_kills_the_sandbox(
     provider: Provider, sandbox_base: Path, no_leaks: None
 ) -> None:
     cloud = provider.cloud(sandbox_base, create_delay_s=1.0)
-    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), provider.backend(cloud)))
+    rollout = asyncio.ensure_future(run_rollout(demo_request(idle_model_url()), provider.backend(cloud)))
     await asyncio.sleep(0.3)
     rollout.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -31,7 +31,7 @@ from opencode_env.testing.fake_e2b import (
 from opencode_env.testing.script import Script, say, write
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
-from tests.helpers import sleep_cmd
+from tests.helpers import idle_model_url, sleep_cmd
 
 
 def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
@@ -101,7 +101,7 @@ async def test_each_creation_failure_is_one_clear_fast_error(
     cloud = FakeCloud(base_dir=sandbox_base, **cloud_change)
     backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key if key is None else key)
     started = time.monotonic()
-    result = await run_rollout(demo_request("http://127.0.0.1:9/v1", template=template), backend)
+    result = await run_rollout(demo_request(idle_model_url(), template=template), backend)
     elapsed = time.monotonic() - started
     assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
     assert expected in (result.error or "")
@@ -145,7 +145,7 @@ async def test_a_live_rollout_on_e2b() -> None:
 async def test_a_probe_that_fails_kills_the_sandbox_and_says_so(sandbox_base: Any, no_leaks: None) -> None:
     cloud = FakeCloud(base_dir=sandbox_base, command_failure=True)
     backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
-    result = await run_rollout(demo_request("http://127.0.0.1:9/v1"), backend)
+    result = await run_rollout(demo_request(idle_model_url()), backend)
     assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
     assert "did not answer its first command" in (result.error or "")
     assert (cloud.created, cloud.alive) == (1, {})
@@ -154,7 +154,7 @@ async def test_a_probe_that_fails_kills_the_sandbox_and_says_so(sandbox_base: An
 async def test_a_rollout_cancelled_during_the_probe_kills_the_sandbox(sandbox_base: Any, no_leaks: None) -> None:
     cloud = FakeCloud(base_dir=sandbox_base, command_delay_s=5.0)
     backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
-    rollout = asyncio.ensure_future(run_rollout(demo_request("http://127.0.0.1:9/v1"), backend))
+    rollout = asyncio.ensure_future(run_rollout(demo_request(idle_model_url()), backend))
     for _ in range(200):
         if cloud.created:
             break
@@ -173,7 +173,7 @@ async def test_an_sdk_failure_mid_rollout_is_a_sandbox_error(sandbox_base: Any, 
         if phase == "setup":
             cloud.command_failure = True
 
-    result = await run_rollout(demo_request("http://127.0.0.1:9/v1", setup=["true"]), backend, progress=outage)
+    result = await run_rollout(demo_request(idle_model_url(), setup=["true"]), backend, progress=outage)
     assert result.status == "sandbox_error", result.error
     assert "running a command failed" in (result.error or "")
     assert result.reward is None
@@ -183,7 +183,7 @@ async def test_an_sdk_failure_mid_rollout_is_a_sandbox_error(sandbox_base: Any, 
 async def test_a_template_built_by_an_older_version_is_refused_with_the_fix(sandbox_base: Any, no_leaks: None) -> None:
     cloud = FakeCloud(base_dir=sandbox_base, outdated_templates={"opencode-env"})
     backend = E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key)
-    result = await run_rollout(demo_request("http://127.0.0.1:9/v1"), backend)
+    result = await run_rollout(demo_request(idle_model_url()), backend)
     assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
     assert "rebuild the template" in (result.error or "")
     assert cloud.alive == {}

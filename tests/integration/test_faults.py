@@ -34,7 +34,7 @@ from opencode_env.testing.fake_e2b import FakeCloud
 from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import e2b_over, processes_mentioning
-from tests.helpers import Outcome, rollout, sleep_cmd
+from tests.helpers import Outcome, gone_after_its_probe, rollout, sleep_cmd
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,8 +64,10 @@ def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
     return found
 
 
-async def test_upstream_down_from_the_start(backend: LocalBackend, no_leaks: None) -> None:
-    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=15, verify=["true", "true"])
+async def test_upstream_down_after_its_probe(backend: LocalBackend, no_leaks: None) -> None:
+    """Down before the rollout starts is refused by the endpoint probe (tests/integration/test_endpoint_errors.py);
+    down between the probe and the agent's first call is the proxy's to record."""
+    request = await gone_after_its_probe(agent_timeout_s=60, verify=["true", "true"])
     result = await run_rollout(request, backend)
     assert (result.status, result.failed_phase) == ("upstream_error", "agent")
     assert result.proxy_turns

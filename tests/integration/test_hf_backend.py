@@ -31,7 +31,7 @@ from opencode_env.testing.fake_hf import (
     FakeSandboxProcess,
 )
 from tests.conftest import processes_mentioning
-from tests.helpers import sleep_cmd
+from tests.helpers import idle_model_url, sleep_cmd
 
 
 def parameters(function: Callable[..., Any]) -> list[tuple[str, Any]]:
@@ -144,7 +144,7 @@ async def test_each_creation_failure_is_one_clear_fast_error(
         tools_dir=FAKE_TOOLS_DIR,
     )
     started = time.monotonic()
-    result = await run_rollout(demo_request("http://127.0.0.1:9/v1"), backend)
+    result = await run_rollout(demo_request(idle_model_url()), backend)
     elapsed = time.monotonic() - started
     assert (result.status, result.failed_phase) == ("sandbox_error", "sandbox")
     assert expected in (result.error or "")

@@ -15,6 +15,7 @@ from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest
 from opencode_env.wire.answer import inline_result
+from tests.helpers import idle_model_url
 from tests.server_app import app_for
 
 HOSTILE_TEXT = [
@@ -104,7 +105,7 @@ def test_the_server_stays_healthy_after_the_barrage(stub_server: tuple[str, Stub
         url,
         {
             "instruction": "x",
-            "base_url": "http://127.0.0.1:9/v1",
+            "base_url": idle_model_url(),
             "model": "m",
             "mode": "black_box",
             "verify": ["true"],

@@ -19,6 +19,7 @@ import pytest
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.probe import forget_probes, probe_endpoint
+from opencode_env.rollout.probe_diagnosis import EndpointUnreachable
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.proxy_process import running_proxy
@@ -130,10 +131,9 @@ async def test_the_probe_is_cached_per_endpoint_and_an_unreachable_one_is_not() 
         assert len(model.model.probe_exchanges) == calls
     assert (first.cached, again.cached) == (False, True)
     assert again.template_fingerprint == first.template_fingerprint
-    dead = await probe_endpoint(upstream("http://127.0.0.1:9/v1"), top_logprobs=5)
-    assert not dead.probed
-    assert "did not answer" in (dead.problem or "")
-    assert not (await probe_endpoint(upstream("http://127.0.0.1:9/v1"), top_logprobs=5)).cached
+    for _ in range(2):  # refused each time, never from the cache
+        with pytest.raises(EndpointUnreachable, match="refused the connection"):
+            await probe_endpoint(upstream("http://127.0.0.1:9/v1"), top_logprobs=5)
 
 
 async def test_the_readme_path_captures_token_ids_and_the_fingerprint_is_stable_across_rollouts(

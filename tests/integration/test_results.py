@@ -15,7 +15,7 @@ from opencode_env.testing.script import Script, Step, fail, say, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
-from tests.helpers import rollout
+from tests.helpers import gone_after_its_probe, idle_model_url, rollout
 from tests.stub_server import wait_until
 
 
@@ -99,7 +99,7 @@ def test_opencodes_compaction_call_is_auxiliary_even_with_tools() -> None:
 
 
 async def test_a_dead_upstream_stops_the_agent_after_a_few_calls(backend: LocalBackend, no_leaks: None) -> None:
-    request = demo_request("http://127.0.0.1:9/v1", agent_timeout_s=300, upstream_max_unreachable=2, verify=["true"])
+    request = await gone_after_its_probe(agent_timeout_s=300, upstream_max_unreachable=2, verify=["true"])
     result = await run_rollout(request, backend)
     assert (result.status, result.failed_phase) == ("upstream_error", "agent"), result.error
     assert [turn.outcome for turn in result.proxy_turns] == ["unreachable", "unreachable"]
@@ -120,7 +120,7 @@ async def test_a_long_run_of_5xx_stops_the_agent_at_its_own_threshold(backend: L
 
 async def test_a_result_carries_the_task_it_ran_without_its_key() -> None:
     request = RolloutRequest(
-        base_url="http://127.0.0.1:9/v1",
+        base_url=idle_model_url(),
         model="m",
         api_key="sk-never-in-a-result",
         instruction="do it",
