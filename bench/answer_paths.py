@@ -23,13 +23,13 @@ import orjson
 from websockets.asyncio.client import connect
 
 from bench.wire_format import sampled
+from opencode_env.server.app import create_app
+from opencode_env.server.rollouts import Progress, Rollouts
+from opencode_env.server.runtime import Runtime
+from opencode_env.server.tool import build_mcp
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
-from server.app import create_app
-from server.rollouts import Progress, Rollouts
-from server.runtime import Runtime
-from server.tool import build_mcp
 
 STREAM = {"accept": "application/json, text/event-stream"}
 ARGUMENTS = {"instruction": "x", "base_url": "http://127.0.0.1:9/v1", "model": "m"}

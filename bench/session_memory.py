@@ -43,11 +43,11 @@ def _rss_mb(pid: int) -> float:
 def _serve(port: int, sdk_defaults: bool) -> None:
     import uvicorn
 
+    from opencode_env.server import mcp_endpoint
+    from opencode_env.server.app import UVICORN_OPTIONS, create_app
+    from opencode_env.server.runtime import Runtime
     from opencode_env.settings import Settings
     from opencode_env.testing.stub_backend import StubBackend
-    from server import mcp_endpoint
-    from server.app import UVICORN_OPTIONS, create_app
-    from server.runtime import Runtime
 
     settings = Settings.load()
     if sdk_defaults:

@@ -13,7 +13,7 @@ Without a token, only connections from this machine are served (every backend ru
 money for whoever reaches it), unless OPENCODE_ENV_ALLOW_UNAUTHENTICATED=1 says the network is trusted; and since a
 browser on this machine is a way in for any web page it visits, such a server admits browsers only from its own
 origin (CSRF) and only under its own host names (DNS rebinding): `BrowserRule`. The rule lives in the app itself, so
-`uvicorn server.app:app --host 0.0.0.0` obeys it too, and the server always starts and explains itself.
+`uvicorn opencode_env.server.app:app --host 0.0.0.0` obeys it too, and the server always starts and explains itself.
 """
 
 from __future__ import annotations

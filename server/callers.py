@@ -8,9 +8,9 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from opencode_env.server.auth import AccessPolicy, caller_token
+from opencode_env.server.gate import caller_of
 from opencode_env.settings import variable
-from server.auth import AccessPolicy, caller_token
-from server.gate import caller_of
 
 CALLERS_PATH = "/callers"
 

@@ -25,9 +25,9 @@ from openenv.core.env_server.mcp_types import ToolError as ObservedError
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import ValidationError
 
+from opencode_env.server.tool import TOOL_DESCRIPTION
+from opencode_env.server.tool_result import session_tool_result
 from opencode_env.wire import TOOL_NAME, VERSION, RolloutRequest, total_budget_s
-from server.tool import TOOL_DESCRIPTION
-from server.tool_result import session_tool_result
 
 log = logging.getLogger("opencode_env.server")
 SERVER_MARGIN_S = 60.0

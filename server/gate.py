@@ -14,8 +14,8 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from opencode_env.server.auth import OPEN_PATHS, AccessPolicy, Refusal
 from opencode_env.viewer.rows import OPERATOR, Caller
-from server.auth import OPEN_PATHS, AccessPolicy, Refusal
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/", "/mcp/stream", "/mcp/stream/"})
 DENIAL_EXTENSION = "websocket.http.response"

@@ -16,10 +16,10 @@ from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservatio
 from websockets.asyncio.client import connect
 
 from opencode_env.client.by_reference import fetch_result
+from opencode_env.server.environment import OpenCodeEnvironment
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import VERSION
 from opencode_env.wire.answer import RolloutAnswer, inline_result
-from server.environment import OpenCodeEnvironment
 from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
 

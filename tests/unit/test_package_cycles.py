@@ -10,7 +10,7 @@ import pytest
 
 
 def package_graph() -> dict[str, set[str]]:
-    graph = grimp.build_graph("opencode_env", "server")
+    graph = grimp.build_graph("opencode_env")
     packages = {"server", *graph.find_children("opencode_env")}
 
     def package_of(module: str) -> str | None:
