@@ -30,7 +30,7 @@ RUN --mount=type=secret,id=ca eval "$TRUST" \
     && mkdir -p $cache/node_modules/.bin \
     && ln -s /opt/opencode-env/opencode-$version/package/bin/opencode $cache/node_modules/.bin/opencode \
     && echo $version > $cache/.complete \
-    && (cd / && /opt/app/.venv/bin/python -c "import server.app, opencode_env.proxy.app") \
+    && (cd / && /opt/app/.venv/bin/python -c "import opencode_env.server.app, opencode_env.proxy.app") \
     && chmod -R go-w,a+rX /opt/app /opt/opencode-env
 
 FROM ${BASE}
@@ -51,4 +51,4 @@ WORKDIR /home/user
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"
-CMD ["python", "-m", "server.app"]
+CMD ["python", "-m", "opencode_env.server.app"]

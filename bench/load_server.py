@@ -34,11 +34,11 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 
 from bench.latency_backend import LatencyBackend
+from opencode_env.server import heap
+from opencode_env.server.app import UVICORN_OPTIONS, create_app
+from opencode_env.server.rollouts import Rollouts
+from opencode_env.server.runtime import Runtime
 from opencode_env.settings import Settings
-from server import heap
-from server.app import UVICORN_OPTIONS, create_app
-from server.rollouts import Rollouts
-from server.runtime import Runtime
 
 TICK_S = 0.010
 

@@ -84,7 +84,7 @@ def _rss_mb(pid: int) -> float:
 def _serve(dump: str) -> None:
     """The server; the first SIGUSR1 starts tracemalloc (tracing from the start would slow every import), each later
     one writes the allocations that grew most since the one before to `dump`."""
-    from server.app import main
+    from opencode_env.server.app import main
 
     previous: list[tracemalloc.Snapshot] = []
 

@@ -88,7 +88,7 @@ def measure_health(case: Case, empty_cache: str) -> None:
     env = {**case.environment(empty_cache), "HOST": "127.0.0.1", "PORT": str(port), "OPENCODE_ENV_BACKEND": "local"}
     started = time.perf_counter()
     server = subprocess.Popen(
-        [sys.executable, "-m", "server.app"],
+        [sys.executable, "-m", "opencode_env.server.app"],
         env=env,
         cwd=case.tree,
         stdout=subprocess.DEVNULL,

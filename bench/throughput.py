@@ -173,7 +173,9 @@ def local_server(max_rollouts: int) -> Iterator[tuple[str, int]]:
         "MAX_CONCURRENT_ENVS": str(max_rollouts),
     }
     url = f"http://127.0.0.1:{port}"
-    with running_server([sys.executable, "-m", "server.app"], f"{url}/metadata", env=env, quiet=True) as pid:
+    with running_server(
+        [sys.executable, "-m", "opencode_env.server.app"], f"{url}/metadata", env=env, quiet=True
+    ) as pid:
         yield url, pid
 
 

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     max_concurrent_envs: int | None = _setting(
         None, "MAX_CONCURRENT_ENVS", "server", "Rollouts at once over every transport (default: the backend's).", ge=1
     )
-    host: str = _setting("0.0.0.0", "HOST", "server", "The address `python -m server.app` listens on.")
+    host: str = _setting("0.0.0.0", "HOST", "server", "The address `python -m opencode_env.server.app` listens on.")
     port: int = _setting(8000, "PORT", "server", "The port the server listens on (never a model URL).", ge=1, le=65535)
     results_dir: str = _setting(
         "", "OPENCODE_ENV_RESULTS_DIR", "server", "Where finished results are kept (default ~/.local/state/...)."

@@ -3,8 +3,8 @@
 `/reset`, `/step`, `/state`, `/schema`, `/health`, its docs) for every path none of those takes; one access rule in
 front.
 
-`app` is what `uvicorn server.app:app` and `main()` serve: it answers `/health` and `/ready` from its first moment
-while the real app is built (`server.staged`) from this process's settings.
+`app` is what `uvicorn opencode_env.server.app:app` and `main()` serve: it answers `/health` and `/ready` from its
+first moment while the real app is built (`server.staged`) from this process's settings.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from opencode_env.server import heap
+from opencode_env.server.staged import StagedApp
 from opencode_env.settings import Settings, variable
 from opencode_env.wire import VERSION
-from server import heap
-from server.staged import StagedApp
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from server.runtime import Runtime
+    from opencode_env.server.runtime import Runtime
 
 log = logging.getLogger("opencode_env.server")
 MCP_PATHS = ("/mcp", "/mcp/", "/mcp/stream", "/mcp/stream/")
@@ -44,15 +44,15 @@ def create_app(runtime: Runtime) -> FastAPI:
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
     from starlette.routing import Route
 
+    from opencode_env.server.disconnect import CancelOnDisconnect, PendingReplies
+    from opencode_env.server.environment import ENV_NAME, OpenCodeEnvironment, max_sessions
+    from opencode_env.server.gate import AccessGate
+    from opencode_env.server.mcp_endpoint import McpEndpoint
+    from opencode_env.server.metadata import metadata_router
+    from opencode_env.server.result_route import results_router
+    from opencode_env.server.served_ports import NoteServedPorts
+    from opencode_env.server.shutdown import answer_before_exit
     from opencode_env.viewer.web import web_router
-    from server.disconnect import CancelOnDisconnect, PendingReplies
-    from server.environment import ENV_NAME, OpenCodeEnvironment, max_sessions
-    from server.gate import AccessGate
-    from server.mcp_endpoint import McpEndpoint
-    from server.metadata import metadata_router
-    from server.result_route import results_router
-    from server.served_ports import NoteServedPorts
-    from server.shutdown import answer_before_exit
 
     rollouts = runtime.rollouts
     openenv = create_openenv_app(
@@ -104,7 +104,7 @@ def create_app(runtime: Runtime) -> FastAPI:
 
 
 def _log_start(runtime: Runtime) -> None:
-    from server.metadata import access_mode
+    from opencode_env.server.metadata import access_mode
 
     access = access_mode(runtime.access)
     log.info("opencode-env %s: MCP at /mcp; access: %s", VERSION, access)
@@ -117,7 +117,7 @@ def served(settings: Settings | None = None) -> StagedApp:
     process's environment)."""
 
     def build() -> FastAPI:
-        from server.runtime import Runtime
+        from opencode_env.server.runtime import Runtime
 
         return create_app(Runtime.build(settings))
 

@@ -3,7 +3,7 @@
 With a token (OPENCODE_ENV_TOKEN), every request must carry it as a bearer token. Without one, only connections
 from this machine are served (every backend runs commands or spends the owner's money for whoever reaches it),
 unless OPENCODE_ENV_ALLOW_UNAUTHENTICATED=1 says the network is trusted. The rule lives in the app itself, so
-`uvicorn server.app:app --host 0.0.0.0` obeys it too, and the server always starts and explains itself.
+`uvicorn opencode_env.server.app:app --host 0.0.0.0` obeys it too, and the server always starts and explains itself.
 """
 
 from __future__ import annotations

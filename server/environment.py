@@ -24,10 +24,10 @@ from openenv.core.env_server.mcp_types import ToolError as ObservedError
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import ValidationError
 
+from opencode_env.server.result_store import ResultStore
+from opencode_env.server.tool import TOOL_DESCRIPTION
+from opencode_env.server.tool_result import session_tool_result, whole_result_data
 from opencode_env.wire import TOOL_NAME, VERSION, RolloutRequest, total_budget_s
-from server.result_store import ResultStore
-from server.tool import TOOL_DESCRIPTION
-from server.tool_result import session_tool_result, whole_result_data
 
 log = logging.getLogger("opencode_env.server")
 SERVER_MARGIN_S = 60.0

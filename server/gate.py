@@ -11,7 +11,7 @@ import json
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.auth import OPEN_PATHS, AccessPolicy, Refusal
+from opencode_env.server.auth import OPEN_PATHS, AccessPolicy, Refusal
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/", "/mcp/stream", "/mcp/stream/"})
 DENIAL_EXTENSION = "websocket.http.response"

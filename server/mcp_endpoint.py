@@ -26,9 +26,9 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from opencode_env.server.disconnect import PendingReplies
+from opencode_env.server.tool import invalid_arguments
 from opencode_env.wire import TOOL_NAME, RolloutRequest
-from server.disconnect import PendingReplies
-from server.tool import invalid_arguments
 
 INVALID_PARAMS = -32602
 STREAMABLE_HEADERS = (b"mcp-session-id", b"mcp-protocol-version")

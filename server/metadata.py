@@ -10,12 +10,12 @@ from fastapi import APIRouter
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
+from opencode_env.server.auth import AccessPolicy
+from opencode_env.server.environment import metadata
 from opencode_env.settings import variable
-from server.auth import AccessPolicy
-from server.environment import metadata
 
 if TYPE_CHECKING:
-    from server.runtime import Runtime
+    from opencode_env.server.runtime import Runtime
 
 
 class ServerMetadata(EnvironmentMetadata):  # type: ignore[misc]

@@ -7,8 +7,8 @@ import gzip
 
 from fastapi import APIRouter, HTTPException, Request, Response
 
+from opencode_env.server.result_store import ResultStore
 from opencode_env.wire.answer import RESULT_PATH
-from server.result_store import ResultStore
 
 
 def results_router(store: ResultStore) -> APIRouter:

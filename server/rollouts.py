@@ -22,9 +22,9 @@ from typing import Any
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.server.runs import Run, Runs
 from opencode_env.settings import Settings
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult, total_budget_s
-from server.runs import Run, Runs
 
 log = logging.getLogger("opencode_env.server")
 Progress = Callable[[Phase, str], Awaitable[None]]

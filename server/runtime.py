@@ -13,14 +13,14 @@ from fastmcp import FastMCP
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.server.auth import AccessPolicy
+from opencode_env.server.result_store import ResultStore
+from opencode_env.server.rollouts import CANCEL_GRACE_S, Rollouts
+from opencode_env.server.runs import ResultsDir, Runs, ServerOrigin
+from opencode_env.server.served_ports import ServedPorts
+from opencode_env.server.tool import build_mcp
 from opencode_env.settings import Settings
 from opencode_env.wire import VERSION
-from server.auth import AccessPolicy
-from server.result_store import ResultStore
-from server.rollouts import CANCEL_GRACE_S, Rollouts
-from server.runs import ResultsDir, Runs, ServerOrigin
-from server.served_ports import ServedPorts
-from server.tool import build_mcp
 
 log = logging.getLogger("opencode_env.server")
 STDIO = "stdio"

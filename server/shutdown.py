@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from server.disconnect import PendingReplies
-from server.rollouts import Rollouts
+from opencode_env.server.disconnect import PendingReplies
+from opencode_env.server.rollouts import Rollouts
 
 log = logging.getLogger("opencode_env.server")
 SHUTDOWN_GRACE_S = 30.0

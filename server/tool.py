@@ -18,12 +18,12 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.json_schema import compress_schema
 from pydantic import PrivateAttr, ValidationError
 
+from opencode_env.server.result_store import ResultStore
+from opencode_env.server.rollouts import Rollouts
+from opencode_env.server.tool_result import SERVER_NAME, mcp_tool_result
 from opencode_env.wire import TOOL_NAME, VERSION, Phase, RolloutRequest
 from opencode_env.wire.answer import PART_BYTES, RESOURCE_SCHEME, RolloutAnswer
 from opencode_env.wire.request import request_problems
-from server.result_store import ResultStore
-from server.rollouts import Rollouts
-from server.tool_result import SERVER_NAME, mcp_tool_result
 
 PHASES: tuple[Phase, ...] = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect")
 TOOL_DESCRIPTION = (

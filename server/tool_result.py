@@ -19,6 +19,7 @@ import orjson
 from fastmcp.tools import ToolResult
 from mcp_types import ResourceLink, TextContent
 
+from opencode_env.server.result_store import ResultStore
 from opencode_env.training.sequences import sequences_coverage
 from opencode_env.wire import VERSION, ResultText, RolloutResult, result_summary
 from opencode_env.wire.answer import (
@@ -30,7 +31,6 @@ from opencode_env.wire.answer import (
     RolloutAnswer,
     resource_uri,
 )
-from server.result_store import ResultStore
 
 SERVER_NAME = "opencode_env"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"

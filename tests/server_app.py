@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.server.app import create_app
+from opencode_env.server.runtime import Runtime
 from opencode_env.settings import Settings
-from server.app import create_app
-from server.runtime import Runtime
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -73,7 +73,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from server.app import main as serve
+    from opencode_env.server.app import main as serve
 
     serve(host=args.host, port=args.port, backend=args.backend)
     return 0
@@ -84,7 +84,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    from server.runtime import STDIO, Runtime
+    from opencode_env.server.runtime import STDIO, Runtime
 
     settings = settings_or_exit().model_copy(update={"backend": args.backend})
     Runtime.build(settings, address=STDIO).mcp.run(transport="stdio", show_banner=False)

@@ -15,9 +15,9 @@ from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import BaseModel
 
+from opencode_env.server.runs import OtherServers, Runner, Runs, RunsFull, RunView, ServerOrigin
 from opencode_env.viewer.page import TrainingView, asset, content_security_policy, html_document, training_view
 from opencode_env.wire import RolloutRequest, RolloutResult
-from server.runs import OtherServers, Runner, Runs, RunsFull, RunView, ServerOrigin
 
 WEB_PATH = "/web"
 WEB_OPEN_PATHS = frozenset({"/", WEB_PATH})

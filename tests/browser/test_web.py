@@ -15,6 +15,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.server.runs import Run, Runner, Runs
 from opencode_env.settings import variable
 from opencode_env.testing.chromium import chromium, network_requests, requested_urls, save_screenshot
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
@@ -24,7 +25,6 @@ from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.answer import inline_result
-from server.runs import Run, Runner, Runs
 from tests.server_app import app_for
 
 TOKEN = "web-t0ken-for-tests"

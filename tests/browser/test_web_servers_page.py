@@ -14,11 +14,11 @@ from fastapi import FastAPI
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from opencode_env.server.runs import ResultsDir, Run, Runs, ServerOrigin
 from opencode_env.testing.chromium import chromium, save_screenshot
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import RolloutRequest, RolloutResult
-from server.runs import ResultsDir, Run, Runs, ServerOrigin
 
 pytestmark = pytest.mark.timeout(180)
 HERE, ELSEWHERE = "127.0.0.1:8001", "127.0.0.1:8002"

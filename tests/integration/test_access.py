@@ -143,7 +143,7 @@ def test_uvicorn_serving_the_importable_app_on_all_interfaces_starts_and_refuses
     env = {k: v for k, v in os.environ.items() if k not in ("OPENCODE_ENV_TOKEN", "OPENCODE_ENV_ALLOW_UNAUTHENTICATED")}
     env["OPENCODE_ENV_BACKEND"] = "local"
     log = (tmp_path / "server.log").open("wb")
-    command = [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "0.0.0.0", "--port", str(port)]
+    command = [sys.executable, "-m", "uvicorn", "opencode_env.server.app:app", "--host", "0.0.0.0", "--port", str(port)]
     server = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90

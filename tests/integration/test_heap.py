@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from server import heap
+from opencode_env.server import heap
 
 
 @pytest.fixture

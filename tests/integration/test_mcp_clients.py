@@ -16,10 +16,10 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
+from opencode_env.server.disconnect import PendingReplies
+from opencode_env.server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
 from opencode_env.wire import VERSION
 from opencode_env.wire.answer import inline_result
-from server.disconnect import PendingReplies
-from server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@0.15.0"

@@ -25,13 +25,13 @@ from mcp.client.client import Client as SdkClient
 
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.server.result_store import GZIP_LEVEL
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, Step, ToolCallStep
 from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import SCHEMA_VERSION, UNPACKED_CONTEXT, RolloutRequest, RolloutResult
 from opencode_env.wire.answer import RolloutAnswer
-from server.result_store import GZIP_LEVEL
 from tests.conftest import processes_mentioning
 from tests.server_app import app_for
 

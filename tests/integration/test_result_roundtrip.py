@@ -26,11 +26,11 @@ from pydantic import BaseModel
 from opencode_env.rollout.collect import collect_files, read_tail
 from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.backend import LocalSandbox
+from opencode_env.server.result_store import ResultStore
+from opencode_env.server.tool_result import mcp_tool_result, session_tool_result, whole_result_data
 from opencode_env.wire import CommandResult, PhaseTimings, RolloutResult, RolloutTurn
 from opencode_env.wire.answer import ANSWER_LIST_MAX, RolloutAnswer
 from opencode_env.wire.grading import IntegrityFinding
-from server.result_store import ResultStore
-from server.tool_result import mcp_tool_result, session_tool_result, whole_result_data
 
 WORKDIR = "/home/user/workdir"
 INF = float("inf")

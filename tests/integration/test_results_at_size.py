@@ -26,10 +26,10 @@ from mcp.client.client import Client as SdkClient
 from openenv.core.mcp_client import MCPToolClient
 
 from opencode_env.client.client import OpenCodeEnv
+from opencode_env.server.rollouts import Progress, Rollouts
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutTurn
 from opencode_env.wire.answer import INLINE_MAX_BYTES, RolloutAnswer
-from server.rollouts import Progress, Rollouts
 from tests.integration.test_mcp_clients import INSPECTOR_PACKAGE, run_inspector
 from tests.stand_in import stand_in_server
 

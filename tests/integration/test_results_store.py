@@ -16,17 +16,17 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.settings import Settings, variable
-from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.wire import RolloutRequest, RolloutResult
-from server.rollouts import Rollouts
-from server.runs import (
+from opencode_env.server.rollouts import Rollouts
+from opencode_env.server.runs import (
     ResultsDir,
     Run,
     Runs,
     RunView,
     default_results_dir,
 )
+from opencode_env.settings import Settings, variable
+from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.integration.test_concurrency_cap import (
     through_openenv_json_rpc,
     through_standard_mcp,

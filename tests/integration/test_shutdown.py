@@ -21,14 +21,14 @@ from websockets.asyncio.client import connect as ws_connect
 
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.server.disconnect import PendingReplies
+from opencode_env.server.mcp_endpoint import McpEndpoint
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
 from opencode_env.wire.answer import inline_result
-from server.disconnect import PendingReplies
-from server.mcp_endpoint import McpEndpoint
 from tests.conftest import processes_mentioning
 from tests.server_app import app_for
 
@@ -91,7 +91,7 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
         "TMPDIR": str(sandboxes),
     }
     log = (tmp_path / "server.log").open("wb")
-    command = [sys.executable, "-m", "server.app"]
+    command = [sys.executable, "-m", "opencode_env.server.app"]
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -14,11 +14,11 @@ from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import LOOPBACK, AllowList, UpstreamPolicy, UpstreamRefused
 from opencode_env.sandbox.addresses import ALWAYS_LOCAL, IPAddress, IPNetwork
+from opencode_env.server.served_ports import ServedPorts
 from opencode_env.settings import Settings, variable
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest
 from opencode_env.wire.answer import inline_result
-from server.served_ports import ServedPorts
 from tests.server_app import runtime_for
 from tests.stub_server import stub_arguments, stub_server
 

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from opencode_env.server.runs import ResultsDir, Run, Runs, ServerOrigin
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import RolloutRequest, RolloutResult
-from server.runs import ResultsDir, Run, Runs, ServerOrigin
 from tests.integration.test_shutdown import free_port
 
 pytestmark = pytest.mark.timeout(600)
@@ -100,8 +100,9 @@ async def test_a_rollout_cannot_claim_another_server(tmp_path: Path) -> None:
 
 
 class ServerProcess:
-    """A server on `port` with the results directory shared: `python -m server.app` told its port by the PORT
-    setting, or `opencode-env serve --port` (whose flags must reach what the server records, not the defaults)."""
+    """A server on `port` with the results directory shared: `python -m opencode_env.server.app` told its port by
+    the PORT setting, or `opencode-env serve --port` (whose flags must reach what the server records, not the
+    defaults)."""
 
     def __init__(self, port: int, results: Path, log: Path, sandboxes: Path, *, by_flag: bool = False) -> None:
         env = {
@@ -115,7 +116,7 @@ class ServerProcess:
         if by_flag:
             command = ["-m", "opencode_env.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
         else:
-            command = ["-m", "server.app"]
+            command = ["-m", "opencode_env.server.app"]
             env.update({"HOST": "127.0.0.1", "PORT": str(port)})
         self.url = f"http://127.0.0.1:{port}"
         self.log = log.open("ab")

@@ -36,6 +36,7 @@ async def main(url, model_url):
         "is_result": isinstance(result, RolloutResult),
         "answer_schema": sorted(RolloutAnswer.model_json_schema()["properties"])[:3],
         "missing": [name for name in sys.argv[3:] if importlib.util.find_spec(name) is None],
+        "packages": [importlib.util.find_spec(name) is not None for name in ("opencode_env.server", "server")],
     }))
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
@@ -62,12 +63,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return wheel, venv
 
 
-def test_the_wheel_installs_no_server_command(installed: tuple[Path, Path]) -> None:
+def test_the_server_is_opencode_env_server_and_nothing_is_named_server(installed: tuple[Path, Path]) -> None:
+    """Every OpenEnv environment has a server/ folder: a top-level `server` package, or a `server` command, in one
+    virtualenv would overwrite another environment's."""
     wheel, venv = installed
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         [entry_points] = [name for name in names if name.endswith("entry_points.txt")]
         scripts = archive.read(entry_points).decode()
+    assert not [name for name in names if name.startswith("server/")]
+    served = {name.removeprefix("opencode_env/server/") for name in names if name.startswith("opencode_env/server/")}
+    assert {path.name for path in (ROOT / "server").glob("*.py")} <= served
     assert "\nserver =" not in scripts
     assert "opencode-env = " in scripts
     assert not (venv / "bin" / "server").exists()
@@ -92,6 +98,7 @@ def test_the_installed_client_calls_a_running_server_without_the_server_extra(in
     assert answer["sandbox_id"].startswith("stub")  # the rollout ran, on the server's (stub) backend
     assert answer["answer_schema"]
     assert answer["missing"] == SERVER_ONLY
+    assert answer["packages"] == [True, False]
 
 
 def test_the_command_line_without_the_server_extra_says_what_to_install(installed: tuple[Path, Path]) -> None:

@@ -14,10 +14,10 @@ from fastmcp import Client
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from websockets.asyncio.client import connect
 
+from opencode_env.server.environment import OpenCodeEnvironment
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import VERSION, RolloutResult
 from opencode_env.wire.answer import inline_result
-from server.environment import OpenCodeEnvironment
 from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
 

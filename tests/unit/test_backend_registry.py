@@ -32,9 +32,9 @@ from opencode_env.sandbox import (
     reapable_names,
     resolve_backend_name,
 )
+from opencode_env.server.staged import STARTING
 from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
-from server.staged import STARTING
 from tests.server_app import runtime_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +137,13 @@ def free_port() -> int:
 def test_a_server_on_an_unknown_backend_name_exits_naming_the_variable_and_the_known_names() -> None:
     env = {**os.environ, "OPENCODE_ENV_BACKEND": "locl", "HOST": "127.0.0.1", "PORT": str(free_port())}
     ended = subprocess.run(
-        [sys.executable, "-m", "server.app"], check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90
+        [sys.executable, "-m", "opencode_env.server.app"],
+        check=False,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert ended.returncode == 2
     assert "a setting is refused" in ended.stderr
@@ -150,7 +156,16 @@ def test_a_server_on_an_unknown_backend_name_exits_naming_the_variable_and_the_k
 def test_uvicorn_serving_the_app_on_an_unknown_backend_name_says_why_on_every_route(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "OPENCODE_ENV_BACKEND": "locl"}
-    command = [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "opencode_env.server.app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with (tmp_path / "server.log").open("wb") as log:
         server = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:

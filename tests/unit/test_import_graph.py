@@ -51,7 +51,7 @@ def cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def test_the_package_and_the_server_import_without_a_cycle() -> None:
-    assert cycles(grimp.build_graph("opencode_env", "server")) == []
+    assert cycles(grimp.build_graph("opencode_env")) == []
 
 
 def test_a_cycle_is_found() -> None:

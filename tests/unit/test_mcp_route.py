@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from server.mcp_endpoint import NEEDS_BODY, JsonAnswer, route
+from opencode_env.server.mcp_endpoint import NEEDS_BODY, JsonAnswer, route
 
 SSE = {b"accept": b"application/json, text/event-stream"}
 PLAIN = {b"accept": b"application/json"}

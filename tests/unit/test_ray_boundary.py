@@ -12,7 +12,7 @@ CLUSTER = "opencode_env.cluster"
 
 
 def test_only_the_cluster_package_imports_ray() -> None:
-    graph = grimp.build_graph("opencode_env", "server", include_external_packages=True)
+    graph = grimp.build_graph("opencode_env", include_external_packages=True)
     importers = graph.find_modules_that_directly_import("ray")
     assert importers, "the cluster package imports ray: the check must see it"
     outside = sorted(module for module in importers if module != CLUSTER and not module.startswith(f"{CLUSTER}."))
@@ -21,7 +21,7 @@ def test_only_the_cluster_package_imports_ray() -> None:
 
 def test_the_package_and_its_cli_load_no_ray() -> None:
     probe = (
-        "import sys, opencode_env, opencode_env.cli, opencode_env.evals.runner, server.app; "
+        "import sys, opencode_env, opencode_env.cli, opencode_env.evals.runner, opencode_env.server.app; "
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
