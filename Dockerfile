@@ -16,14 +16,16 @@ WORKDIR /opt/app
 # The dependencies' layer reads only pyproject.toml and uv.lock: an edit of the README or the code rebuilds what
 # follows it, not the dependencies (minutes of downloads).
 COPY pyproject.toml uv.lock ./
-RUN --mount=type=secret,id=ca eval "$TRUST" && /opt/uv/bin/uv sync --frozen --no-dev --extra server --no-install-project
+COPY package/pyproject.toml package/
+RUN --mount=type=secret,id=ca eval "$TRUST" && /opt/uv/bin/uv sync --frozen --no-dev --no-install-workspace
 COPY README.md ./
 COPY opencode_env opencode_env
 COPY server server
+COPY package package
 COPY openenv.yaml ./
 # Bytecode only for the modules the server and the proxy import (compiling every package would add ~150 MB).
 RUN --mount=type=secret,id=ca eval "$TRUST" \
-    && /opt/uv/bin/uv sync --frozen --no-dev --extra server --no-editable \
+    && /opt/uv/bin/uv sync --frozen --no-dev --no-editable \
     && /opt/app/.venv/bin/python -m opencode_env.sandbox.cloud.hf_shell install-opencode /opt/opencode-env | sh -e \
     && version=$(/opt/app/.venv/bin/python -c "from opencode_env.rollout.opencode import OPENCODE_VERSION; print(OPENCODE_VERSION)") \
     && cache=/opt/opencode-env/cache/opencode-$version \

@@ -6,7 +6,7 @@ message naming the URL, what went wrong and what to change:
 
     nothing listens there (connection refused)   upstream_error   start the server, or fix the host and port
     the host name does not resolve               upstream_error   fix the host name
-    TLS failed                                   upstream_error   http:// for a plain server, or trust its CA
+    TLS failed (not a certificate's trust)       upstream_error   http:// for a plain-HTTP server
     no answer within the connect timeout         upstream_error   a firewall, a wrong address, a host that is down
     401 / 403                                    invalid_request  the key, and where it comes from
     404 (or a 400 naming the model), and         invalid_request  the models the server serves
@@ -80,11 +80,14 @@ def unreachable_cause(upstream: Upstream, error: httpx.HTTPError, timeout_s: flo
                 f"the model server's host name {host!r} (base_url {url}) does not resolve ({cause.strerror}). Fix "
                 "the host name; it must resolve where the rollout runs (a server's own machine for a server)"
             )
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            # The probe trusts its own CA bundle and the proxy the system's: a private CA may pass where the
+            # calls are made, so a certificate the probe cannot verify is not a refusal.
+            return None
         if isinstance(cause, ssl.SSLError):
             return (
                 f"TLS with the model server at {url} failed ({cause.reason or cause}). A plain-HTTP server (vLLM's "
-                "default) takes http://, not https://; a certificate from a private CA needs that CA trusted "
-                "(SSL_CERT_FILE)"
+                "default) takes http://, not https://"
             )
     return None
 

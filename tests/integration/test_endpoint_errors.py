@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -28,6 +29,7 @@ from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
+from tests.upstream_servers import PrivateCA, served
 
 SERVED = ["Qwen/Qwen3-8B", "Qwen/Qwen3-8B-lora-a"]
 
@@ -110,6 +112,18 @@ async def test_https_to_a_plain_http_server_says_http(model_server: str) -> None
     assert result.status == "upstream_error"
     assert "TLS" in (result.error or "")
     assert "takes http://" in (result.error or "")
+
+
+async def test_a_certificate_the_probe_cannot_verify_is_a_warning_not_a_refusal(tmp_path: Path) -> None:
+    """The probe trusts its own CA bundle, the proxy the system's (a private CA there may well be trusted)."""
+    backend = StubBackend()
+    with served("uvicorn-h11", PrivateCA(tmp_path)) as url:
+        result = await run_rollout(demo_request(url, endpoint=""), backend)
+    assert result.failed_phase != "validate", result.error
+    assert result.sandbox_id.startswith("stub")
+    assert any(
+        "capture not checked" in warning and "CERTIFICATE_VERIFY_FAILED" in warning for warning in result.warnings
+    )
 
 
 async def test_a_wrong_key_is_refused_naming_where_the_key_comes_from(model_server: str) -> None:

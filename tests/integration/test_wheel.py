@@ -1,4 +1,5 @@
-"""The wheel as people install it: built with `uv build`, installed into a fresh virtualenv without the server
+"""The wheel as people install it: built with `uv build --package opencode-env` (its sdist, then the wheel from the
+sdist, as a registry's user gets it), installed into a fresh virtualenv without the server
 extra, its OpenCodeEnv calling a real server on loopback. The build and the virtualenv are offline; the install
 takes the thin client's few dependencies from uv's cache where it can (`./dev setup` filled it), else from PyPI."""
 
@@ -54,7 +55,7 @@ def uv(*args: str | Path, timeout_s: float = 300) -> subprocess.CompletedProcess
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The wheel, and a fresh virtualenv with it installed (no extra)."""
     where = tmp_path_factory.mktemp("wheel")
-    uv("build", "--wheel", "--offline", "--out-dir", where / "dist")
+    uv("build", "--package", "opencode-env", "--offline", "--out-dir", where / "dist")
     [wheel] = (where / "dist").glob("opencode_env-*.whl")
     venv = where / "venv"
     uv("venv", "--offline", "--python", sys.executable, venv)
