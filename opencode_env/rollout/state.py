@@ -56,6 +56,8 @@ class RolloutState:
     """OpenCode's config as rendered for this rollout (its hash goes into the result's provenance)."""
     grader_files: Listing | None = None
     """The work dir's grader configuration as setup left it (integrity.py), put back before verify."""
+    grader_box: asyncio.Future[RolloutSandbox] | None = None
+    """The grader's box being made beside the agent (verify_sandbox='fresh'), until verify takes it."""
 
     @property
     def workdir(self) -> str:

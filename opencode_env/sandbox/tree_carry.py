@@ -1,0 +1,430 @@
+"""The agent's work dir carried into the grader's box as data: regular files and directories only, read without
+following a link, with normalised modes and no owners, xattrs or capabilities, within caps.
+
+This module imports nothing but the standard library: the local backend runs it in the server (the host reads the
+agent's tree from outside its namespaces, writes the grader box's tree), the cloud backends upload it and run it as
+root in the VM (`python3 -I tree_carry.py pack|unpack ...`), so one walker decides what crosses everywhere.
+
+What is not carried, each recorded as a `Skipped` (the pipeline turns each into an integrity finding): symlinks,
+FIFOs, sockets, devices, files with more than one hard link, entries that cannot be read, and repository and
+packaging metadata (`.git`, `*.dist-info`, `*.egg-info`, `*.egg-link`, `*.pth`, `__pycache__`, `*.pyc`, `*.pyo`,
+matched in any case) unless the task names the path in `keep`. A tree past a cap (bytes, entries, depth, path or
+name length) stops the walk: `Report.over` names the cap, and the copy must not be graded.
+
+Every source path is opened one component at a time from a directory descriptor with O_NOFOLLOW (directories with
+O_DIRECTORY, files with O_NONBLOCK so a FIFO swapped in cannot block), each file fstat'ed after opening (a regular
+file, the inode lstat saw) and read up to the size fstat gave. Every destination entry is created with O_EXCL /
+mkdirat under a directory descriptor of ours, so nothing in the grader box's tree (setup's own links included)
+redirects a write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import stat
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_MODE, EXEC_MODE, DIR_MODE = 0o644, 0o755, 0o755
+METADATA_NAMES = frozenset({".git", "__pycache__"})
+METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth", ".pyc", ".pyo")
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_bytes: int = 256 * 2**20
+    max_entries: int = 100_000
+    max_depth: int = 64
+    max_path_bytes: int = 4096
+    max_name_bytes: int = 255
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    """Relative to the work dir; bytes that are not UTF-8 as surrogate escapes."""
+    kind: str
+    """symlink, fifo, socket, device, hard_link, unreadable, metadata, bytecode, startup_hook, conflict."""
+
+
+@dataclass
+class Report:
+    files: int = 0
+    dirs: int = 0
+    bytes: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    over: str = ""
+    """The cap the tree went past ('' when within every cap): the copy is incomplete and must not be graded."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        raw = json.loads(text)
+        skipped = [Skipped(str(item["path"]), str(item["kind"])) for item in raw.get("skipped", [])]
+        return cls(int(raw["files"]), int(raw["dirs"]), int(raw["bytes"]), skipped, str(raw.get("over", "")))
+
+
+class OverLimit(Exception):
+    pass
+
+
+def metadata_kind(name: str) -> str | None:
+    """What a name is, when it is repository or packaging metadata or bytecode (any case), else None."""
+    folded = name.casefold()
+    if folded == "__pycache__" or folded.endswith((".pyc", ".pyo")):
+        return "bytecode"
+    if folded.endswith(".pth"):
+        return "startup_hook"
+    if folded in METADATA_NAMES or folded.endswith(METADATA_SUFFIXES):
+        return "metadata"
+    return None
+
+
+def _kept(path: str, keep: tuple[str, ...]) -> bool:
+    """The task declared the path (or a directory above it, or one below it) part of the solution."""
+    return any(path == wanted or path.startswith(wanted + "/") or wanted.startswith(path + "/") for wanted in keep)
+
+
+class Sink(Protocol):
+    def enter(self, relative: str) -> None:
+        """A directory at `relative` (its parent entered before)."""
+        ...
+
+    def leave(self) -> None: ...
+
+    def has(self, name: str) -> bool:
+        """The grader box's own tree holds `name` in the directory entered last (setup's metadata, kept)."""
+        ...
+
+    def file(self, relative: str, data: bytes, executable: bool) -> bool:
+        """False when the entry cannot be made (something of the grader box's own is in the way)."""
+        ...
+
+
+class DirSink:
+    """Writes into a directory of ours (the grader box's work dir), every entry created afresh under a descriptor."""
+
+    def __init__(self, root_fd: int, owner: tuple[int, int] | None) -> None:
+        self._stack = [root_fd]
+        self._owner = owner
+
+    def enter(self, relative: str) -> None:
+        name = relative.rsplit("/", 1)[-1]
+        parent = self._stack[-1]
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, DIR_MODE, dir_fd=parent)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+        if self._owner is not None:
+            os.fchown(fd, *self._owner)
+        os.fchmod(fd, DIR_MODE)
+        self._stack.append(fd)
+
+    def leave(self) -> None:
+        os.close(self._stack.pop())
+
+    def has(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self._stack[-1], follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def file(self, relative: str, data: bytes, executable: bool) -> bool:
+        name = relative.rsplit("/", 1)[-1]
+        mode = EXEC_MODE if executable else FILE_MODE
+        parent = self._stack[-1]
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=parent)
+        try:
+            fd = os.open(name, WRITE_FLAGS, mode, dir_fd=parent)
+        except OSError as error:
+            if error.errno in (errno.EEXIST, errno.ELOOP, errno.EISDIR):
+                return False
+            raise
+        with os.fdopen(fd, "wb") as handle:
+            if self._owner is not None:
+                os.fchown(fd, *self._owner)
+            os.fchmod(fd, mode)
+            handle.write(data)
+        return True
+
+    def close(self) -> None:
+        while len(self._stack) > 1:
+            self.leave()
+
+
+class TarSink:
+    """Writes an uncompressed tar of what crosses: directories and regular files, owner 0, normalised modes."""
+
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self._tar = tar
+
+    def enter(self, relative: str) -> None:
+        info = tarfile.TarInfo(relative)
+        info.type, info.mode = tarfile.DIRTYPE, DIR_MODE
+        self._tar.addfile(info)
+
+    def leave(self) -> None:
+        pass
+
+    def has(self, name: str) -> bool:
+        return False
+
+    def file(self, relative: str, data: bytes, executable: bool) -> bool:
+        info = tarfile.TarInfo(relative)
+        info.size, info.mode = len(data), EXEC_MODE if executable else FILE_MODE
+        self._tar.addfile(info, io.BytesIO(data))
+        return True
+
+
+@dataclass
+class _Level:
+    fd: int
+    prefix: str
+    depth: int
+    names: Iterator[os.DirEntry[str]]
+
+
+def carry(source_fd: int, sink: Sink, limits: Limits, keep: tuple[str, ...] = ()) -> Report:
+    """Walk the tree under `source_fd` (a directory descriptor, which stays the caller's) into `sink`, depth first,
+    iteratively, with at most max_depth + 1 descriptors open."""
+    report = Report()
+    budget = _Budget(limits, report)
+    stack = [_Level(os.dup(source_fd), "", 0, iter(os.scandir(source_fd)))]
+    try:
+        while stack:
+            level = stack[-1]
+            entry = next(level.names, None)
+            if entry is None:
+                os.close(stack.pop().fd)
+                if stack:
+                    sink.leave()
+                continue
+            child = _visit(level, entry.name, sink, budget, keep)
+            if child is not None:
+                stack.append(child)
+    except OverLimit as error:
+        report.over = str(error)
+    finally:
+        for level in stack:
+            os.close(level.fd)
+    return report
+
+
+class _Budget:
+    def __init__(self, limits: Limits, report: Report) -> None:
+        self.limits, self.report, self.entries = limits, report, 0
+
+    def admit(self, relative: str, name: str, depth: int) -> None:
+        limits = self.limits
+        self.entries += 1
+        if self.entries > limits.max_entries:
+            raise OverLimit(f"more than {limits.max_entries} entries")
+        if depth > limits.max_depth:
+            raise OverLimit(f"deeper than {limits.max_depth} directories ({_shown(relative)[:200]})")
+        if len(os.fsencode(name)) > limits.max_name_bytes:
+            raise OverLimit(f"a name longer than {limits.max_name_bytes} bytes ({_shown(name)[:200]})")
+        if len(os.fsencode(relative)) > limits.max_path_bytes:
+            raise OverLimit(f"a path longer than {limits.max_path_bytes} bytes ({_shown(relative)[:200]}...)")
+
+    def take(self, size: int) -> None:
+        self.report.bytes += size
+        if self.report.bytes > self.limits.max_bytes:
+            raise OverLimit(f"more than {self.limits.max_bytes} bytes")
+
+
+def _shown(path: str) -> str:
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _visit(level: _Level, name: str, sink: Sink, budget: _Budget, keep: tuple[str, ...]) -> _Level | None:
+    relative = level.prefix + name
+    depth = level.depth + 1
+    budget.admit(relative, name, depth)
+    report = budget.report
+    try:
+        info = os.stat(name, dir_fd=level.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    metadata = None if _kept(relative, keep) else metadata_kind(name)
+    kind = _odd_kind(info.st_mode) or metadata
+    if kind is None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        kind = "hard_link"
+    if kind is not None:
+        if not (metadata and sink.has(name)):
+            report.skipped.append(Skipped(relative, kind))
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        return _enter(level, name, relative=relative, depth=depth, sink=sink, report=report)
+    data = _read(level.fd, name, info, budget)
+    if data is None:
+        report.skipped.append(Skipped(relative, "unreadable"))
+    elif sink.file(relative, data, bool(info.st_mode & 0o111)):
+        report.files += 1
+    else:
+        report.skipped.append(Skipped(relative, "conflict"))
+    return None
+
+
+def _odd_kind(mode: int) -> str | None:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return None if stat.S_ISDIR(mode) or stat.S_ISREG(mode) else "device"
+
+
+def _enter(level: _Level, name: str, *, relative: str, depth: int, sink: Sink, report: Report) -> _Level | None:
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=level.fd)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EACCES, errno.EPERM):
+            report.skipped.append(Skipped(relative, "unreadable"))
+            return None
+        raise
+    try:
+        names = iter(os.scandir(fd))
+        sink.enter(relative)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
+            unreadable = error.errno in (errno.EACCES, errno.EPERM)
+            report.skipped.append(Skipped(relative, "unreadable" if unreadable else "conflict"))
+            return None
+        raise
+    report.dirs += 1
+    return _Level(fd, relative + "/", depth, names)
+
+
+def _read(parent: int, name: str, seen: os.stat_result, budget: _Budget) -> bytes | None:
+    """The file's bytes up to the size fstat gives, or None when it is not the regular file lstat saw."""
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=parent)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.EACCES, errno.EPERM):
+            return None
+        raise
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
+            return None
+        budget.take(info.st_size)
+        chunks, left = [], info.st_size
+        while left > 0:
+            chunk = handle.read(min(left, READ_CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+
+def clear(root_fd: int) -> None:
+    """Empty the grader box's work dir of everything but metadata (setup's `.git`, an egg-info of `pip install -e`):
+    the task's own, kept where the agent's are not carried. A directory left holding none is removed; links are
+    removed, never followed."""
+    stack = [(os.dup(root_fd), iter(os.scandir(root_fd)), "")]
+    try:
+        while stack:
+            fd, names, _ = stack[-1]
+            entry = next(names, None)
+            if entry is None:
+                os.close(fd)
+                name = stack.pop()[2]
+                if stack:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(name, dir_fd=stack[-1][0])
+                continue
+            if metadata_kind(entry.name) is not None:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                child = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
+                stack.append((child, iter(os.scandir(child)), entry.name))
+                continue
+            os.unlink(entry.name, dir_fd=fd)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def unpack(archive: io.BufferedIOBase, sink: Sink, limits: Limits) -> Report:
+    """A tar that `pack` made, into `sink`: directories and regular files only, names checked again (the archive
+    crossed the host, but it came out of the agent's VM)."""
+    report = Report()
+    budget = _Budget(limits, report)
+    entered: list[str] = []
+    try:
+        with tarfile.open(fileobj=archive, mode="r|", errors="surrogateescape") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if any(part in ("", ".", "..") for part in parts) or not (member.isdir() or member.isreg()):
+                    raise ValueError(f"the work dir's archive holds an entry we never pack: {member.name[:200]!r}")
+                while entered and not member.name.startswith(entered[-1] + "/"):
+                    entered.pop()
+                    sink.leave()
+                budget.admit(member.name, parts[-1], len(parts))
+                if member.isdir():
+                    sink.enter(member.name)
+                    entered.append(member.name)
+                    report.dirs += 1
+                    continue
+                budget.take(member.size)
+                handle = tar.extractfile(member)
+                data = handle.read() if handle is not None else b""
+                if sink.file(member.name, data, bool(member.mode & 0o111)):
+                    report.files += 1
+                else:
+                    report.skipped.append(Skipped(member.name, "conflict"))
+    except OverLimit as error:
+        report.over = str(error)
+    return report
+
+
+def main(argv: list[str]) -> int:
+    """pack SOURCE ARCHIVE LIMITS_JSON KEEP_JSON | unpack ARCHIVE TARGET LIMITS_JSON UID: the report on stdout."""
+    command, first, second, limits_json, extra = argv
+    limits = Limits(**json.loads(limits_json))
+    if command == "pack":
+        source = os.open(first, DIR_FLAGS)
+        out = os.open(second, WRITE_FLAGS, 0o600)
+        with (
+            os.fdopen(out, "wb") as written,
+            tarfile.open(fileobj=written, mode="w|", format=tarfile.PAX_FORMAT, errors="surrogateescape") as tar,
+        ):
+            report = carry(source, TarSink(tar), limits, tuple(json.loads(extra)))
+    elif command == "unpack":
+        target = os.open(second, DIR_FLAGS)
+        clear(target)
+        owner = (int(extra), int(extra))
+        with open(first, "rb") as archive:
+            dir_sink = DirSink(target, owner)
+            try:
+                report = unpack(archive, dir_sink, limits)
+            finally:
+                dir_sink.close()
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+    sys.stdout.write(report.to_json() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
