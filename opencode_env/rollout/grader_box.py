@@ -17,10 +17,13 @@ import dataclasses
 from opencode_env.rollout.commands import hand_workdir_to_user, setup
 from opencode_env.rollout.state import PhaseFailure, RolloutState
 from opencode_env.sandbox.base import RolloutSandbox, SandboxError, task_path
-from opencode_env.sandbox.tree_carry import Report, Skipped
+from opencode_env.sandbox.tree_carry import Limits, Report, Skipped
 from opencode_env.wire import RolloutResult
 from opencode_env.wire.grading import FindingKind, IntegrityFinding
 
+CARRY_LIMITS = Limits()
+"""What the copy into the grader's box carries at most: bytes, entries, depth, path and name length. The grader's
+box has this much more disk than the agent's, so a copy within the caps always fits beside setup's files."""
 SKIPPED_KINDS: dict[str, FindingKind] = {
     "symlink": "link",
     "fifo": "special_file",
@@ -31,14 +34,18 @@ SKIPPED_KINDS: dict[str, FindingKind] = {
     "conflict": "conflict",
     "bytecode": "bytecode",
     "startup_hook": "startup_hook",
+    "outside": "outside_work_dir",
 }
 
 
 async def open_box(rollout: RolloutState) -> RolloutSandbox:
     """A new sandbox of the rollout's spec, set up; PhaseFailure (verify) when it cannot be made or set up."""
+    limits = rollout.spec.limits
+    room = dataclasses.replace(limits, disk_mb=limits.disk_mb + CARRY_LIMITS.max_bytes // 2**20)
     try:
         box = await asyncio.wait_for(
-            rollout.backend.create(rollout.spec), timeout=rollout.budget("verify", rollout.deadline.remaining())
+            rollout.backend.create(dataclasses.replace(rollout.spec, limits=room)),
+            timeout=rollout.budget("verify", rollout.deadline.remaining()),
         )
     except TimeoutError as error:
         raise PhaseFailure("sandbox_error", "verify", "the grader's sandbox ran out of time to start") from error
@@ -67,7 +74,12 @@ async def _set_up(view: RolloutState) -> None:
 def findings(report: Report) -> list[IntegrityFinding]:
     """Each entry of the agent's work dir the copy did not carry, and the cap it passed."""
     found = [
-        IntegrityFinding(path=_shown(item.path), kind=_kind(item), act="created", response="not_carried")
+        IntegrityFinding(
+            path=_shown(item.path),
+            kind=_kind(item),
+            act="changed" if item.kind == "changed_git" else "created",
+            response="not_carried",
+        )
         for item in report.skipped
     ]
     if report.over:

@@ -19,13 +19,10 @@ from opencode_env.sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from opencode_env.sandbox.tree_carry import Limits
 from opencode_env.wire.grading import GradedTests, GradeIsolation
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
-CARRY_LIMITS = Limits()
-"""What the copy into the grader's box carries at most: bytes, entries, depth, path and name length."""
 CLOSE_TIMEOUT_S = 30.0
 AGENT_CAUSED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMLINK, errno.ENAMETOOLONG, errno.ELOOP})
 AGENT_CAUSED_SIGNS = ("No space left on device", "Disk quota exceeded", "Too many links", "File name too long")
@@ -173,7 +170,7 @@ async def carry_work(rollout: RolloutState, box: RolloutSandbox) -> bool:
     started = time.monotonic()
     try:
         report = await rollout.sandbox.carry_workdir_to(
-            box, keep=tuple(rollout.request.solution_files), limits=CARRY_LIMITS
+            box, keep=tuple(rollout.request.solution_files), limits=grader_box.CARRY_LIMITS
         )
     except OSError as error:
         if error.errno not in AGENT_CAUSED_ERRNOS:
@@ -185,7 +182,7 @@ async def carry_work(rollout: RolloutState, box: RolloutSandbox) -> bool:
         refuse(rollout, f"its work dir is past a cap of the copy into the grader's box: {report.over}")
         return False
     result.enforcement["verify"] += (
-        f", the agent's work dir copied in by the host ({report.files} files, {report.bytes} bytes, "
+        f", the agent's work dir copied in ({report.files} files, {report.bytes} bytes, "
         f"{len(report.skipped)} entries not carried, {time.monotonic() - started:.3f} s)"
     )
     return True

@@ -39,6 +39,10 @@ FILE_MODE, EXEC_MODE, DIR_MODE = 0o644, 0o755, 0o755
 METADATA_NAMES = frozenset({".git", "__pycache__"})
 METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth", ".pyc", ".pyo")
 READ_CHUNK = 1 << 20
+GIT_CODE_FILES = ("config", "config.worktree", "commondir", "info/attributes")
+"""What in a repository makes git run a command (with `hooks/`): compared where the grader box has its own `.git`."""
+GIT_CODE_LIMIT = 1 << 20
+MAX_HOOKS = 64
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ class Sink(Protocol):
         """The grader box's own tree holds `name` in the directory entered last (setup's metadata, kept)."""
         ...
 
+    def git_differs(self, source_parent: int, name: str) -> bool:
+        """The agent's repository at `name` runs other commands than the grader box's own (git_code)."""
+        ...
+
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         """False when the entry cannot be made (something of the grader box's own is in the way)."""
         ...
@@ -141,6 +149,9 @@ class DirSink:
         except FileNotFoundError:
             return False
         return True
+
+    def git_differs(self, source_parent: int, name: str) -> bool:
+        return git_code(source_parent, name) != git_code(self._stack[-1], name)
 
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         name = relative.rsplit("/", 1)[-1]
@@ -183,6 +194,9 @@ class TarSink:
 
     def has(self, name: str) -> bool:
         return False
+
+    def git_differs(self, source_parent: int, name: str) -> bool:
+        return True
 
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         info = tarfile.TarInfo(relative)
@@ -267,6 +281,8 @@ def _visit(level: _Level, name: str, sink: Sink, budget: _Budget, keep: tuple[st
     if kind is not None:
         if not (metadata and sink.has(name)):
             report.skipped.append(Skipped(relative, kind))
+        elif name.casefold() == ".git" and sink.git_differs(level.fd, name):
+            report.skipped.append(Skipped(relative, "changed_git"))
         return None
     if stat.S_ISDIR(info.st_mode):
         return _enter(level, name, relative=relative, depth=depth, sink=sink, report=report)
@@ -278,6 +294,50 @@ def _visit(level: _Level, name: str, sink: Sink, budget: _Budget, keep: tuple[st
     else:
         report.skipped.append(Skipped(relative, "conflict"))
     return None
+
+
+def git_code(parent: int, name: str) -> tuple[object, ...]:
+    """What of the repository at parent/name can run a command: its config files' bytes and its hooks (names and
+    bytes), each read without following a link, bounded; a `.git` that is not a plain directory is only its kind."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError as error:
+        return ("absent",) if error.errno == errno.ENOENT else ("not a directory",)
+    try:
+        files = tuple(_small_file(fd, path) for path in GIT_CODE_FILES)
+        try:
+            hooks_fd = os.open("hooks", DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            return (*files, None)
+        try:
+            with os.scandir(hooks_fd) as listing:
+                names = sorted(entry.name for _, entry in zip(range(MAX_HOOKS), listing, strict=False))
+            hooks = tuple((hook, _small_file(hooks_fd, hook)) for hook in names)
+        finally:
+            os.close(hooks_fd)
+        return (*files, hooks)
+    finally:
+        os.close(fd)
+
+
+def _small_file(parent: int, path: str) -> bytes | str | None:
+    parts = path.split("/")
+    fds: list[int] = []
+    try:
+        at = parent
+        for part in parts[:-1]:
+            at = os.open(part, DIR_FLAGS, dir_fd=at)
+            fds.append(at)
+        fd = os.open(parts[-1], FILE_FLAGS, dir_fd=at)
+    except OSError as error:
+        return None if error.errno == errno.ENOENT else f"errno {error.errno}"
+    finally:
+        for opened in fds:
+            os.close(opened)
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
+        return handle.read(GIT_CODE_LIMIT)
 
 
 def _odd_kind(mode: int) -> str | None:

@@ -32,6 +32,7 @@ FindingKind = Literal[
     "unreadable",
     "conflict",
     "over_limit",
+    "outside_work_dir",
 ]
 AgentAct = Literal["created", "changed", "deleted"]
 GraderResponse = Literal["removed", "restored", "kept", "not_carried", "refused"]
@@ -48,9 +49,9 @@ class IntegrityFinding(BaseModel):
     response: GraderResponse = Field(description="What the grader did before verify ran.")
 
 
-ROUTINE_KINDS: frozenset[FindingKind] = frozenset({"bytecode"})
-"""Kinds an honest agent leaves too (running Python writes `__pycache__`); the grader removes them all the same and
-never reads bytecode from the work dir anyway."""
+ROUTINE_KINDS: frozenset[FindingKind] = frozenset({"bytecode", "outside_work_dir"})
+"""Kinds an honest agent leaves too (running Python writes `__pycache__`, `pip install --user` fills HOME); the
+grader removes them all the same or never sees them (the grader's box holds the work dir alone)."""
 
 
 def tampering(findings: list[IntegrityFinding]) -> list[str]:

@@ -119,9 +119,10 @@ class SandboxFiles:
         """The host reads this sandbox's work dir as data (from outside all its namespaces) and writes the copy into
         `target`'s, owned by `target`'s user: no command runs in either sandbox."""
         owner = (target._ids.user, target._ids.user)
-        return await asyncio.to_thread(
-            _carry_between, self.workdir_on_host(), target.workdir_on_host(), owner, keep, limits
-        )
+        source, into = self.workdir_on_host(), target.workdir_on_host()
+        report = await asyncio.to_thread(_carry_between, source, into, owner, keep, limits)
+        report.skipped += await asyncio.to_thread(_left_above, source, into)
+        return report
 
 
 def _carry_between(
@@ -139,3 +140,26 @@ def _carry_between(
         sink = tree_carry.DirSink(into, owner)
         opened.callback(sink.close)
         return tree_carry.carry(from_fd, sink, limits, keep)
+
+
+def _left_above(source: tuple[Path, str], target: tuple[Path, str]) -> list[tree_carry.Skipped]:
+    """What the agent added directly in the directories above its work dir (its HOME, say: a pytest.ini, a
+    conftest.py there steer a test run), against the grader box's same directories: none of it is carried, each is
+    recorded (names only, nothing read, nothing followed)."""
+    parts = hostfs.components(source[1])
+    found = []
+    for depth in range(len(parts)):
+        above = parts[:depth]
+        try:
+            with hostfs.open_dir(source[0], above) as theirs, hostfs.open_dir(target[0], above) as ours:
+                added = _names(theirs) - _names(ours) - {parts[depth]}
+        except (OSError, hostfs.UnsafePath):
+            continue
+        up = "../" * (len(parts) - depth)
+        found += [tree_carry.Skipped(up + name, "outside") for name in sorted(added)]
+    return found
+
+
+def _names(fd: int) -> set[str]:
+    with os.scandir(fd) as listing:
+        return {entry.name for _, entry in zip(range(hostfs.MAX_DIR_ENTRIES), listing, strict=False)}
