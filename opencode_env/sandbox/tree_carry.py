@@ -210,7 +210,12 @@ class _Level:
     fd: int
     prefix: str
     depth: int
-    names: Iterator[os.DirEntry[str]]
+    listing: Iterator[os.DirEntry[str]]
+
+    def close(self) -> None:
+        """The listing's own descriptor (a dup scandir makes) and ours."""
+        self.listing.close()  # type: ignore[attr-defined]
+        os.close(self.fd)
 
 
 def carry(source_fd: int, sink: Sink, limits: Limits, keep: tuple[str, ...] = ()) -> Report:
@@ -218,13 +223,13 @@ def carry(source_fd: int, sink: Sink, limits: Limits, keep: tuple[str, ...] = ()
     iteratively, with at most max_depth + 1 descriptors open."""
     report = Report()
     budget = _Budget(limits, report)
-    stack = [_Level(os.dup(source_fd), "", 0, iter(os.scandir(source_fd)))]
+    stack = [_Level(os.dup(source_fd), "", 0, os.scandir(source_fd))]
     try:
         while stack:
             level = stack[-1]
-            entry = next(level.names, None)
+            entry = next(level.listing, None)
             if entry is None:
-                os.close(stack.pop().fd)
+                stack.pop().close()
                 if stack:
                     sink.leave()
                 continue
@@ -235,7 +240,7 @@ def carry(source_fd: int, sink: Sink, limits: Limits, keep: tuple[str, ...] = ()
         report.over = str(error)
     finally:
         for level in stack:
-            os.close(level.fd)
+            level.close()
     return report
 
 
@@ -361,9 +366,17 @@ def _enter(level: _Level, name: str, *, relative: str, depth: int, sink: Sink, r
             return None
         raise
     try:
-        names = iter(os.scandir(fd))
+        listing = os.scandir(fd)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EACCES, errno.EPERM):
+            report.skipped.append(Skipped(relative, "unreadable"))
+            return None
+        raise
+    try:
         sink.enter(relative)
     except OSError as error:
+        listing.close()
         os.close(fd)
         if error.errno in (errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
             unreadable = error.errno in (errno.EACCES, errno.EPERM)
@@ -371,7 +384,7 @@ def _enter(level: _Level, name: str, *, relative: str, depth: int, sink: Sink, r
             return None
         raise
     report.dirs += 1
-    return _Level(fd, relative + "/", depth, names)
+    return _Level(fd, relative + "/", depth, listing)
 
 
 def _read(parent: int, name: str, seen: os.stat_result, budget: _Budget) -> bytes | None:
@@ -401,12 +414,13 @@ def clear(root_fd: int) -> None:
     """Empty the grader box's work dir of everything but metadata (setup's `.git`, an egg-info of `pip install -e`):
     the task's own, kept where the agent's are not carried. A directory left holding none is removed; links are
     removed, never followed."""
-    stack = [(os.dup(root_fd), iter(os.scandir(root_fd)), "")]
+    stack = [(os.dup(root_fd), os.scandir(root_fd), "")]
     try:
         while stack:
-            fd, names, _ = stack[-1]
-            entry = next(names, None)
+            fd, listing, _ = stack[-1]
+            entry = next(listing, None)
             if entry is None:
+                listing.close()
                 os.close(fd)
                 name = stack.pop()[2]
                 if stack:
@@ -417,11 +431,12 @@ def clear(root_fd: int) -> None:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 child = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
-                stack.append((child, iter(os.scandir(child)), entry.name))
+                stack.append((child, os.scandir(child), entry.name))
                 continue
             os.unlink(entry.name, dir_fd=fd)
     finally:
-        for fd, _, _ in stack:
+        for fd, listing, _ in stack:
+            listing.close()
             os.close(fd)
 
 

@@ -123,7 +123,7 @@ async def test_a_declared_solution_file_is_carried(backend: LocalBackend, no_lea
     result = await graded(request, backend)
     assert result.reward == 1.0, result.verify_results
     assert finding(result, "other.pth") == ("startup_hook", "not_carried")
-    assert "site.pth" not in {item.path for item in result.integrity}
+    assert finding(result, "site.pth") == ("startup_hook", "kept")
 
 
 CAPS = {
