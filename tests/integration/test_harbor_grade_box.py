@@ -42,15 +42,16 @@ PYTHONPATH=$site python3 -m pytest --ctrf /logs/verifier/ctrf.json /tests/test_o
 if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
 """
 TEST_OUTPUTS = """\
-import subprocess
+import os
 import sys
+
+sys.path.insert(0, os.getcwd())  # Harbor's tests name the task's directory (/app) the same way
 
 
 def test_add():
-    ran = subprocess.run(
-        [sys.executable, "-c", "from calc import add; print(add(2, 3))"], capture_output=True, text=True
-    )
-    assert ran.stdout.strip() == "5", ran.stderr
+    from calc import add
+
+    assert add(2, 3) == 5
 """
 HONEST = "printf 'def add(a, b):\\n    return a + b\\n' > calc.py\n"
 WRONG = "printf 'def add(a, b):\\n    return a - b\\n' > calc.py\n"

@@ -254,7 +254,7 @@ async def test_a_fresh_verify_sees_the_work_dir_and_nothing_else(backend: LocalB
     assert result.status == "completed", result.error
     assert [command.exit_code for command in result.verify_results] == [0, 0, 0]
     assert (result.reward, result.reward_source) == (1.0, "reward_txt")
-    assert result.enforcement["verify"].startswith("fresh sandbox local-")
+    assert result.enforcement["verify"].startswith("grader's sandbox local-")
 
 
 async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks: None) -> None:
