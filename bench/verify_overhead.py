@@ -6,16 +6,17 @@ box as the grader (verify_sandbox="same", the hand-over of before), side by side
 Oracle rollouts of the demo task (the solution writes add.py, no model, no OpenCode) isolate the verify phase; the
 work dir gets `--files` extra small files (a repository's worth makes the hand-over and the copy visible). For each
 backend and size the two kinds alternate, so machine noise falls on both alike. Prints p10/p50/p90 of the verify
-phase and of the whole rollout, and what the grader's box adds at p50. The grader's box is made and set up beside
-the agent, so an agent phase longer than its start hides that part: an oracle's is a few milliseconds, so these
-figures are the worst case. The cloud fakes run each SDK call as a local sandbox command, so their absolute times
-say little about E2B or Hugging Face; the number of VM commands and the ratio are what carry over.
+phase and of the whole rollout, what the grader's box adds at p50, and the copy's own p50. The grader's box is made
+and set up beside the agent, so an agent phase longer than its start hides that part: an oracle's is a few
+milliseconds, so these figures are the worst case. The cloud fakes run each SDK call as a local sandbox command,
+so their absolute times say little about E2B or Hugging Face; the number of VM commands and the ratio carry over.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.wire import RolloutRequest, VerifySandbox
 
+COPY_TIME = re.compile(r"not carried, ([0-9.]+) s\)")
+"""The copy's own duration, as verify_phase writes it into result.enforcement['verify']."""
 SOLUTION = "printf 'def add(a, b):\\n    return a + b\\n' > add.py"
 KINDS: tuple[VerifySandbox, VerifySandbox] = ("same", "fresh")
 
@@ -49,7 +52,7 @@ def spread(values: list[float]) -> str:
 
 
 async def measure(backend: SandboxBackend, runs: int, files: int) -> dict[str, dict[str, list[float]]]:
-    seen: dict[str, dict[str, list[float]]] = {kind: {"verify": [], "wall": []} for kind in KINDS}
+    seen: dict[str, dict[str, list[float]]] = {kind: {"verify": [], "wall": [], "copy": []} for kind in KINDS}
     for run in range(runs + 1):
         for kind in KINDS if run % 2 else KINDS[::-1]:
             result = await run_rollout(request(kind, files), backend)
@@ -58,6 +61,8 @@ async def measure(backend: SandboxBackend, runs: int, files: int) -> dict[str, d
             if run:
                 seen[kind]["verify"].append(result.timings.verify_s or 0.0)
                 seen[kind]["wall"].append(result.wall_s)
+                copied = COPY_TIME.search(result.enforcement.get("verify", ""))
+                seen[kind]["copy"].append(float(copied.group(1)) if copied else 0.0)
     return seen
 
 
@@ -110,7 +115,8 @@ def main() -> None:
                 same, fresh = (statistics.median(seen[kind]["verify"]) for kind in KINDS)
                 added = statistics.median(seen["fresh"]["wall"]) - statistics.median(seen["same"]["wall"])
                 ratio = f"verify {fresh / same:.2f}x ({fresh - same:+.3f} s)"
-                print(f"{'':24}fresh / agent box: {ratio}, rollout {added:+.3f} s")
+                copy = statistics.median(seen["fresh"]["copy"])
+                print(f"{'':24}fresh / agent box: {ratio}, rollout {added:+.3f} s; the copy itself {copy:.3f} s")
         finally:
             done()
 
