@@ -97,9 +97,17 @@ def metadata_kind(name: str) -> str | None:
     return None
 
 
-def _kept(path: str, keep: tuple[str, ...]) -> bool:
-    """The task declared the path (or a directory above it, or one below it) part of the solution."""
-    return any(path == wanted or path.startswith(wanted + "/") or wanted.startswith(path + "/") for wanted in keep)
+def excluded_as(relative: str, name: str, is_dir: bool, keep: tuple[str, ...]) -> str | None:
+    """What keeps an entry out as metadata (metadata_kind), unless the task declared its path (or one above it) part
+    of the solution. A metadata directory holding a declared path is entered, but carries only what is on the way to
+    it or under it."""
+    if any(relative == wanted or relative.startswith(wanted + "/") for wanted in keep):
+        return None
+    if is_dir and any(wanted.startswith(relative + "/") for wanted in keep):
+        return None
+    if keep and any(metadata_kind(part) for part in relative.split("/")[:-1]):
+        return "metadata"
+    return metadata_kind(name)
 
 
 class Sink(Protocol):
@@ -279,7 +287,7 @@ def _visit(level: _Level, name: str, sink: Sink, budget: _Budget, keep: tuple[st
         info = os.stat(name, dir_fd=level.fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-    metadata = None if _kept(relative, keep) else metadata_kind(name)
+    metadata = excluded_as(relative, name, stat.S_ISDIR(info.st_mode), keep)
     kind = _odd_kind(info.st_mode) or metadata
     if kind is None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         kind = "hard_link"
