@@ -20,6 +20,7 @@ redirects a write.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import io
@@ -482,25 +483,25 @@ def unpack(archive: io.BufferedIOBase, sink: Sink, limits: Limits) -> Report:
 
 
 def main(argv: list[str]) -> int:
-    """pack SOURCE ARCHIVE LIMITS_JSON KEEP_JSON | unpack ARCHIVE TARGET LIMITS_JSON UID: the report on stdout."""
-    command, first, second, limits_json, extra = argv
-    limits = Limits(**json.loads(limits_json))
+    """`pack SOURCE LIMITS_JSON KEEP_JSON`: prints the tar's base64, then the report, one line each.
+    `unpack ARCHIVE TARGET LIMITS_JSON UID`: empties TARGET (its metadata kept), unpacks, prints the report."""
+    command, first, second, third, *rest = argv
     if command == "pack":
+        packed = io.BytesIO()
         source = os.open(first, DIR_FLAGS)
-        out = os.open(second, WRITE_FLAGS, 0o600)
-        with (
-            os.fdopen(out, "wb") as written,
-            tarfile.open(fileobj=written, mode="w|", format=tarfile.PAX_FORMAT, errors="surrogateescape") as tar,
-        ):
-            report = carry(source, TarSink(tar), limits, tuple(json.loads(extra)))
+        with tarfile.open(fileobj=packed, mode="w|", format=tarfile.PAX_FORMAT, errors="surrogateescape") as tar:
+            report = carry(source, TarSink(tar), Limits(**json.loads(second)), tuple(json.loads(third)))
+        encoded = b"" if report.over else base64.b64encode(packed.getvalue())
+        sys.stdout.write(encoded.decode("ascii") + "\n")
     elif command == "unpack":
         target = os.open(second, DIR_FLAGS)
         clear(target)
-        owner = (int(extra), int(extra))
-        with open(first, "rb") as archive:
+        owner = (int(rest[0]), int(rest[0]))
+        archive_fd = os.open(first, FILE_FLAGS)
+        with os.fdopen(archive_fd, "rb") as archive:
             dir_sink = DirSink(target, owner)
             try:
-                report = unpack(archive, dir_sink, limits)
+                report = unpack(archive, dir_sink, Limits(**json.loads(third)))
             finally:
                 dir_sink.close()
     else:

@@ -1,10 +1,11 @@
 """The agent's work dir into the grader's box on a cloud backend, made by root from the agent's tree as data.
 
 After the hand-over (the work dir the grader's: processes the agent left behind can no longer change it), root runs
-our own walker (tree_carry.py, uploaded into a directory only root can open, its name random) over the agent's work
-dir with `python3 -I`: it never follows a link and packs regular files and directories alone into a tar, which the
-host carries to the grader's box, where the same walker, as root there, empties the work dir (setup's metadata kept)
-and unpacks it, entry by entry under directory descriptors, owned by `user`.
+our own walker (tree_carry.py, its source on the command line of `python3 -I -c`) over the agent's work dir: it
+never follows a link and packs regular files and directories alone into a tar, printed as base64, which the host
+carries to the grader's box (written under a random name in its /tmp, root's), where the same walker, as root there,
+empties the work dir (setup's metadata kept) and unpacks it, entry by entry under directory descriptors, owned by
+`user`.
 """
 
 from __future__ import annotations
@@ -30,54 +31,43 @@ TAR_HEADER_BYTES = 1536
 WALKER_SOURCE = Path(tree_carry.__file__).read_text(encoding="utf-8")
 
 
-async def _upload_walker(sandbox: CloudSandbox) -> str:
-    private = f"/tmp/opencode-env-carry-{secrets.token_hex(8)}"
-    exit_code, output = await sandbox.run_root(f"mkdir -m 700 {private}", 30)
-    if exit_code != 0:
-        raise SandboxError(f"could not make the work dir copy's directory in {sandbox.sandbox_id}: {output[-300:]}")
-    await sandbox.write_root_file(f"{private}/tree_carry.py", WALKER_SOURCE)
-    return private
-
-
-def _walker(sandbox: CloudSandbox, private: str, *args: str) -> str:
+def _walker(sandbox: CloudSandbox, *args: str) -> str:
+    """Our walker run by root from its source on the command line: nothing of it lives in a file the VM could
+    change first."""
     python = shlex.quote(sandbox.tools.python or "python3")
-    return f"{python} -I {private}/tree_carry.py {shlex.join(args)}"
+    return f"{python} -I -c {shlex.quote(WALKER_SOURCE)} {shlex.join(args)}"
 
 
 async def carry_between(
     source: CloudSandbox, target: CloudSandbox, *, workdir: str, keep: tuple[str, ...], limits: CarryLimits
 ) -> CarryReport:
+    """Two commands in the agent's VM (the hand-over, done by the caller, and the pack, whose output is the archive)
+    and two in the grader's (the archive written, the unpack)."""
     limits_json = json.dumps(asdict(limits))
-    private = await _upload_walker(source)
-    archive = f"{private}/workdir.tar"
+    bound = (limits.max_bytes + TAR_HEADER_BYTES * (limits.max_entries + 2)) * 4 // 3 + 2**20
     packed = await source.run(
-        _walker(source, private, "pack", workdir, archive, limits_json, json.dumps(list(keep))),
-        timeout_s=CARRY_TIMEOUT_S,
-        identity="root",
-        cwd="/",
-    )
-    report = _report(source, packed.exit_code, packed.stdout, packed.stderr)
-    if report.over:
-        return report
-    bound = (limits.max_bytes + TAR_HEADER_BYTES * (limits.max_entries + 2)) * 4 // 3 + 4
-    encoded = await source.run(
-        f"base64 -w 0 {archive} && rm -f {archive}",
+        _walker(source, "pack", workdir, limits_json, json.dumps(list(keep))),
         timeout_s=CARRY_TIMEOUT_S,
         identity="root",
         cwd="/",
         max_output_bytes=bound,
     )
-    if encoded.exit_code != 0 or encoded.output_truncated:
-        raise SandboxError(f"the work dir's archive could not be read in {source.sandbox_id}: {encoded.stderr[-300:]}")
+    if packed.output_truncated:
+        raise SandboxError(f"the work dir's archive in {source.sandbox_id} is over its bound of {bound} bytes")
+    encoded, _, report_line = packed.stdout.rstrip("\n").rpartition("\n")
+    report = _report(source, packed.exit_code, report_line, packed.stderr)
+    if report.over:
+        return report
     try:
-        data = base64.b64decode(encoded.stdout.strip(), validate=True)
+        data = base64.b64decode(encoded.strip(), validate=True)
     except binascii.Error as error:
         raise SandboxError(f"the work dir's archive came back damaged: {error}") from error
-    into = await _upload_walker(target)
-    await target.write_root_bytes(f"{into}/workdir.tar", data)
-    uid = '"$(id -u user)"'
-    unpack = _walker(target, into, "unpack", f"{into}/workdir.tar", workdir, limits_json, "UID").replace("UID", uid)
-    unpacked = await target.run(f"{unpack} && rm -rf {into}", timeout_s=CARRY_TIMEOUT_S, identity="root", cwd="/")
+    archive = f"/tmp/opencode-env-carry-{secrets.token_hex(16)}.tar"
+    await target.write_root_bytes(archive, data)
+    unpack = _walker(target, "unpack", archive, workdir, limits_json) + ' "$(id -u user)"'
+    unpacked = await target.run(
+        f"{unpack}; status=$?; rm -f {archive}; exit $status", timeout_s=CARRY_TIMEOUT_S, identity="root", cwd="/"
+    )
     landed = _report(target, unpacked.exit_code, unpacked.stdout, unpacked.stderr)
     report.skipped += landed.skipped
     return report
