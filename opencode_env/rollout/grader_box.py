@@ -44,7 +44,7 @@ async def open_box(rollout: RolloutState) -> RolloutSandbox:
     room = dataclasses.replace(limits, disk_mb=limits.disk_mb + CARRY_LIMITS.max_bytes // 2**20)
     try:
         box = await asyncio.wait_for(
-            rollout.backend.create(dataclasses.replace(rollout.spec, limits=room)),
+            rollout.backend.create(dataclasses.replace(rollout.spec, limits=room, grader_box="this")),
             timeout=rollout.budget("verify", rollout.deadline.remaining()),
         )
     except TimeoutError as error:

@@ -209,6 +209,7 @@ def _sandbox_spec(
         limits=sandbox_limits(request, settings),
         network=request.network,
         model_endpoints=model_endpoints,
+        grader_box="planned" if request.verify_sandbox == "fresh" else "none",
     )
 
 

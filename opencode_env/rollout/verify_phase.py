@@ -13,7 +13,7 @@ from opencode_env.rollout import graded_tests, grader_box, integrity
 from opencode_env.rollout.commands import run_commands
 from opencode_env.rollout.grader_env import verify_environment
 from opencode_env.rollout.reward import read_reward
-from opencode_env.rollout.state import PhaseFailure, RolloutState
+from opencode_env.rollout.state import PhaseFailure, RolloutState, cancelling
 from opencode_env.sandbox.base import (
     RolloutSandbox,
     Sandbox,
@@ -124,6 +124,8 @@ async def discard_grader_box(rollout: RolloutState) -> None:
     try:
         box = await asyncio.shield(pending) if not pending.cancelled() else None
     except asyncio.CancelledError:
+        if cancelling():
+            raise
         return
     except (PhaseFailure, SandboxError, OSError) as error:
         log.info("the unused grader box of %s had failed: %s", rollout.result.sandbox_id, error)

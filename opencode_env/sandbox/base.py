@@ -47,6 +47,7 @@ class SandboxError(Exception):
 
 
 Network = Literal["internet", "model_only"]
+GraderBoxRole = Literal["none", "planned", "this"]
 Identity = Literal["user", "root", "agent", "grader"]
 """Who a sandbox command runs as: `user` (setup, the agent's tools), `root` (the sandbox's root: install steps),
 `agent` (OpenCode itself; where the backend can, its tools' shell drops to `user` and loses PRIVATE_ENV_PREFIX
@@ -82,6 +83,10 @@ class SandboxSpec:
     network: Network = "internet"
     model_endpoints: tuple[tuple[str, int], ...] = ()
     """host:port pairs the sandbox may always reach (the model, in black_box mode)."""
+    grader_box: GraderBoxRole = "none"
+    """planned: the rollout will also open its grader's box, of this spec, within this sandbox's life, so admission
+    (memory, live sandboxes) takes room for both at once here (two admitted one by one could wait on each other
+    forever); this: it is that box, already admitted with the agent's."""
 
 
 @dataclass(frozen=True)
