@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass
 
+from opencode_env.rollout import integrity
 from opencode_env.rollout.commands import hand_workdir_to_user, setup
+from opencode_env.rollout.integrity import Listing
 from opencode_env.rollout.state import PhaseFailure, RolloutState
 from opencode_env.sandbox.base import RolloutSandbox, SandboxError, task_path
 from opencode_env.sandbox.tree_carry import Limits, Report, Skipped
@@ -38,8 +41,16 @@ SKIPPED_KINDS: dict[str, FindingKind] = {
 }
 
 
-async def open_box(rollout: RolloutState) -> RolloutSandbox:
-    """A new sandbox of the rollout's spec, set up; PhaseFailure (verify) when it cannot be made or set up."""
+@dataclass(frozen=True)
+class GraderBox:
+    sandbox: RolloutSandbox
+    grader_files: Listing | None
+    """Its work dir's grader configuration as setup left it (integrity.py), put back after the copy."""
+
+
+async def open_box(rollout: RolloutState) -> GraderBox:
+    """A new sandbox of the rollout's spec, set up, its grader files listed; PhaseFailure (verify) when it cannot be
+    made or set up."""
     limits = rollout.spec.limits
     room = dataclasses.replace(limits, disk_mb=limits.disk_mb + CARRY_LIMITS.max_bytes // 2**20)
     try:
@@ -53,10 +64,21 @@ async def open_box(rollout: RolloutState) -> RolloutSandbox:
         raise PhaseFailure("sandbox_error", "verify", f"the grader's sandbox failed: {error}") from error
     try:
         await _set_up(dataclasses.replace(rollout, sandbox=box, result=RolloutResult(), progress=None))
+        listing = await _grader_files(rollout, box)
     except BaseException:
         await asyncio.shield(box.close())
         raise
-    return box
+    return GraderBox(box, listing)
+
+
+async def _grader_files(rollout: RolloutState, box: RolloutSandbox) -> Listing | None:
+    """The snapshot integrity.py compares the copy against, taken in the grader's box itself: the task's state
+    exactly, and off the agent's path (the agent's box needs none)."""
+    try:
+        return await integrity.scan(box, rollout.workdir, "root", rollout.budget("verify", integrity.SCAN_TIMEOUT_S))
+    except ValueError as error:
+        rollout.result.warnings.append(f"grader files not snapshotted, so not restored before verify: {error}")
+        return None
 
 
 async def _set_up(view: RolloutState) -> None:

@@ -7,10 +7,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.integrity import Listing
+
+if TYPE_CHECKING:
+    from opencode_env.rollout.grader_box import GraderBox
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     RolloutSandbox,
@@ -56,7 +59,7 @@ class RolloutState:
     """OpenCode's config as rendered for this rollout (its hash goes into the result's provenance)."""
     grader_files: Listing | None = None
     """The work dir's grader configuration as setup left it (integrity.py), put back before verify."""
-    grader_box: asyncio.Future[RolloutSandbox] | None = None
+    grader_box: asyncio.Future[GraderBox] | None = None
     """The grader's box being made beside the agent (verify_sandbox='fresh'), until verify takes it."""
 
     @property

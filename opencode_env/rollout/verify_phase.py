@@ -70,9 +70,11 @@ def refuse(rollout: RolloutState, why: str) -> None:
 
 
 async def snapshot_grader_files(rollout: RolloutState) -> None:
-    """After setup, before the agent: the work dir's grader configuration as the task left it (integrity.py). An
-    image without the tools to list it (find, tar, base64) keeps verify's hardened environment alone, with a
-    warning."""
+    """After setup, before the agent, when verify runs in the agent's box: the work dir's grader configuration as
+    the task left it (integrity.py; the grader's box takes its own). An image without the tools to list it (find,
+    tar, base64) keeps verify's hardened environment alone, with a warning."""
+    if rollout.request.verify_sandbox != "same":
+        return
     try:
         rollout.grader_files = await integrity.scan(
             rollout.sandbox, rollout.workdir, "root", rollout.budget("setup", integrity.SCAN_TIMEOUT_S)
@@ -131,7 +133,7 @@ async def discard_grader_box(rollout: RolloutState) -> None:
         log.info("the unused grader box of %s had failed: %s", rollout.result.sandbox_id, error)
         return
     if box is not None:
-        await close_quietly(box)
+        await close_quietly(box.sandbox)
 
 
 async def fresh_verify(rollout: RolloutState) -> None:
@@ -147,12 +149,13 @@ async def fresh_verify(rollout: RolloutState) -> None:
     await rollout.report("verify", f"waiting for the grader's {rollout.backend.name} sandbox")
     try:
         wait_s = rollout.budget("verify", rollout.deadline.remaining())
-        box = await asyncio.wait_for(asyncio.shield(pending), timeout=wait_s)
+        taken = await asyncio.wait_for(asyncio.shield(pending), timeout=wait_s)
     except TimeoutError as error:
         pending.cancel()
         raise PhaseFailure("sandbox_error", "verify", "the grader's sandbox ran out of time to start") from error
     except SandboxError as error:
         raise PhaseFailure("sandbox_error", "verify", f"the grader's sandbox failed: {error}") from error
+    box, rollout.grader_files = taken.sandbox, taken.grader_files
     try:
         result.enforcement["verify"] = f"grader's sandbox {box.sandbox_id}"
         if not await carry_work(rollout, box):
