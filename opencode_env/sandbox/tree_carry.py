@@ -126,6 +126,10 @@ class Sink(Protocol):
         """The agent's repository at `name` runs other commands than the grader box's own (git_code)."""
         ...
 
+    def same_link(self, name: str, target: str) -> bool:
+        """The grader box's tree holds the same link at `name` (setup's own, kept there)."""
+        ...
+
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         """False when the entry cannot be made (something of the grader box's own is in the way)."""
         ...
@@ -141,6 +145,7 @@ class DirSink:
     def enter(self, relative: str) -> None:
         name = relative.rsplit("/", 1)[-1]
         parent = self._stack[-1]
+        _unlink_unless_dir(parent, name)
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, DIR_MODE, dir_fd=parent)
         fd = os.open(name, DIR_FLAGS, dir_fd=parent)
@@ -162,13 +167,17 @@ class DirSink:
     def git_differs(self, source_parent: int, name: str) -> bool:
         return git_code(source_parent, name) != git_code(self._stack[-1], name)
 
+    def same_link(self, name: str, target: str) -> bool:
+        try:
+            return os.readlink(name, dir_fd=self._stack[-1]) == target
+        except OSError:
+            return False
+
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         name = relative.rsplit("/", 1)[-1]
         mode = EXEC_MODE if executable else FILE_MODE
         parent = self._stack[-1]
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISREG(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
-                os.unlink(name, dir_fd=parent)
+        _unlink_unless_dir(parent, name)
         try:
             fd = os.open(name, WRITE_FLAGS, mode, dir_fd=parent)
         except OSError as error:
@@ -185,6 +194,13 @@ class DirSink:
     def close(self) -> None:
         while len(self._stack) > 1:
             self.leave()
+
+
+def _unlink_unless_dir(parent: int, name: str) -> None:
+    """Setup's own file or link at a path the agent's copy fills is replaced (the link itself, never followed)."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=parent)
 
 
 class TarSink:
@@ -206,6 +222,9 @@ class TarSink:
 
     def git_differs(self, source_parent: int, name: str) -> bool:
         return True
+
+    def same_link(self, name: str, target: str) -> bool:
+        return False
 
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         info = tarfile.TarInfo(relative)
@@ -292,6 +311,8 @@ def _visit(level: _Level, name: str, sink: Sink, budget: _Budget, keep: tuple[st
     kind = _odd_kind(info.st_mode) or metadata
     if kind is None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         kind = "hard_link"
+    if kind == "symlink" and sink.same_link(name, os.readlink(name, dir_fd=level.fd)):
+        return None
     if kind is not None:
         if not (metadata and sink.has(name)):
             report.skipped.append(Skipped(relative, kind))
@@ -420,9 +441,10 @@ def _read(parent: int, name: str, seen: os.stat_result, budget: _Budget) -> byte
 
 
 def clear(root_fd: int) -> None:
-    """Empty the grader box's work dir of everything but metadata (setup's `.git`, an egg-info of `pip install -e`):
-    the task's own, kept where the agent's are not carried. A directory left holding none is removed; links are
-    removed, never followed."""
+    """Empty the grader box's work dir of everything but metadata (setup's `.git`, an egg-info of `pip install -e`)
+    and links (a repository's own symlinks): the task's own, kept where the agent's are not carried (a file of the
+    agent's at a link's path replaces the link itself). A directory left holding none is removed; nothing is
+    followed."""
     stack = [(os.dup(root_fd), os.scandir(root_fd), "")]
     try:
         while stack:
@@ -436,7 +458,7 @@ def clear(root_fd: int) -> None:
                     with contextlib.suppress(OSError):
                         os.rmdir(name, dir_fd=stack[-1][0])
                 continue
-            if metadata_kind(entry.name) is not None:
+            if metadata_kind(entry.name) is not None or entry.is_symlink():
                 continue
             if entry.is_dir(follow_symlinks=False):
                 child = os.open(entry.name, DIR_FLAGS, dir_fd=fd)

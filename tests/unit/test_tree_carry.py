@@ -123,7 +123,7 @@ def test_declared_metadata_crosses_and_nothing_beside_it(tmp_path: Path) -> None
     assert skipped(report) == {"other.pth": "startup_hook", ".git/config": "metadata"}
 
 
-def test_the_grader_boxs_own_metadata_is_kept_and_a_changed_git_recorded(tmp_path: Path) -> None:
+def test_the_grader_boxs_own_metadata_and_links_are_kept_and_a_changed_git_recorded(tmp_path: Path) -> None:
     source, target = tmp_path / "agent", tmp_path / "grader"
     for root, config in ((source, '[filter "x"]\n\tclean = evil\n'), (target, "[core]\n")):
         (root / ".git").mkdir(parents=True)
@@ -134,13 +134,19 @@ def test_the_grader_boxs_own_metadata_is_kept_and_a_changed_git_recorded(tmp_pat
     (target / "escape").symlink_to(tmp_path / "outside")
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "keep.txt").write_text("untouched\n")
+    (target / "vendor").symlink_to(tmp_path / "outside")
+    (source / "vendor").symlink_to(tmp_path / "outside")
+    (source / "escape").write_text("the agent's file\n")
     with opened(target) as dst:
         tree_carry.clear(dst)
-    assert set(tree(target)) == {".git", ".git/config"}
-    assert (tmp_path / "outside" / "keep.txt").read_text() == "untouched\n"
+    assert set(tree(target)) == {".git", ".git/config", "escape", "vendor"}, "setup's links and metadata stay"
     report = carry(source, target)
-    assert skipped(report) == {".git": "changed_git"}
+    assert skipped(report) == {".git": "changed_git"}, "the task's own link is no finding"
     assert (target / ".git" / "config").read_text() == "[core]\n"
+    assert tree(target)["escape"] == ("f", 0o644), "the agent's file replaces the link itself"
+    assert (target / "vendor").is_symlink()
+    assert sorted(path.name for path in (tmp_path / "outside").iterdir()) == ["keep.txt"]
+    assert (tmp_path / "outside" / "keep.txt").read_text() == "untouched\n"
 
 
 @pytest.mark.parametrize(
