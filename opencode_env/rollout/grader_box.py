@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
 
 from opencode_env.rollout import integrity
 from opencode_env.rollout.commands import hand_workdir_to_user, setup
 from opencode_env.rollout.integrity import Listing
-from opencode_env.rollout.state import PhaseFailure, RolloutState
+from opencode_env.rollout.state import GraderBox, PhaseFailure, RolloutState
 from opencode_env.sandbox.base import RolloutSandbox, SandboxError, task_path
 from opencode_env.sandbox.tree_carry import Limits, Report, Skipped
 from opencode_env.wire import RolloutResult
@@ -39,13 +38,6 @@ SKIPPED_KINDS: dict[str, FindingKind] = {
     "startup_hook": "startup_hook",
     "outside": "outside_work_dir",
 }
-
-
-@dataclass(frozen=True)
-class GraderBox:
-    sandbox: RolloutSandbox
-    grader_files: Listing | None
-    """Its work dir's grader configuration as setup left it (integrity.py), put back after the copy."""
 
 
 async def open_box(rollout: RolloutState) -> GraderBox:

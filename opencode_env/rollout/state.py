@@ -7,13 +7,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.integrity import Listing
-
-if TYPE_CHECKING:
-    from opencode_env.rollout.grader_box import GraderBox
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     RolloutSandbox,
@@ -41,6 +38,15 @@ class PhaseFailure(Exception):
         super().__init__(message)
         self.status: RolloutStatus = status
         self.phase: Phase = phase
+
+
+@dataclass(frozen=True)
+class GraderBox:
+    """The grader's box (grader_box.py) as verify takes it."""
+
+    sandbox: RolloutSandbox
+    grader_files: Listing | None
+    """Its work dir's grader configuration as setup left it (integrity.py), put back after the copy."""
 
 
 @dataclass

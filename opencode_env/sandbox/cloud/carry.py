@@ -17,13 +17,38 @@ import secrets
 import shlex
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opencode_env.sandbox import tree_carry
-from opencode_env.sandbox.base import CarryLimits, CarryReport, SandboxError
+from opencode_env.sandbox.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    CarryLimits,
+    CarryReport,
+    Identity,
+    ProvidedTools,
+    SandboxError,
+)
+from opencode_env.wire import CommandResult
 
-if TYPE_CHECKING:
-    from opencode_env.sandbox.cloud.sandbox import CloudSandbox
+
+class CloudSandbox(Protocol):
+    """What the copy needs of a cloud sandbox: commands as root, a file written as root."""
+
+    sandbox_id: str
+    tools: ProvidedTools
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout_s: float,
+        cwd: str = ...,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        identity: Identity = "user",
+    ) -> CommandResult: ...
+
+    async def write_root_bytes(self, path: str, data: bytes) -> None: ...
+
 
 CARRY_TIMEOUT_S = 300.0
 TAR_HEADER_BYTES = 1536
