@@ -60,6 +60,7 @@ def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str | No
         status=result.status,
         reward=result.reward,
         reward_source=result.reward_source,
+        grade_isolation=result.grade_isolation,
         error=result.error,
         failed_phase=result.failed_phase,
         backend=result.backend,

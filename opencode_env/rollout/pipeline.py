@@ -26,7 +26,13 @@ from opencode_env.rollout.probe import decide, probe_endpoint
 from opencode_env.rollout.sampling import non_neutral_fields, sampling_warnings
 from opencode_env.rollout.state import PhaseFailure, ProgressCallback, RolloutState, cancelling
 from opencode_env.rollout.upstream_policy import UpstreamPolicy, key_custody_problem
-from opencode_env.rollout.verify_phase import close_quietly, snapshot_grader_files, verify
+from opencode_env.rollout.verify_phase import (
+    close_quietly,
+    discard_grader_box,
+    snapshot_grader_files,
+    start_grader_box,
+    verify,
+)
 from opencode_env.sandbox.base import (
     WORKDIR,
     ProxyHandle,
@@ -96,7 +102,7 @@ async def run_rollout(
         spec = _sandbox_spec(request, deadline, endpoints, settings)
         sandbox = await _create_sandbox(backend, spec, result, deadline, progress)
         try:
-            await _in_sandbox(
+            await _with_grader_box(
                 RolloutState(request, upstream, sandbox, result, deadline, progress, backend, spec, settings)
             )
         finally:
@@ -218,6 +224,7 @@ def _sandbox_spec(
         limits=sandbox_limits(request, settings),
         network=request.network,
         model_endpoints=model_endpoints,
+        grader_box="planned" if request.verify_sandbox == "fresh" else "none",
     )
 
 
@@ -253,6 +260,14 @@ async def _close(sandbox: Sandbox, result: RolloutResult) -> None:
         await close_quietly(sandbox)
     finally:
         result.timings.close_s = round(time.monotonic() - started, 4)
+
+
+async def _with_grader_box(rollout: RolloutState) -> None:
+    """The rollout, and the grader's box it may have started closed whatever ended it."""
+    try:
+        await _in_sandbox(rollout)
+    finally:
+        await discard_grader_box(rollout)
 
 
 async def _in_sandbox(rollout: RolloutState) -> None:
@@ -300,6 +315,7 @@ async def _setup(rollout: RolloutState) -> None:
     """The task's setup, then a snapshot of the grader's files as the task left them, then OpenCode's project
     configuration out of the way (OpenCode reads only ours)."""
     await setup(rollout)
+    start_grader_box(rollout)
     await snapshot_grader_files(rollout)
     await _remove_opencode_project_config(rollout)
 

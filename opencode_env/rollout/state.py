@@ -40,6 +40,15 @@ class PhaseFailure(Exception):
         self.phase: Phase = phase
 
 
+@dataclass(frozen=True)
+class GraderBox:
+    """The grader's box (grader_box.py) as verify takes it."""
+
+    sandbox: RolloutSandbox
+    grader_files: Listing | None
+    """Its work dir's grader configuration as setup left it (integrity.py), put back after the copy."""
+
+
 @dataclass
 class RolloutState:
     request: RolloutRequest
@@ -56,6 +65,8 @@ class RolloutState:
     """OpenCode's config as rendered for this rollout (its hash goes into the result's provenance)."""
     grader_files: Listing | None = None
     """The work dir's grader configuration as setup left it (integrity.py), put back before verify."""
+    grader_box: asyncio.Future[GraderBox] | None = None
+    """The grader's box being made beside the agent (verify_sandbox='fresh'), until verify takes it."""
 
     @property
     def workdir(self) -> str:

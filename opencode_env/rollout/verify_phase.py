@@ -6,24 +6,23 @@ import asyncio
 import errno
 import logging
 import os
+import time
 from collections.abc import Mapping
 
-from opencode_env.rollout import graded_tests, integrity
-from opencode_env.rollout.commands import INSTALL_TIMEOUT_S, run_commands
+from opencode_env.rollout import graded_tests, grader_box, integrity
+from opencode_env.rollout.commands import run_commands
 from opencode_env.rollout.grader_env import verify_environment
 from opencode_env.rollout.reward import read_reward
-from opencode_env.rollout.state import PhaseFailure, RolloutState
-from opencode_env.rollout.workdir_copy import copy_workdir
+from opencode_env.rollout.state import PhaseFailure, RolloutState, cancelling
 from opencode_env.sandbox.base import (
     RolloutSandbox,
     Sandbox,
     SandboxError,
 )
-from opencode_env.wire.grading import GradedTests
+from opencode_env.wire.grading import GradedTests, GradeIsolation
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
-WORKDIR_COPY_LIMIT = 256 * 2**20
 CLOSE_TIMEOUT_S = 30.0
 AGENT_CAUSED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMLINK, errno.ENAMETOOLONG, errno.ELOOP})
 AGENT_CAUSED_SIGNS = ("No space left on device", "Disk quota exceeded", "Too many links", "File name too long")
@@ -32,15 +31,16 @@ AGENT_CAUSED_SIGNS = ("No space left on device", "Disk quota exceeded", "Too man
 
 async def verify(rollout: RolloutState) -> None:
     """The reward comes from verify alone, run as the grader: the agent's processes are gone (they died with its
-    command), the work dir is handed to the grader and the protected files written in from outside, and verify
-    runs with a fresh HOME and /tmp, in this sandbox or a fresh one that holds only a copy of the work dir."""
+    command). By default in the grader's box (a sandbox the agent never touched, fed a copy of its work dir the host
+    made: fresh_verify); with verify_sandbox='same', in the agent's own box, its work dir handed to the grader and
+    the protected files written in from outside, with a fresh HOME and /tmp."""
     if rollout.request.verify_sandbox == "fresh":
         await fresh_verify(rollout)
         return
     if not await hand_over(rollout, rollout.sandbox, rollout.request.verify_files):
         return
     if await put_grader_files_back(rollout, rollout.sandbox):
-        await grade(rollout, rollout.sandbox)
+        await grade(rollout, rollout.sandbox, "agent_box")
 
 
 async def hand_over(rollout: RolloutState, sandbox: RolloutSandbox, protected: Mapping[str, str]) -> bool:
@@ -70,9 +70,11 @@ def refuse(rollout: RolloutState, why: str) -> None:
 
 
 async def snapshot_grader_files(rollout: RolloutState) -> None:
-    """After setup, before the agent: the work dir's grader configuration as the task left it (integrity.py). An
-    image without the tools to list it (find, tar, base64) keeps verify's hardened environment alone, with a
-    warning."""
+    """After setup, before the agent, when verify runs in the agent's box: the work dir's grader configuration as
+    the task left it (integrity.py; the grader's box takes its own). An image without the tools to list it (find,
+    tar, base64) keeps verify's hardened environment alone, with a warning."""
+    if rollout.request.verify_sandbox != "same":
+        return
     try:
         rollout.grader_files = await integrity.scan(
             rollout.sandbox, rollout.workdir, "root", rollout.budget("setup", integrity.SCAN_TIMEOUT_S)
@@ -100,52 +102,95 @@ async def put_grader_files_back(rollout: RolloutState, sandbox: RolloutSandbox) 
     except ValueError as error:
         refuse(rollout, f"its work dir's grader files could not be checked: {error}")
         return False
-    result.integrity = plan.findings
+    result.integrity += plan.findings
     if plan.restore and not await hand_over(rollout, sandbox, {**plan.restore, **request.verify_files}):
         return False
     await integrity.remove(sandbox, plan.remove, workdir=rollout.workdir, timeout_s=timeout_s)
     return True
 
 
-async def fresh_verify(rollout: RolloutState) -> None:
-    """Verify in a new sandbox of the same spec: the task's setup runs there again, then the agent's work dir (as
-    the grader packed it) replaces its work dir, then the protected files, then verify. Nothing else of the agent's
-    sandbox (HOME, /tmp, processes, planted hooks outside the work dir) exists there."""
-    request, result = rollout.request, rollout.result
-    if not await hand_over(rollout, rollout.sandbox, {}):
+def start_grader_box(rollout: RolloutState) -> None:
+    """Right after setup, beside the agent: the grader's box made and set up while the agent works, so verify waits
+    only for what is left of it (nothing, when the agent takes longer than the box's start and setup)."""
+    if rollout.request.verify_sandbox == "fresh" and rollout.grader_box is None:
+        rollout.grader_box = asyncio.ensure_future(grader_box.open_box(rollout))
+
+
+async def discard_grader_box(rollout: RolloutState) -> None:
+    """The grader's box of a rollout that ended before verify took it: stopped, closed."""
+    pending, rollout.grader_box = rollout.grader_box, None
+    if pending is None:
         return
-    await rollout.report("verify", f"creating a fresh {rollout.backend.name} sandbox for verify")
+    if not pending.done():
+        pending.cancel()
     try:
-        fresh = await asyncio.wait_for(
-            rollout.backend.create(rollout.spec), timeout=rollout.budget("verify", rollout.deadline.remaining())
-        )
+        box = await asyncio.shield(pending) if not pending.cancelled() else None
+    except asyncio.CancelledError:
+        if cancelling():
+            raise
+        return
+    except (PhaseFailure, SandboxError, OSError) as error:
+        log.info("the unused grader box of %s had failed: %s", rollout.result.sandbox_id, error)
+        return
+    if box is not None:
+        await close_quietly(box.sandbox)
+
+
+async def fresh_verify(rollout: RolloutState) -> None:
+    """Verify in the grader's box (grader_box.py): a new sandbox of the same spec, set up as the agent's was, its
+    work dir replaced by the copy the host makes of the agent's (regular files and directories only, every entry
+    not carried a finding, a cap passed a policy outcome), then the protected files, then verify. Nothing else of
+    the agent's box (HOME, /tmp, the directories above the work dir, processes, metadata) exists there."""
+    request, result = rollout.request, rollout.result
+    if rollout.grader_box is None:
+        start_grader_box(rollout)
+    pending, rollout.grader_box = rollout.grader_box, None
+    assert pending is not None
+    await rollout.report("verify", f"waiting for the grader's {rollout.backend.name} sandbox")
+    try:
+        wait_s = rollout.budget("verify", rollout.deadline.remaining())
+        taken = await asyncio.wait_for(asyncio.shield(pending), timeout=wait_s)
     except TimeoutError as error:
-        raise PhaseFailure("sandbox_error", "verify", "the fresh verify sandbox ran out of time to start") from error
+        pending.cancel()
+        raise PhaseFailure("sandbox_error", "verify", "the grader's sandbox ran out of time to start") from error
     except SandboxError as error:
-        raise PhaseFailure("sandbox_error", "verify", f"the fresh verify sandbox failed: {error}") from error
+        raise PhaseFailure("sandbox_error", "verify", f"the grader's sandbox failed: {error}") from error
+    box, rollout.grader_files = taken.sandbox, taken.grader_files
     try:
-        result.enforcement["verify"] = f"fresh sandbox {fresh.sandbox_id}"
-        setup = await run_commands(rollout, "setup", request.setup, request.setup_timeout_s, True, sandbox=fresh)
-        if setup and setup[-1].exit_code != 0:
-            raise PhaseFailure("setup_failed", "verify", f"setup failed in the fresh verify sandbox: {setup[-1].cmd}")
-        copied = await copy_workdir(
-            rollout.sandbox,
-            fresh,
-            timeout_s=rollout.budget("verify", INSTALL_TIMEOUT_S),
-            limit_bytes=WORKDIR_COPY_LIMIT,
-            workdir=rollout.workdir,
-        )
-        if copied.exit_code != 0:
-            result.verify_results = [copied]
-            result.reward, result.reward_source = 0.0, "verify_pass_rate"
+        result.enforcement["verify"] = f"grader's sandbox {box.sandbox_id}"
+        if not await carry_work(rollout, box):
             return
-        result.enforcement["verify"] += f", work dir copied in ({copied.stdout}, {copied.duration_s} s)"
-        if not await hand_over(rollout, fresh, request.verify_files):
+        if not await hand_over(rollout, box, request.verify_files):
             return
-        if await put_grader_files_back(rollout, fresh):
-            await grade(rollout, fresh)
+        if await put_grader_files_back(rollout, box):
+            await grade(rollout, box, "fresh_box")
     finally:
-        await close_quietly(fresh)
+        await close_quietly(box)
+
+
+async def carry_work(rollout: RolloutState, box: RolloutSandbox) -> bool:
+    """The agent's work dir into the grader's box; False (graded 0, a policy status, a finding) when it is past a
+    cap or the copy failed for a reason only the agent can have caused."""
+    result = rollout.result
+    started = time.monotonic()
+    try:
+        report = await rollout.sandbox.carry_workdir_to(
+            box, keep=tuple(rollout.request.solution_files), limits=grader_box.CARRY_LIMITS
+        )
+    except OSError as error:
+        if error.errno not in AGENT_CAUSED_ERRNOS:
+            raise
+        refuse(rollout, f"copying its work dir: {os.strerror(error.errno or 0)} ({error.filename or 'the work dir'})")
+        return False
+    result.integrity += grader_box.findings(report)
+    if report.over:
+        refuse(rollout, f"its work dir is past a cap of the copy into the grader's box: {report.over}")
+        return False
+    result.enforcement["verify"] += (
+        f", the agent's work dir copied in ({report.files} files, {report.bytes} bytes, "
+        f"{len(report.skipped)} entries not carried, {time.monotonic() - started:.3f} s)"
+    )
+    return True
 
 
 async def close_quietly(sandbox: Sandbox) -> None:
@@ -155,8 +200,9 @@ async def close_quietly(sandbox: Sandbox) -> None:
         log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
 
 
-async def grade(rollout: RolloutState, sandbox: RolloutSandbox) -> None:
+async def grade(rollout: RolloutState, sandbox: RolloutSandbox, isolation: GradeIsolation) -> None:
     request, result = rollout.request, rollout.result
+    result.grade_isolation = isolation
     env = verify_environment(request.env, rollout.workdir, bytecode_removed=rollout.grader_files is not None)
     result.verify_results = await run_commands(
         rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env

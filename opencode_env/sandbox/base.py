@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from opencode_env.sandbox import tree_carry
 from opencode_env.wire import CommandResult, LimitHit
 
 HOME = "/home/user"
@@ -26,6 +27,8 @@ AGENT_LOG_DIR = f"{LOGS_DIR}/agent"
 ROLLOUT_DIR = f"{HOME}/.rollout"
 OPENCODE_DATA_DIR = f"{HOME}/.local/share"
 """OpenCode's XDG_DATA_HOME where the backend gives it no directory of its own (its tools share its identity)."""
+CarryLimits = tree_carry.Limits
+CarryReport = tree_carry.Report
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 PROXY_TOKEN_ENV_NAME = "OPENCODE_ENV_PROXY_TOKEN"
 """The variable the backend gives the capture proxy its bearer token in (a fresh one per rollout, never a setting)."""
@@ -44,6 +47,7 @@ class SandboxError(Exception):
 
 
 Network = Literal["internet", "model_only"]
+GraderBoxRole = Literal["none", "planned", "this"]
 Identity = Literal["user", "root", "agent", "grader"]
 """Who a sandbox command runs as: `user` (setup, the agent's tools), `root` (the sandbox's root: install steps),
 `agent` (OpenCode itself; where the backend can, its tools' shell drops to `user` and loses PRIVATE_ENV_PREFIX
@@ -79,6 +83,10 @@ class SandboxSpec:
     network: Network = "internet"
     model_endpoints: tuple[tuple[str, int], ...] = ()
     """host:port pairs the sandbox may always reach (the model, in black_box mode)."""
+    grader_box: GraderBoxRole = "none"
+    """planned: the rollout will also open its grader's box, of this spec, within this sandbox's life, so admission
+    (memory, live sandboxes) takes room for both at once here (two admitted one by one could wait on each other
+    forever); this: it is that box, already admitted with the agent's."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,16 @@ class RolloutSandbox(Sandbox, Protocol):
         """Once the agent's processes are gone: the work dir becomes the grader's, the verifier directory an empty
         one of the grader's, and each protected file (path relative to the work dir: text) is written in, replacing
         whatever the agent left at its path. Nothing the agent left in the way (links, files, odd names) fails it."""
+        ...
+
+    async def carry_workdir_to(
+        self, target: RolloutSandbox, *, keep: tuple[str, ...], limits: CarryLimits
+    ) -> CarryReport:
+        """Once the agent's processes are gone: `target`'s work dir (a sandbox of the same backend, the grader's box)
+        emptied but for its own metadata, then filled with a copy of this one's made by code of ours reading it as
+        data (tree_carry.py): regular files and directories only, modes normalised, owned by `target`'s user, within
+        `limits`; what was not carried, and a cap passed, are in the report. `keep`: paths relative to the work dir
+        the task declares part of the solution although they are metadata."""
         ...
 
     async def start_proxy(self, launch: ProxyLaunch) -> ProxyHandle:

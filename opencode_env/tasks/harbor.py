@@ -5,7 +5,9 @@ A task directory holds `instruction.md` (the prompt, verbatim), `task.toml` (sch
 writes /logs/verifier/reward.txt or reward.json, and its helpers) and optionally `solution/solve.sh` (the oracle).
 What of a task cannot be carried over exactly is listed in `HarborTask.unsupported`; what cannot be carried at all
 raises `TaskFormatError`. The task.toml schema is in task_toml.py. A task whose task.toml has our `[verifier.tests]`
-table (test ids that must pass) is graded by the product's test grader over its tests/ files instead of by test.sh.
+table (test ids that must pass) is graded by the product's test grader over its tests/ files instead of by test.sh,
+in the grader's box; a test.sh task is graded in the agent's box (it may check a service or a package the agent
+set up), unless its task.toml says `[verifier] sandbox = "fresh"`. The result's grade_isolation says which.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class HarborTask(BaseModel):
             fields["agent_timeout_s"] = config.agent.timeout_sec
         if config.verifier.tests is not None:
             fields |= self._graded_tests(config.verifier.tests)
+        fields["verify_sandbox"] = config.verifier.sandbox or ("fresh" if config.verifier.tests is not None else "same")
         if oracle:
             fields["files"] = self.solution_files()
             fields["solution"] = [SOLUTION_COMMAND]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from opencode_env.sandbox.local.build.box import MAX_BUILD_TIMEOUT_S
 from opencode_env.sandbox.local.build.builder import is_image_reference
-from opencode_env.wire import RESERVED_ENV, Network, VerifyAs, loader_env_names
+from opencode_env.wire import RESERVED_ENV, Network, VerifyAs, VerifySandbox, loader_env_names
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])I?B?\s*$", re.IGNORECASE)
@@ -66,6 +66,12 @@ class VerifierTests(_Table):
 class VerifierConfig(_Table):
     timeout_sec: float = Field(600.0, gt=0)
     tests: VerifierTests | None = None
+    sandbox: VerifySandbox | None = Field(
+        None,
+        description="Ours (Harbor ignores it): where verify runs. fresh: the grader's box, fed a copy of the work "
+        "dir; same: the agent's box. Unset: fresh with [verifier.tests], same for test.sh (it may grade state only "
+        "the agent's box has, as Harbor does).",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     user: str | int | None = None
     network_mode: HarborNetworkMode | None = None

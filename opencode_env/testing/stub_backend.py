@@ -16,6 +16,8 @@ from opencode_env.sandbox.base import (
     OPENCODE_DATA_DIR,
     WORKDIR,
     Capabilities,
+    CarryLimits,
+    CarryReport,
     FileEntry,
     Identity,
     Preflight,
@@ -86,6 +88,15 @@ class MemoryFiles:
         await self.pause("file")
         for path, text in protected.items():
             self.files[f"{WORKDIR}/{path}"] = text.encode()
+
+    async def carry_workdir_to(self, target: Any, *, keep: tuple[str, ...], limits: CarryLimits) -> CarryReport:
+        """The work dir's files into `target`'s (another double's), replacing what it held there."""
+        await self.pause("file")
+        prefix = f"{WORKDIR}/"
+        carried = {path: data for path, data in self.files.items() if path.startswith(prefix)}
+        kept = {path: data for path, data in target.files.items() if not path.startswith(prefix)}
+        target.files = kept | carried
+        return CarryReport(files=len(carried), bytes=sum(len(data) for data in carried.values()))
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
         await self.pause("file")

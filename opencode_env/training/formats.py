@@ -72,6 +72,9 @@ class TrainingRow(ProvenanceColumns):
         description="Kinds of grader configuration the agent created, changed or deleted (the result's integrity "
         "findings, routine bytecode left out): a reward-hacking attempt a trainer can penalise.",
     )
+    grade_isolation: str = Field(
+        "none", description="Where the reward was graded (the result's grade_isolation): filter on fresh_box."
+    )
 
 
 TRL_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")
@@ -91,6 +94,7 @@ TRL_EXTRA_KEYS = (
     "forks",
     "rollout_index",
     "grader_tampering",
+    "grade_isolation",
 )
 
 
@@ -118,6 +122,7 @@ def _row(
         "agent_tokens": agent_tokens,
         "covered_tokens": covered_tokens,
         "grader_tampering": tampering(result.integrity),
+        "grade_isolation": result.grade_isolation,
     }
     if sequence is None:
         common |= provenance_columns(result, agent_turns)
@@ -238,6 +243,7 @@ def harness_result(result: RolloutResult) -> HarnessRolloutResult:
             "covered_tokens": row.covered_tokens,
             "unattributed_turns": row.unattributed_turns,
             "grader_tampering": row.grader_tampering,
+            "grade_isolation": row.grade_isolation,
         },
         prompt_ids=row.prompt_ids if has_sequence else [],
         completion_ids=row.completion_ids if has_sequence else [],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from opencode_env.wire.grading import GradedTest, IntegrityFinding
+from opencode_env.wire.grading import GradedTest, GradeIsolation, IntegrityFinding
 from opencode_env.wire.result import Phase, PhaseTimings, RewardSource, RolloutResult, RolloutStatus, TokenUsage
 from opencode_env.wire.shared import WireFloat
 
@@ -67,6 +67,7 @@ class RolloutAnswer(BaseModel):
     status: RolloutStatus = Field(description="How the rollout ended; infrastructure failures carry no reward.")
     reward: WireFloat | None = Field(None, description="The verifier's reward; None when there is none.")
     reward_source: RewardSource = Field("none", description="Where the reward came from.")
+    grade_isolation: GradeIsolation = Field("none", description="Where it was graded (result.grade_isolation).")
     error: str | None = Field(None, description="What went wrong, when status is not completed.")
     failed_phase: Phase | None = Field(None, description="The phase that failed or was cut short, if any.")
     backend: str = Field("", description="The sandbox backend that ran the rollout.")

@@ -216,7 +216,9 @@ class RolloutRequest(BaseModel):
         description="Paths (relative to the work dir) of files the task asks the agent to write that would "
         "otherwise count as grader configuration (a pyproject.toml, a conftest.py, a .pth): kept as the agent left "
         "them; every other test config, conftest.py, bytecode, start-up hook and git config the agent created or "
-        "changed is removed or restored before verify, and recorded in the result's `integrity`.",
+        "changed is removed or restored before verify, and recorded in the result's `integrity`. Also the "
+        "repository and packaging metadata (.git, *.dist-info, *.egg-info, *.pth, __pycache__) the copy into a "
+        "fresh verify sandbox carries.",
     )
     tests: GradedTests | None = Field(
         None,
@@ -225,9 +227,13 @@ class RolloutRequest(BaseModel):
         "reward comes from which expected ids passed, never from an exit code. `verify` commands still run first.",
     )
     verify_sandbox: VerifySandbox = Field(
-        "same",
-        description="same: verify runs in the agent's sandbox, under a grader identity with a fresh HOME and /tmp; "
-        "fresh: verify runs in a new sandbox into which only the agent's work dir is copied (stronger, slower).",
+        "fresh",
+        description="fresh: verify runs in a new sandbox made from the task's image with setup run again, fed a copy "
+        "of the agent's work dir the host makes (regular files and directories only; no links, devices, owners or "
+        "repository and packaging metadata unless named in solution_files): nothing else of the agent's box "
+        "reaches the grade. same: verify runs in the agent's own sandbox under a grader identity with a fresh HOME "
+        "and /tmp, for a task that grades more than files (a service the agent started, packages it installed). "
+        "The result's grade_isolation says which the grade had.",
     )
     result_text: ResultText = Field(
         "summary",
@@ -295,6 +301,15 @@ class RolloutRequest(BaseModel):
         if total > MAX_FILES_TOTAL_CHARS:
             raise ValueError(f"{name}: {total} characters in all, over the limit of {MAX_FILES_TOTAL_CHARS}")
         return files
+
+    @field_validator("solution_files")
+    @classmethod
+    def _solution_files_are_in_the_work_dir(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            parts = path.replace("\\", "/").split("/")
+            if path.startswith("/") or ".." in parts or path.strip("/") in ("", "."):
+                raise ValueError(f"solution_files: {path[:80]!r} must be relative to the work dir, with no '..'")
+        return [path.strip("/") for path in paths]
 
     @field_validator("env")
     @classmethod

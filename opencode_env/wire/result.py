@@ -53,7 +53,7 @@ from pydantic import (
     model_validator,
 )
 
-from opencode_env.wire.grading import GradedTest, IntegrityFinding, findings_summary
+from opencode_env.wire.grading import GradedTest, GradeIsolation, IntegrityFinding, findings_summary
 from opencode_env.wire.provenance import Provenance
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
@@ -364,7 +364,15 @@ class RolloutResult(BaseModel):
     integrity: list[IntegrityFinding] = Field(
         default_factory=list,
         description="Files that configure the grader (test config, conftest.py, bytecode, start-up hooks, git "
-        "config) the agent created, changed or deleted, and what the grader did about each before verify.",
+        "config) the agent created, changed or deleted, the entries of its work dir the copy into the grader's box "
+        "did not carry (links, FIFOs, devices, metadata), and what the grader did about each before verify.",
+    )
+    grade_isolation: GradeIsolation = Field(
+        "none",
+        description="Where the reward was graded: fresh_box (a new box from the task's image after setup, fed a "
+        "copy of the agent's work dir the host made), agent_box (the agent's own box, hardened: the request's "
+        "verify_sandbox='same', for a task that grades more than files), none (verify never ran). A trainer that "
+        "wants only grades the agent could not shape filters on fresh_box.",
     )
     warnings: list[str] = Field(
         default_factory=list,
@@ -480,7 +488,7 @@ def result_summary(result: RolloutResult) -> str:
     tools = ", ".join(f"{call.tool}({call.status})" for call in result.tool_calls) or "none"
     lines = [
         f"status:     {result.status}" + (f" in {result.failed_phase}: {result.error}" if result.error else ""),
-        f"reward:     {result.reward} ({result.reward_source})",
+        f"reward:     {result.reward} ({result.reward_source}, graded in {result.grade_isolation})",
         f"turns:      {len(result.proxy_turns)} captured, {result.usage.llm_calls} LLM calls, "
         f"{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} completion tokens",
         f"tool calls: {tools}",

@@ -7,6 +7,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 import pytest
 
@@ -14,7 +15,9 @@ from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import (
     HOME,
     WORKDIR,
+    CarryLimits,
     ProvidedTools,
+    RolloutSandbox,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -217,3 +220,37 @@ async def test_verify_runs_as_the_grader_over_the_handed_work_and_the_protected_
     assert rest == [PurePosixPath(GRADER_PYTHON_DIR).name, "protected", "work", "wrote"], graded.stdout + graded.stderr
     assert await sandbox.read_file(f"{HOME}/logs/verifier/reward.txt") == b"0.5\n"
     assert await sandbox.read_file(f"{WORKDIR}/tests/test_it.py") == b"protected\n"
+
+
+async def test_the_work_dir_crosses_into_another_sandbox_as_regular_files_only(
+    sandbox: Sandbox, any_backend: SandboxBackend
+) -> None:
+    """Every backend: the agent's work dir copied into a second sandbox of its own kind (the grader's box) holds its
+    regular files and directories, modes normalised, and nothing of its links, FIFOs or metadata; what the second
+    one held in its work dir before is gone but its own metadata."""
+    plant = (
+        "mkdir -p workdir/pkg && echo 'x = 1' > workdir/pkg/mod.py && chmod 4700 workdir/pkg/mod.py "
+        "&& ln -s /etc/passwd workdir/link && mkfifo workdir/pipe && mkdir workdir/Evil.DIST-INFO"
+    )
+    assert (await sandbox.run(plant, timeout_s=10, cwd=HOME)).exit_code == 0
+    grader = await any_backend.create(SandboxSpec(task_id="contract"))
+    try:
+        prepared = "mkdir -p workdir/.git && echo setup > workdir/.git/HEAD && echo stale > workdir/stale.txt"
+        assert (await grader.run(prepared, timeout_s=10, cwd=HOME)).exit_code == 0
+        report = await cast(RolloutSandbox, sandbox).carry_workdir_to(grader, keep=(), limits=CarryLimits())
+        listed = await grader.run("find . -printf '%y %m %p\\n'", timeout_s=10, cwd=WORKDIR)
+    finally:
+        await grader.close()
+    assert sorted(listed.stdout.split("\n")[:-1]) == [
+        "d 755 .",
+        "d 755 ./.git",
+        "d 755 ./pkg",
+        "f 644 ./.git/HEAD",
+        "f 755 ./pkg/mod.py",
+    ], listed.stdout
+    assert {(item.path, item.kind) for item in report.skipped} >= {
+        ("link", "symlink"),
+        ("pipe", "fifo"),
+        ("Evil.DIST-INFO", "metadata"),
+    }
+    assert report.over == ""

@@ -58,6 +58,12 @@ def test_trl_batch_has_the_required_keys_and_one_row_per_rollout_in_order() -> N
     assert len({len(values) for values in batch.values()}) == 1
 
 
+def test_each_row_says_where_its_reward_was_graded() -> None:
+    graded = clean().model_copy(update={"grade_isolation": "fresh_box"})
+    batch = trl_batch([graded, forked()], filler_token_id=EOS)
+    assert batch["grade_isolation"] == ["fresh_box", "none"]
+
+
 def test_a_failed_rollout_keeps_a_masked_row_that_the_reward_function_leaves_unscored() -> None:
     infra = result_of(*clean().proxy_turns, status="sandbox_error", reward=None)
     nothing = result_of(status="upstream_error", reward=None)

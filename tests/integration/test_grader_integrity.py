@@ -155,14 +155,18 @@ async def test_a_wrong_answer_plus_a_trick_gets_zero(
     backend: LocalBackend, no_leaks: None, image: str, attack: str
 ) -> None:
     result = await graded(task(image, wrong_with(attack)), backend)
+    assert result.grade_isolation == "fresh_box"
     assert [step.exit_code for step in result.solution_results] == [0] * len(result.solution_results)
     assert result.reward == 0.0, (result.verify_results, result.integrity)
     assert EXPECTED_KIND[attack] in {finding.kind for finding in result.integrity}, result.integrity
 
 
-@pytest.mark.parametrize("attack", ["unchecked-hash pyc", "conftest os._exit", "pytest.ini --co"])
-async def test_a_fresh_verify_sandbox_holds_too(backend: LocalBackend, no_leaks: None, image: str, attack: str) -> None:
-    result = await graded(task(image, wrong_with(attack), verify_sandbox="fresh"), backend)
+@pytest.mark.parametrize("attack", ["unchecked-hash pyc", "conftest os._exit", "pytest.ini --co", "git core.fsmonitor"])
+async def test_grading_in_the_agents_box_holds_too(
+    backend: LocalBackend, no_leaks: None, image: str, attack: str
+) -> None:
+    result = await graded(task(image, wrong_with(attack), verify_sandbox="same"), backend)
+    assert result.grade_isolation == "agent_box"
     assert result.reward == 0.0, (result.verify_results, result.integrity)
     assert EXPECTED_KIND[attack] in {finding.kind for finding in result.integrity}
 
@@ -189,7 +193,7 @@ async def test_the_tasks_own_config_is_restored_and_a_solution_file_kept(
     assert ("pytest.ini", "changed", "restored") in acts
     assert ("conftest.py", "deleted", "restored") in acts
     assert ("pyproject.toml", "created", "kept") in acts
-    assert result.files["pytest.ini"] == files["pytest.ini"]
+    assert result.files["pytest.ini"] == "[pytest]\naddopts = --co\n", "the agent's box keeps what it wrote"
     assert result.files["pyproject.toml"] == "[project]\nname = 'add'\n"
 
 

@@ -68,6 +68,7 @@ async def test_the_reward_comes_from_the_test_ids(
     assert result.status == "completed", result.error
     assert result.reward_source == "tests"
     assert result.reward == reward
+    assert result.grade_isolation == "fresh_box"
     outcomes = {outcome.test_id: outcome.outcome for outcome in result.test_outcomes}
     assert set(outcomes) == {"test_calc.py::test_add", "test_calc.py::test_add_negative"}
     assert all(outcome == ("passed" if reward else "missing") for outcome in outcomes.values()), outcomes

@@ -154,5 +154,5 @@ async def test_the_shipped_example_task(backend: LocalBackend) -> None:
     task = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "fix-calc"
     solved = await run_rollout(request_from_task_dir(task, oracle=True), backend)
     nothing = await run_rollout(request_from_task_dir(task, oracle=True).model_copy(update={"solution": []}), backend)
-    assert (solved.status, solved.reward) == ("completed", 1.0), solved.error
+    assert (solved.status, solved.reward, solved.grade_isolation) == ("completed", 1.0, "fresh_box"), solved.error
     assert (nothing.status, nothing.reward) == ("completed", 0.0), nothing.error

@@ -231,14 +231,15 @@ async def test_protected_files_replace_what_the_agent_left_and_are_never_seen(
     assert result.status == "completed", result.error
     assert "No such file or directory" in tool_outputs(outcome)
     assert (result.reward, result.reward_source) == (0.0, "verify_pass_rate")
-    assert result.files.get("tests/test_add.py") == PROTECTED_TEST
+    assert "tests/test_add.py" not in result.files, "protected files go into the grader's box alone"
+    assert ("tests", "link") in {(item.path, item.kind) for item in result.integrity}
 
 
 async def test_protected_files_let_honest_work_pass(shared: SharedRollouts) -> None:
     """The honest add.py under the protected test passes (its rollout also tries forged calls, which touch no file
     and no grade: see SHARED)."""
     outcome = await shared.get("forged calls, protected files")
-    assert outcome.result.files.get("tests/test_add.py") == PROTECTED_TEST
+    assert "tests/test_add.py" not in outcome.result.files, "protected files go into the grader's box alone"
     assert (outcome.result.reward, outcome.result.reward_source) == (1.0, "verify_pass_rate")
     assert outcome.result.status == "completed"
 
@@ -254,7 +255,7 @@ async def test_a_fresh_verify_sees_the_work_dir_and_nothing_else(backend: LocalB
     assert result.status == "completed", result.error
     assert [command.exit_code for command in result.verify_results] == [0, 0, 0]
     assert (result.reward, result.reward_source) == (1.0, "reward_txt")
-    assert result.enforcement["verify"].startswith("fresh sandbox local-")
+    assert result.enforcement["verify"].startswith("grader's sandbox local-")
 
 
 async def test_a_full_disk_is_the_agents_outcome(backend: LocalBackend, no_leaks: None) -> None:

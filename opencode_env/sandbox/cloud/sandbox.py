@@ -15,14 +15,18 @@ from opencode_env.sandbox.base import (
     OPENCODE_DATA_DIR,
     WORKDIR,
     BackgroundProcess,
+    CarryLimits,
+    CarryReport,
     CloseOnce,
     Identity,
     ProvidedTools,
     ProxyLaunch,
+    RolloutSandbox,
     SandboxError,
     SandboxSpec,
     task_path,
 )
+from opencode_env.sandbox.cloud.carry import carry_between
 from opencode_env.sandbox.cloud.grader import handoff_script
 from opencode_env.sandbox.cloud.lifecycle import kill_quietly
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
@@ -138,6 +142,9 @@ class CloudSandbox(ABC):
     async def write_root_file(self, path: str, data: str) -> None:
         await self._write_as("root", path, data)
 
+    async def write_root_bytes(self, path: str, data: bytes) -> None:
+        await self._write_as("root", path, data)
+
     async def start_root(self, cmd: str, env: dict[str, str]) -> BackgroundProcess:
         self._check_open()
         return await self._start_as("root", cmd, env=env, cwd="/")
@@ -155,6 +162,16 @@ class CloudSandbox(ABC):
             raise SandboxError(f"could not hand the work dir to the grader in {self.sandbox_id}: {output[-500:]}")
         for path, text in protected.items():
             await self._write_as("grader", task_path(path, workdir), text)
+
+    async def carry_workdir_to(
+        self, target: RolloutSandbox, *, keep: tuple[str, ...], limits: CarryLimits
+    ) -> CarryReport:
+        """Handed to the grader first (see cloud/carry.py), then copied by root's walker into `target`."""
+        if not isinstance(target, CloudSandbox):
+            raise SandboxError(f"a {self.backend} sandbox's work dir goes to another of its kind, not {target.backend}")
+        target._check_open()
+        await self.hand_to_grader({})
+        return await carry_between(self, target, workdir=self._spec.workdir, keep=keep, limits=limits)
 
     def limits_hit(self) -> list[LimitHit]:
         return []

@@ -22,6 +22,8 @@ from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     WORKDIR,
     Capabilities,
+    CarryLimits,
+    CarryReport,
     CloseOnce,
     FileEntry,
     Identity,
@@ -30,6 +32,7 @@ from opencode_env.sandbox.base import (
     ProvidedTools,
     ProxyLaunch,
     ResourceLimits,
+    RolloutSandbox,
     SandboxError,
     SandboxSpec,
     per_cpu_concurrency,
@@ -176,6 +179,14 @@ class LocalSandbox:
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
         await self._files.hand_to_grader(protected)
 
+    async def carry_workdir_to(
+        self, target: RolloutSandbox, *, keep: tuple[str, ...], limits: CarryLimits
+    ) -> CarryReport:
+        if not isinstance(target, LocalSandbox):
+            raise SandboxError(f"a local sandbox's work dir goes to another local sandbox, not a {target.backend} one")
+        target._refuse_if_closed()
+        return await self._files.carry_workdir_to(target._files, keep=keep, limits=limits)
+
     def limits_hit(self) -> list[LimitHit]:
         """The cgroup's record of what it enforced, and `disk` when the rollout's own file system is full now (the
         kernel keeps no count of refused writes; the 1% kept for the host does not count)."""
@@ -302,6 +313,10 @@ class LocalBackend:
         if self._admission is None:
             self._admission = MemoryAdmission(await asyncio.to_thread(memory_budget_mb, self._memory_overcommit))
         admission, memory_mb = self._admission, spec.limits.memory_mb + PROXY_LIMITS.memory_bytes // 2**20
+        if spec.grader_box == "this":
+            return await self._create(spec)
+        if spec.grader_box == "planned":
+            memory_mb = min(memory_mb + spec.limits.memory_mb, max(admission.budget_mb, memory_mb))
         await admission.admit(memory_mb)
         try:
             sandbox = await self._create(spec)

@@ -4,15 +4,19 @@ write there through hostfs (no symlink followed, regular files only, reads cappe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 
+from opencode_env.sandbox import tree_carry
 from opencode_env.sandbox.base import (
     HOME,
     VERIFIER_DIR,
     WORKDIR,
+    CarryLimits,
+    CarryReport,
     FileEntry,
     Identity,
     SandboxError,
@@ -103,3 +107,59 @@ class SandboxFiles:
         for path, text in protected.items():
             base, relative = self._relative(task_path(path, workdir))
             await asyncio.to_thread(hostfs_write.place_file, base, relative, text.encode("utf-8"), owner=grader)
+
+    def workdir_on_host(self) -> tuple[Path, str]:
+        """The host directory and the path under it where this sandbox's work dir lives (its home, or the image's
+        overlay root), to be walked from there without following a link."""
+        return self._relative(self._compartment.spec.workdir)
+
+    async def carry_workdir_to(
+        self, target: SandboxFiles, *, keep: tuple[str, ...], limits: CarryLimits
+    ) -> CarryReport:
+        """The host reads this sandbox's work dir as data (from outside all its namespaces) and writes the copy into
+        `target`'s, owned by `target`'s user: no command runs in either sandbox."""
+        owner = (target._ids.user, target._ids.user)
+        source, into = self.workdir_on_host(), target.workdir_on_host()
+        report = await asyncio.to_thread(_carry_between, source, into, owner, keep, limits)
+        report.skipped += await asyncio.to_thread(_left_above, source, into)
+        return report
+
+
+def _carry_between(
+    source: tuple[Path, str], target: tuple[Path, str], owner: hostfs.Owner, keep: tuple[str, ...], limits: CarryLimits
+) -> CarryReport:
+    with contextlib.ExitStack() as opened:
+        into = opened.enter_context(hostfs.open_dir(target[0], hostfs.components(target[1]), create=True, owner=owner))
+        tree_carry.clear(into)
+        try:
+            from_fd = opened.enter_context(hostfs.open_dir(source[0], hostfs.components(source[1])))
+        except hostfs.UnsafePath:
+            return CarryReport(skipped=[tree_carry.Skipped(".", "symlink")])
+        except FileNotFoundError:
+            return CarryReport()
+        sink = tree_carry.DirSink(into, owner)
+        opened.callback(sink.close)
+        return tree_carry.carry(from_fd, sink, limits, keep)
+
+
+def _left_above(source: tuple[Path, str], target: tuple[Path, str]) -> list[tree_carry.Skipped]:
+    """What the agent added directly in the directories above its work dir (its HOME, say: a pytest.ini, a
+    conftest.py there steer a test run), against the grader box's same directories: none of it is carried, each is
+    recorded (names only, nothing read, nothing followed)."""
+    parts = hostfs.components(source[1])
+    found = []
+    for depth in range(len(parts)):
+        above = parts[:depth]
+        try:
+            with hostfs.open_dir(source[0], above) as theirs, hostfs.open_dir(target[0], above) as ours:
+                added = _names(theirs) - _names(ours) - {parts[depth]}
+        except (OSError, hostfs.UnsafePath):
+            continue
+        up = "../" * (len(parts) - depth)
+        found += [tree_carry.Skipped(up + name, "outside") for name in sorted(added)]
+    return found
+
+
+def _names(fd: int) -> set[str]:
+    with os.scandir(fd) as listing:
+        return {entry.name for _, entry in zip(range(hostfs.MAX_DIR_ENTRIES), listing, strict=False)}
