@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.tasks.harbor import request_from_task_dir
@@ -251,4 +253,22 @@ async def test_a_hostile_setup_reaches_no_trusted_process(backend: LocalBackend)
     assert result.status == "completed", (result.error, [(c.cmd, c.stderr) for c in result.setup_results])
     outputs = _tool_outputs(outcome.exchanges)
     _assert_no_trusted_process_was_reached(outputs)
+    assert f"TOOL_ENV {CANARY}" in outputs
+
+
+@pytest.mark.parametrize("cloud", ["e2b", "hf"])
+async def test_on_a_cloud_vm_opencode_starts_with_an_allow_listed_environment(
+    cloud: str, e2b_fake: E2BBackend, hf_fake: HFBackend
+) -> None:
+    """E2B and Hugging Face (their fakes: the provider's command runner over a local sandbox): a caller's `env`
+    reaches OpenCode's tools (bash sees it) but not OpenCode, whose environment holds only the allow-list and its
+    own OPENCODE_* names."""
+    backend = e2b_fake if cloud == "e2b" else hf_fake
+    script = Script(steps=[_read_environ(), bash("echo TOOL_ENV $REQUEST_CANARY; echo LOOKED", "look"), say("done")])
+    outcome = await rollout(backend, script, env={"REQUEST_CANARY": CANARY})
+    assert outcome.result.status == "completed", outcome.result.error
+    outputs = _tool_outputs(outcome.exchanges)
+    environ = _opencode_environ(outputs)
+    assert "OPENCODE_CONFIG=" in environ, environ[:2000]
+    assert CANARY not in environ
     assert f"TOOL_ENV {CANARY}" in outputs
