@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.layout import refuse_linked_mount_points
 from opencode_env.tasks.harbor import request_from_task_dir
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
 from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
@@ -232,13 +234,22 @@ SETUP_ATTACKS = [
     _written("/usr/bin/bash", RECORDING_SHELL.format(real="/usr/bin/bash.real", name="bash"), "755"),
     _written("/usr/bin/dash", RECORDING_SHELL.format(real="/usr/bin/dash.real", name="sh"), "755"),
     "echo /nonexistent/evil.so > /etc/ld.so.preload",
+    _written("/opt/planted/dotenv.js", PLUGIN.replace("{where}", "dotenv")),
+    _written("/opt/planted/preload.js", PRELOAD),
+    _written(
+        "/home/user/workdir/.env",
+        'OPENCODE_CONFIG_CONTENT={"plugin":["file:///opt/planted/dotenv.js"]}\n'
+        "NODE_OPTIONS=--require /opt/planted/preload.js\nBUN_OPTIONS=--preload /opt/planted/preload.js\n",
+    ),
+    _written("/home/user/workdir/bunfig.toml", 'preload = ["/opt/planted/preload.js"]\n'),
 ]
 
 
 async def test_a_hostile_setup_reaches_no_trusted_process(backend: LocalBackend) -> None:
     """A request with no image build: its setup (as the sandbox's root) writes a managed config naming a plugin,
-    replaces /bin/sh and /bin/bash with recording scripts and lists a library in /etc/ld.so.preload; its `env`
-    carries a canary. OpenCode loads no plugin, its environment holds none of the request's `env` (its tools'
+    replaces /bin/sh and /bin/bash with recording scripts, lists a library in /etc/ld.so.preload and leaves a
+    `.env` (read by Bun's runtime, not by a compiled program) and a `bunfig.toml` with a preload in the work dir;
+    its `env` carries a canary. OpenCode loads no plugin, its environment holds none of the request's `env` (its tools'
     does), and no replaced shell ever ran with OpenCode's environment."""
     script = Script(steps=[_read_environ(), bash(LOOK, "look"), say("done")])
     outcome = await rollout(
@@ -272,3 +283,25 @@ async def test_on_a_cloud_vm_opencode_starts_with_an_allow_listed_environment(
     assert "OPENCODE_CONFIG=" in environ, environ[:2000]
     assert CANARY not in environ
     assert f"TOOL_ENV {CANARY}" in outputs
+
+
+def test_an_image_with_a_linked_mount_point_is_refused(tmp_path: Path) -> None:
+    """A bind follows a link: an image whose /home/user (or /run, /tmp, ...) is a relative link out of the task's
+    root would have the holder mount into the sandbox's own root. Such an image is refused, the path named."""
+    for linked in ("home/user", "run", "etc/hosts"):
+        tree = tmp_path / linked.replace("/", "-")
+        for mount_point in ("home", "etc", "run/opencode-env", "tmp", "logs", "dev", "proc"):
+            (tree / mount_point).mkdir(parents=True, exist_ok=True)
+        target = tree / linked
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.symlink_to("../../run/opencode-env")
+        with pytest.raises(SandboxError, match=f"/{linked} is a symbolic link"):
+            refuse_linked_mount_points(tree)
+
+
+async def test_an_image_work_dir_in_a_directory_of_ours_is_refused(backend: LocalBackend) -> None:
+    """OpenCode runs in a root made of the host's files: a work dir under /usr (or /etc, /var, ...) could not be
+    shown to its file tools, so it is refused before any sandbox exists, the field named."""
+    with pytest.raises(SandboxError, match="workdir /usr/src/app"):
+        await backend.create(SandboxSpec(image=build_base_image(), workdir="/usr/src/app"))

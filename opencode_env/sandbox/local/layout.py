@@ -115,11 +115,11 @@ def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
     for mount_point in IMAGE_MOUNT_POINTS:
         if not os.path.lexists(layout.image_root / mount_point):
             hostfs_write.make_dirs(layout.image_root, mount_point, owner=(ids.root, ids.root))
-    _refuse_linked_mount_points(layout.image_root)
+    refuse_linked_mount_points(layout.image_root)
     return layout.image_root
 
 
-def _refuse_linked_mount_points(image_root: Path) -> None:
+def refuse_linked_mount_points(image_root: Path) -> None:
     """Every path the holder mounts onto in the task's root is the image's own directory (or file), never reached
     through a link: a bind follows a link, and a relative one leads out of the task's root into ours."""
     for mount_point in (*TASK_MOUNT_POINTS, os.path.relpath(HOST_MOUNT, "/")):
