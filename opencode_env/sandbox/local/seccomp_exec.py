@@ -179,6 +179,6 @@ def enter(args: list[str]) -> tuple[list[str], dict[bytes, bytes]]:
 if __name__ == "__main__":
     command, environment = enter(sys.argv[1:])
     try:
-        os.execve(command[0], command, environment)
+        os.execvpe(command[0], command, environment)
     except OSError as error:
         raise _fail(f"{command[0]}: {error.strerror}") from error
