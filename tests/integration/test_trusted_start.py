@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import textwrap
@@ -28,6 +29,8 @@ from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.command_argv import TOOL_SHELL
+from opencode_env.sandbox.local.images import HOST_IMAGE
 from opencode_env.sandbox.local.layout import refuse_linked_mount_points
 from opencode_env.tasks.harbor import request_from_task_dir
 from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
@@ -305,3 +308,30 @@ async def test_an_image_work_dir_in_a_directory_of_ours_is_refused(backend: Loca
     shown to its file tools, so it is refused before any sandbox exists, the field named."""
     with pytest.raises(SandboxError, match="workdir /usr/src/app"):
         await backend.create(SandboxSpec(image=build_base_image(), workdir="/usr/src/app"))
+
+
+@pytest.mark.parametrize("image", ["base", "host"])
+async def test_no_task_command_reaches_our_root_or_our_launchers(backend: LocalBackend, image: str) -> None:
+    """Each identity's command (the agent's tools' too), the task's root included: the init and launchers of its
+    own chain (which hold the namespace's capabilities, in our root) cannot be entered through /proc/1/root or
+    traced, chroot is refused (the way out of the task's root), and a task's root still traces its own children."""
+    sandbox = await backend.create(SandboxSpec(image=build_base_image() if image == "base" else HOST_IMAGE))
+    probe = (
+        "ls /proc/1/root/ >/dev/null 2>&1 && echo ROOT_REACHED; "
+        'python3 -c "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); '
+        "print('CHROOT', libc.chroot(b'/tmp'), ctypes.get_errno()); "
+        "print('TRACE_INIT', libc.ptrace(16, 1, 0, 0)); "
+        "child = os.fork(); "
+        "(os.pause() if child == 0 else print('TRACE_CHILD', libc.ptrace(16, child, 0, 0))); os.kill(child, 9)\""
+    )
+    try:
+        for identity in ("user", "root", "grader", "agent"):
+            # `agent` is OpenCode's own identity: its tools' commands are what its tools' shell starts
+            command = f"{TOOL_SHELL} -c {shlex.quote(probe)}" if identity == "agent" else probe
+            ran = await sandbox.run(command, timeout_s=60, identity=identity, cwd="/tmp")
+            assert "ROOT_REACHED" not in ran.stdout, identity
+            assert "CHROOT -1 1" in ran.stdout, (identity, ran.stdout, ran.stderr)
+            assert "TRACE_INIT -1" in ran.stdout, (identity, ran.stdout)
+            assert "TRACE_CHILD 0" in ran.stdout, (identity, ran.stdout, ran.stderr)
+    finally:
+        await sandbox.close()

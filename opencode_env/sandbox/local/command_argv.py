@@ -38,6 +38,10 @@ TOOL_ENV = f"{CONTROL_MOUNT}/tool-env"
 """The environment of the agent's tools' commands (the task's: its image's ENV, the request's `env`), written by
 the host before OpenCode starts; OpenCode's own environment never reaches them."""
 AGENT_UMASK = "002"
+CAP_SYS_PTRACE = 19
+"""Dropped from the sandbox's root's commands: its own init and launchers (our root's view, through /proc/1/root)
+hold every capability of the command's namespace, so without it root could trace them or enter their root; it
+still traces its own children, whose capabilities are its own."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,8 @@ def command_argv(
     if identity == "grader" and roles.grader_is_root:
         mapped = _userns(helpers, everyone, gid=0)
         fresh = _fresh_tmp(tmp_mb, task_root)
-        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *fresh, *last.argv(), *shell]
+        grader = last.argv(drop_ptrace=True)
+        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *fresh, *grader, *shell]
     if identity == "grader":
         mapped = _userns(helpers, [(0, ids.root, 1), (GRADER_UID, ids.grader, 1)], gid=0)
         fresh = _fresh_tmp(tmp_mb, task_root)
@@ -105,7 +110,7 @@ def command_argv(
         return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *fresh, *grader, *shell]
     if identity == "root":
         mapped = _userns(helpers, everyone, gid=0)
-        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *last.argv(), *shell]
+        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *last.argv(drop_ptrace=True), *shell]
     return [
         *enter,
         "setpriv",
@@ -142,6 +147,7 @@ class _Last:
         *,
         uid: int | None = None,
         drop_caps: bool = False,
+        drop_ptrace: bool = False,
         filters: tuple[str, ...] = (SYSCALL_FILTER,),
         root: bool = True,
     ) -> list[str]:
@@ -150,6 +156,8 @@ class _Last:
             argv += ["--root", TASK_ROOT]
         if uid is not None:
             argv += ["--uid", str(uid), "--gid", str(uid)]
+        if drop_ptrace:
+            argv += ["--drop-cap", str(CAP_SYS_PTRACE)]
         if drop_caps:
             argv.append("--drop-caps")
         return [*argv, *(f"{CONTROL_MOUNT}/{name}" for name in filters), "--"]

@@ -1,7 +1,8 @@
 """The last step of every local sandbox command: enter the task's root, become the command's identity, load the
 syscall filter and exec the command with its own environment.
 
-    python3 -I -S seccomp_exec.py [--env-fd N | --env-file PATH] [--root DIR] [--uid N --gid N] [--drop-caps]
+    python3 -I -S seccomp_exec.py [--env-fd N | --env-file PATH] [--root DIR] [--uid N --gid N] [--drop-cap N]
+        [--drop-caps]
         FILTER.bpf [FILTER.bpf ...] -- cmd args...
 
 Only the standard library: the file runs by path, with no site packages, from the host's own files. Everything
@@ -13,6 +14,7 @@ task supplied (its image's root, its ENV, a request's `env`) is taken up here, i
 - `--root`: chroot into the task's root and chdir to the same working directory there (a working directory left
   outside the root would be a way out of it);
 - `--uid`/`--gid`: setgroups, setresgid and setresuid (leaving uid 0 drops every capability);
+- `--drop-cap N`: capability N out of every set, the bounding set included (a root command keeps the others);
 - `--drop-caps`: no capability left, none ambient, none inheritable;
 - no_new_privs, then each filter (the kernel requires no_new_privs of an unprivileged process; stacked filters all
   hold, and none can be removed).
@@ -28,6 +30,7 @@ import sys
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
@@ -63,9 +66,10 @@ class Plan:
         self.uid: int | None = None
         self.gid: int | None = None
         self.drop_caps = False
+        self.drop_cap: list[int] = []
         self.filters: list[str] = []
         self.command: list[str] = []
-        options = {"--env-fd", "--env-file", "--root", "--uid", "--gid"}
+        options = {"--env-fd", "--env-file", "--root", "--uid", "--gid", "--drop-cap"}
         index = 0
         while index < len(args):
             word = args[index]
@@ -94,6 +98,8 @@ class Plan:
             self.root = value
         elif name == "--uid":
             self.uid = int(value)
+        elif name == "--drop-cap":
+            self.drop_cap.append(int(value))
         else:
             self.gid = int(value)
 
@@ -152,6 +158,23 @@ def _drop_capabilities(libc: ctypes.CDLL) -> None:
         raise _fail(f"dropping capabilities: {os.strerror(ctypes.get_errno())}")
 
 
+def _drop_capability(libc: ctypes.CDLL, number: int) -> None:
+    """One capability out of the bounding, effective, permitted and inheritable sets (a root keeps the rest)."""
+    if libc.prctl(PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
+        raise _fail(f"dropping capability {number} from the bounding set: {os.strerror(ctypes.get_errno())}")
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise _fail(f"reading capabilities: {os.strerror(ctypes.get_errno())}")
+    word, bit = divmod(number, 32)
+    mask = ~(1 << bit) & 0xFFFFFFFF
+    data[word].effective &= mask
+    data[word].permitted &= mask
+    data[word].inheritable &= mask
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise _fail(f"dropping capability {number}: {os.strerror(ctypes.get_errno())}")
+
+
 def enter(args: list[str]) -> tuple[list[str], dict[bytes, bytes]]:
     """Do every step the arguments ask for; returns the command and the environment to exec it with."""
     plan = Plan(args)
@@ -170,6 +193,8 @@ def enter(args: list[str]) -> tuple[list[str], dict[bytes, bytes]]:
         os.setresgid(plan.gid, plan.gid, plan.gid)
     if plan.uid is not None:
         os.setresuid(plan.uid, plan.uid, plan.uid)
+    for number in plan.drop_cap:
+        _drop_capability(libc, number)
     if plan.drop_caps:
         _drop_capabilities(libc)
     _load_filters(libc, filters)
