@@ -161,7 +161,9 @@ def _read_environ() -> Step:
 LOOK = (
     "for f in /tmp/evil-preload-* /tmp/sh-ran-* /tmp/bash-ran-* /tmp/plugin-ran-* /tmp/preload-ran-*; do "
     '[ -e "$f" ] && printf "RECORD %s %s\\n" "$f" "$(tr "\\n" " " < "$f")"; done; '
-    "grep Seccomp: /proc/self/status; echo TOOL_ENV $TASK_CANARY $REQUEST_CANARY; echo LOOKED"
+    "grep Seccomp: /proc/self/status; echo TOOL_ENV $TASK_CANARY $REQUEST_CANARY; "
+    "echo TOOL_OURS $(env | grep -c -e OPENCODE_ENV_ -e /run/opencode-env/opencode.json -e /home/opencode); "
+    "echo LOOKED"
 )
 
 
@@ -197,6 +199,7 @@ def _assert_no_trusted_process_was_reached(outputs: str) -> dict[str, str]:
             for fact in ("seccomp=2", "unshare=failed", "token=absent", "config=not-ours"):
                 assert fact in record, (name, record)
     assert "Seccomp:\\t2" in outputs
+    assert "TOOL_OURS 0" in outputs
     assert "LOOKED" in outputs
     return records
 

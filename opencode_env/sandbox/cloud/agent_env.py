@@ -22,7 +22,8 @@ def allow_listed(cmd: str, allowed: Iterable[str]) -> str:
     """`cmd`, run once every exported variable not named in `allowed` is unset (values never reach argv)."""
     names = " ".join(sorted(set(allowed)))
     scan = "env | sed -n 's/^\\([A-Za-z_][A-Za-z0-9_]*\\)=.*/\\1/p'"
-    return f'for name in $({scan}); do case " {names} " in *" $name "*) ;; *) unset "$name" ;; esac; done; {cmd}'
+    drop = 'unset "$name" 2>/dev/null || :'
+    return f'for name in $({scan}); do case " {names} " in *" $name "*) ;; *) {drop} ;; esac; done; {cmd}'
 
 
 def split_agent_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
