@@ -259,7 +259,8 @@ def holder_argv(
     users = ["--ro-bind", str(layout.control / "passwd"), "/etc/passwd"]
     users += ["--ro-bind", str(layout.control / "group"), "/etc/group"]
     host = _runtime_binds(runtime_paths, _outside_system)
-    task = [] if image_root is None else [*_image_entries(image_root), *_task_root(layout, image_root, runtime)]
+    ours = {path.strip("/").split("/")[0] for path in runtime_paths}
+    task = [] if image_root is None else [*_image_entries(image_root, ours), *_task_root(layout, image_root, runtime)]
     return [
         "bwrap",
         "--die-with-parent",
@@ -322,12 +323,13 @@ def _task_root(layout: Layout, image_root: Path, runtime: HostRuntime) -> list[s
     return [*argv, "--remount-ro", host]
 
 
-def _image_entries(image_root: Path) -> list[str]:
-    """The image's top-level directories outside OUR_TOP_LEVEL, bound at their names in the sandbox's root (a link
-    is made as a link there, resolved in the sandbox's root; anything else is left out)."""
+def _image_entries(image_root: Path, ours: set[str]) -> list[str]:
+    """The image's top-level directories outside OUR_TOP_LEVEL and `ours` (where our runtime paths are bound, e.g.
+    a virtualenv in /opt), bound at their names in the sandbox's root (a link is made as a link there, resolved in
+    the sandbox's root; anything else is left out)."""
     argv: list[str] = []
     for entry in sorted(os.scandir(image_root), key=lambda entry: entry.name):
-        if entry.name in OUR_TOP_LEVEL:
+        if entry.name in OUR_TOP_LEVEL or entry.name in ours:
             continue
         if entry.is_symlink():
             argv += ["--symlink", os.readlink(entry.path), f"/{entry.name}"]
