@@ -42,7 +42,9 @@ def sandbox_runtime_paths(tools: ProvidedTools, extra_path: tuple[str, ...] = ()
     paths.update(prefix for directory in extra_path if os.path.isdir(prefix := str(Path(directory).parent)))
     if tools.opencode:
         paths.add(_install_root(tools.opencode))
-    return sorted(paths)
+    # a prefix worked out as "/" (a program in /bin) would bind the host's whole root: its system directories
+    # are in the sandbox's root already
+    return sorted(paths - {"/"})
 
 
 def _install_root(binary: str) -> str:
