@@ -210,7 +210,7 @@ async def test_a_hostile_image_reaches_no_trusted_process(backend: LocalBackend,
     environment holds none of the ENV's canaries and loads no plugin or preload; every process that loaded the
     image's library (the tools' commands do: the attack is live) was already under the syscall filter
     (`Seccomp: 2`), could not unshare a user namespace and held neither the proxy token nor OpenCode's config; the
-    replaced shells never ran with OpenCode's environment."""
+    replaced shells never ran with OpenCode's environment. The result records the ENV names aimed at us."""
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc to build the image's preload library")
     script = Script(steps=[_read_environ(), bash(LOOK, "look"), say("done")])
@@ -226,6 +226,10 @@ async def test_a_hostile_image_reaches_no_trusted_process(backend: LocalBackend,
     records = _assert_no_trusted_process_was_reached(outputs)
     assert [name for name in records if name.startswith("evil-preload")], "the image's library never loaded"
     assert f"TOOL_ENV {CANARY}" in outputs
+    recorded = result.enforcement["image_env"]
+    for name in ("OPENCODE_CONFIG_CONTENT", "NODE_OPTIONS", "BUN_OPTIONS", "LD_PRELOAD", "GCONV_PATH"):
+        assert name in recorded, recorded
+    assert "TASK_CANARY" not in recorded
 
 
 def _written(path: str, text: str, mode: str = "644") -> str:

@@ -206,6 +206,30 @@ class LocalSandbox:
                         self.on_close(self)
 
 
+AIMED_AT_US = (
+    "OPENCODE_",
+    "NODE_",
+    "BUN_",
+    "LD_",
+    "GCONV_PATH",
+    "LOCPATH",
+    "XDG_",
+    "SSL_CERT",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+"""Names in an image's ENV that would configure OpenCode, Bun or the dynamic loader if they reached them."""
+
+
+def image_env_aimed_at_us(env: Mapping[str, str]) -> list[str]:
+    """The image's ENV names that would have changed a trusted process: the result records them (a finding)."""
+    return sorted(name for name in env if name.startswith(AIMED_AT_US))
+
+
 def _refuse_workdir_of_ours(workdir: str) -> None:
     """OpenCode, in the sandbox's root (the host's files), sees an image's work dir at its own path only outside
     the top-level directories that root keeps for itself (OUR_TOP_LEVEL), /home/user and /tmp aside."""
@@ -350,6 +374,10 @@ class LocalBackend:
         sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock)
         if image is not None:
             sandbox.enforcement["image"] = f"{image.ref} ({image.image_id[:19]}), id-mapped overlay"
+            if aimed := image_env_aimed_at_us(image.env):
+                sandbox.enforcement["image_env"] = (
+                    f"set for the task's commands only, never OpenCode or our launchers: {', '.join(aimed)}"
+                )
         sandbox.enforcement["disk"] = "loop ext4" if layout.disk_image.exists() else "none (no loop device)"
         sandbox.on_close = self._open.discard
         self._open.add(sandbox)
