@@ -251,7 +251,7 @@ CHEAT = (
 PROBE_THE_PROXY = (
     "cd / && python3 - <<'EOF'\n"
     "import json, os, urllib.request, urllib.error\n"
-    "cfg = json.load(open(os.environ['OPENCODE_CONFIG']))\n"
+    "cfg = json.load(open(os.environ.get('OPENCODE_CONFIG', '/run/opencode-env/opencode.json')))\n"
     "url = next(iter(cfg['provider'].values()))['options']['baseURL'] + '/chat/completions'\n"
     "try:\n"
     "    urllib.request.urlopen(urllib.request.Request(url, data=b'{}', headers={'authorization': 'Bearer x'}))\n"

@@ -44,17 +44,21 @@ async def test_a_full_rollout_contacts_nothing_but_its_model(sandbox_base: Path,
 
 
 async def test_the_config_directory_holds_the_plugin_opencode_would_fetch(backend: LocalBackend) -> None:
-    """OpenCode's config directory is its own (under its home): it finds the plugin there, and the task's uid can
-    neither add to it nor remove the shared install."""
+    """OpenCode's config directory is its own (under its home): it finds the plugin there, and the task's user and
+    root can neither add to it nor remove the shared install (in an image, they do not even see it)."""
     sandbox = await backend.create(SandboxSpec())
     try:
         listed = await sandbox.run(
             f"cat {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}/package.json", timeout_s=10, identity="agent"
         )
         planted = await sandbox.run(f"touch {AGENT_CONFIG_DIR}/mine", timeout_s=10)
-        tampered = await sandbox.run(f"rm -rf {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}", timeout_s=10)
+        await sandbox.run(f"rm -rf {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}", timeout_s=10)
+        await sandbox.run(f"rm -rf {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}", timeout_s=10, identity="root")
+        after = await sandbox.run(
+            f"cat {AGENT_CONFIG_DIR}/node_modules/{PLUGIN_PACKAGE}/package.json", timeout_s=10, identity="agent"
+        )
     finally:
         await sandbox.close()
     assert f'"version": "{OPENCODE_VERSION}"' in listed.stdout, listed.stderr
     assert planted.exit_code != 0, "the task's uid cannot write OpenCode's config directory"
-    assert tampered.exit_code != 0, "the shared install is read-only"
+    assert after.stdout == listed.stdout, "the shared install survives the task's user and root"

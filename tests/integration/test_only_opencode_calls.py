@@ -72,7 +72,7 @@ def read_environ() -> Step:
 CALLER_ATTACKS = r"""python3 - '{token}' '{session}' <<'EOF'
 import json, os, socket, sys, time
 token, session = sys.argv[1], sys.argv[2]
-config = json.load(open(os.environ["OPENCODE_CONFIG"]))
+config = json.load(open(os.environ.get("OPENCODE_CONFIG", "/run/opencode-env/opencode.json")))
 base = next(iter(config["provider"].values()))["options"]["baseURL"]
 port = int(base.split(":")[2].split("/")[0])
 body = json.dumps({"model": "policy", "stream": False, "messages": [{"role": "user", "content": "FORGED call"}],
@@ -166,7 +166,7 @@ async def test_a_tool_with_opencodes_token_and_session_cannot_call_from_any_sock
 
 FAILING_STRANGER = """python3 - <<'EOF'
 import json, os, urllib.request, urllib.error
-config = json.load(open(os.environ["OPENCODE_CONFIG"]))
+config = json.load(open(os.environ.get("OPENCODE_CONFIG", "/run/opencode-env/opencode.json")))
 base = next(iter(config["provider"].values()))["options"]["baseURL"]
 # no tools (it would pass as auxiliary) and a body the model server fails on (HTTP 500)
 body = json.dumps({"model": "policy", "stream": False, "messages": [1]}).encode()

@@ -164,7 +164,7 @@ for path in glob.glob("/proc/[0-9]*/environ"):
     except OSError as error:
         found[path] = type(error).__name__
 print("HUNT", json.dumps(found)[:400])
-config = json.load(open(os.environ["OPENCODE_CONFIG"]))
+config = json.load(open(os.environ.get("OPENCODE_CONFIG", "/run/opencode-env/opencode.json")))
 base = next(iter(config["provider"].values()))["options"]["baseURL"]
 tokens = [value for name, value in os.environ.items() if "KEY" in name or "TOKEN" in name] or ["none"]
 body = {"model": "policy", "n": 64, "best_of": 64, "stream": True,
@@ -194,7 +194,8 @@ async def test_calls_opencode_did_not_make_are_never_recorded(shared: SharedRoll
 
 
 KILL_OPENCODE = (
-    "python3 -c \"import json, os, urllib.request; c = json.load(open(os.environ['OPENCODE_CONFIG'])); "
+    'python3 -c "import json, os, urllib.request; '
+    "c = json.load(open(os.environ.get('OPENCODE_CONFIG', '/run/opencode-env/opencode.json'))); "
     "u = next(iter(c['provider'].values()))['options']['baseURL'] + '/chat/completions'; "
     "t = os.environ.get('OPENCODE_ENV_UPSTREAM_KEY', 'none'); "
     "urllib.request.urlopen(urllib.request.Request(u, data=b'{not json', headers={'authorization': 'Bearer ' + t}))"

@@ -239,7 +239,8 @@ async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBacke
     # OpenCode's session: unattributed, not auxiliary. On E2B the tools run as OpenCode's user and hold its token;
     # the local backend refuses such a call.
     call = (
-        "python3 -c \"import json,os,urllib.request as u; c=json.load(open(os.environ['OPENCODE_CONFIG'])); "
+        'python3 -c "import json,os,urllib.request as u; '
+        "c=json.load(open(os.environ.get('OPENCODE_CONFIG', '/run/opencode-env/opencode.json'))); "
         "p=next(iter(c['provider'].values())); "
         "b=json.dumps({'model':'m','stream':True,'messages':[{'role':'user','content':'title?'}]}).encode(); "
         "print(u.urlopen(u.Request(p['options']['baseURL']+'/chat/completions',b,"

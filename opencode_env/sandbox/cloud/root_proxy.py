@@ -9,8 +9,10 @@ import shlex
 from typing import Any, Protocol
 
 from opencode_env.sandbox.base import PROXY_TOKEN_ENV_NAME, BackgroundProcess, ProxyLaunch, SandboxError
+from opencode_env.sandbox.cloud.agent_env import allow_listed
 
 PORT_WAIT_S = 20.0
+PROXY_ALLOWED = ("PATH", "HOME", "LANG")
 
 
 class RootRunner(Protocol):
@@ -92,6 +94,8 @@ async def start_root_proxy(sandbox: RootRunner, launch: ProxyLaunch) -> RootProx
         f"cd {private}/pkg && exec {shlex.quote(launch.python)} -E -s -m opencode_env.proxy {shlex.join(args)}"
         f" >> {private}/proxy.log 2>&1"
     )
+    # the VM's environment (its template's ENV, the sandbox's envs) never reaches the proxy: only ours does
+    command = allow_listed(command, [*PROXY_ALLOWED, *launch.env, PROXY_TOKEN_ENV_NAME])
     process = await sandbox.start_root(command, {**launch.env, PROXY_TOKEN_ENV_NAME: token})
     tries = int(PORT_WAIT_S * 20)
     wait = f"for i in $(seq 1 {tries}); do test -s {private}/port && break; sleep 0.05; done; cat {private}/port"

@@ -26,6 +26,13 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
     task_path,
 )
+from opencode_env.sandbox.cloud.agent_env import (
+    OPENCODE_ALLOWED,
+    allow_listed,
+    env_file_text,
+    split_agent_env,
+    tool_shell,
+)
 from opencode_env.sandbox.cloud.carry import carry_between
 from opencode_env.sandbox.cloud.grader import handoff_script
 from opencode_env.sandbox.cloud.lifecycle import kill_quietly
@@ -121,9 +128,28 @@ class CloudSandbox(ABC):
         identity: Identity = "user",
     ) -> CommandResult:
         """What a command leaves in the background lives on in the VM until the sandbox closes, whatever
-        `keep_background` says (setup's services rely on it)."""
+        `keep_background` says (setup's services rely on it). OpenCode (`agent`) starts with an environment from an
+        allow-list, its tools with the task's (see agent_env.py)."""
         self._check_open()
+        if identity == "agent":
+            cmd, env = await self._opencode_command(cmd, env or {})
         return await self._run_as(identity, cmd, timeout_s=timeout_s, env=env, cwd=cwd, limit=max_output_bytes)
+
+    async def _opencode_command(self, cmd: str, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+        own, tools = split_agent_env(env)
+        exit_code, output = await self.run_root(
+            "d=$(mktemp -d /tmp/opencode-env-shell-XXXXXXXX) && chmod 755 $d && echo $d", 30
+        )
+        if exit_code != 0:
+            raise SandboxError(f"could not make the tools' shell in {self.sandbox_id}: {output[-500:]}")
+        directory = output.strip()
+        await self.write_root_file(f"{directory}/env", env_file_text({**self._spec.env, **tools}))
+        await self.write_root_file(f"{directory}/bash", tool_shell(f"{directory}/env", own))
+        exit_code, output = await self.run_root(f"chmod 644 {directory}/env && chmod 755 {directory}/bash", 30)
+        if exit_code != 0:
+            raise SandboxError(f"could not make the tools' shell in {self.sandbox_id}: {output[-500:]}")
+        own["SHELL"] = f"{directory}/bash"
+        return allow_listed(cmd, [*OPENCODE_ALLOWED, *own]), own
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR

@@ -15,11 +15,11 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    HOME,
     WORKDIR,
     Capabilities,
     CarryLimits,
@@ -41,11 +41,11 @@ from opencode_env.sandbox.local.admission import DEFAULT_OVERCOMMIT, MemoryAdmis
 from opencode_env.sandbox.local.cgroup import PROXY_LIMITS
 from opencode_env.sandbox.local.compartment import Compartment
 from opencode_env.sandbox.local.host_ids import UidLease
-from opencode_env.sandbox.local.host_runtime import BASE_PATH, HOST_ROOT, HostRuntime
-from opencode_env.sandbox.local.host_view import runtime_for
+from opencode_env.sandbox.local.host_runtime import HOST_ROOT
+from opencode_env.sandbox.local.host_view import HELPERS, runtime_for
 from opencode_env.sandbox.local.image_budget import ImageBudget
 from opencode_env.sandbox.local.images import HOST_IMAGE, ImageProgress, ImageStore, default_image
-from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, CONTROL_MOUNT, Layout
+from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, CONTROL_MOUNT, OUR_TOP_LEVEL
 from opencode_env.sandbox.local.layout import (
     OwnerLock,
     make_layout,
@@ -53,7 +53,6 @@ from opencode_env.sandbox.local.layout import (
     own_tree,
     reap_orphans,
     remove_rollout,
-    write_launcher,
 )
 from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import SandboxBoot
@@ -220,15 +219,39 @@ class LocalSandbox:
                         self.on_close(self)
 
 
-def _launched_tools(layout: Layout, tools: ProvidedTools, runtime: HostRuntime) -> ProvidedTools:
-    """In an image, OpenCode (and ripgrep, which its search tools run) start through launchers in the control
-    directory, which run the host's binaries with the host's loader and libraries."""
-    if ripgrep := shutil.which("rg", path=BASE_PATH):
-        write_launcher(layout, "rg", runtime.program(ripgrep))
-    if not tools.opencode:
-        return tools
-    launcher = write_launcher(layout, "opencode", runtime.program(os.path.realpath(tools.opencode)))
-    return replace(tools, opencode=launcher)
+AIMED_AT_US = (
+    "OPENCODE_",
+    "NODE_",
+    "BUN_",
+    "LD_",
+    "GCONV_PATH",
+    "LOCPATH",
+    "XDG_",
+    "SSL_CERT",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+"""Names in an image's ENV that would configure OpenCode, Bun or the dynamic loader if they reached them."""
+
+
+def image_env_aimed_at_us(env: Mapping[str, str]) -> list[str]:
+    """The image's ENV names that would have changed a trusted process: the result records them (a finding)."""
+    return sorted(name for name in env if name.startswith(AIMED_AT_US))
+
+
+def _refuse_workdir_of_ours(workdir: str) -> None:
+    """OpenCode, in the sandbox's root (the host's files), sees an image's work dir at its own path only outside
+    the top-level directories that root keeps for itself (OUR_TOP_LEVEL), /home/user and /tmp aside."""
+    top = workdir.strip("/").split("/")[0]
+    if top in OUR_TOP_LEVEL and not any(workdir == kept or workdir.startswith(kept + "/") for kept in (HOME, "/tmp")):
+        raise SandboxError(
+            f"workdir {workdir}: an image's work dir must be under /home/user, /tmp or a top-level directory other "
+            f"than {', '.join(sorted(OUR_TOP_LEVEL))} (OpenCode runs from the host's own files there)"
+        )
 
 
 def bwrap_available() -> bool:
@@ -344,17 +367,15 @@ class LocalBackend:
             self._default_image = await asyncio.to_thread(default_image, self._configured_image)
         ref = "" if spec.image == HOST_IMAGE else spec.image or self._default_image
         image = await asyncio.to_thread(self._images.prepare, ref) if ref else None
-        runtime = await asyncio.to_thread(runtime_for, tools) if image is not None else None
-        if image is not None and not image.has_shell:
-            raise SandboxError(f"image {ref} has no /bin/sh: the agent's tools and the task's commands need one")
-        layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb, runtime)
+        runtime = await asyncio.to_thread(runtime_for) if image is not None else None
+        if image is not None:
+            _refuse_workdir_of_ours(spec.workdir)
+        layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb, HELPERS, runtime)
         try:
             lease = await asyncio.to_thread(UidLease)
             await asyncio.to_thread(own_tree, layout, lease.ids)
-            host_tools = tools
-            if image is not None and runtime is not None:
+            if image is not None:
                 await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids)
-                tools = _launched_tools(layout, tools, runtime)
         except BaseException:
             await asyncio.to_thread(remove_rollout, layout)
             owner_lock.release()
@@ -364,7 +385,7 @@ class LocalBackend:
             lease.ids,
             spec,
             tools,
-            host_tools,
+            tools,
             image=image,
             runtime=runtime or HOST_ROOT,
             extra_path=self._extra_path,
@@ -374,6 +395,10 @@ class LocalBackend:
         sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock)
         if image is not None:
             sandbox.enforcement["image"] = f"{image.ref} ({image.image_id[:19]}), id-mapped overlay"
+            if aimed := image_env_aimed_at_us(image.env):
+                sandbox.enforcement["image_env"] = (
+                    f"set for the task's commands only, never OpenCode or our launchers: {', '.join(aimed)}"
+                )
         sandbox.enforcement["disk"] = "loop ext4" if layout.disk_image.exists() else "none (no loop device)"
         sandbox.on_close = self._open.discard
         self._open.add(sandbox)

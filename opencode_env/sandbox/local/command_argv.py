@@ -5,25 +5,43 @@ host uid (setpriv) and runs as uid 1000 in a user namespace of its own (unshare)
 a capability over any host resource; the other identities go through userns.py, which maps several uids. Agent and
 verify commands also get a PID namespace of their own, so killing a command ends everything it started; setup
 commands run in the holder's, so services they leave in the background live until the sandbox closes.
+
+Every program of ours in that chain (nsenter, setpriv, unshare, userns.py, the small init, the tools' shell,
+seccomp_exec.py) and OpenCode run from the host's files in the sandbox's own root, with an environment of ours
+(PATH only); the command's environment travels to its last step in a memfd. That step, seccomp_exec.py, enters the
+task's root (an image's, at TASK_ROOT), becomes the command's identity, loads the syscall filter and execs the
+command with its environment: nothing the task supplied is read or run before it.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opencode_env.sandbox.base import Identity
 from opencode_env.sandbox.local.host_ids import GRADER_UID, IMAGE_UIDS, SANDBOX_UID, HostIds
 from opencode_env.sandbox.local.host_runtime import HOST_ROOT, HostRuntime
-from opencode_env.sandbox.local.isolation import CONTROL_MOUNT, SECCOMP_EXEC, SYSCALL_FILTER
+from opencode_env.sandbox.local.isolation import (
+    AGENT_SYSCALL_FILTER,
+    CONTROL_MOUNT,
+    SECCOMP_EXEC,
+    SYSCALL_FILTER,
+    TASK_ROOT,
+)
 
-AGENT_CAPS = "+setuid,+setgid,+dac_override,+kill"
-"""What OpenCode keeps, inside its own user namespace only: switching its tools' shell to `user`, reading and
-writing the files of the sandbox's two identities (its own and `user`'s), as the agent's edit tools must, and
-stopping a tool command that ran past its timeout."""
+AGENT_CAPS = "+setuid,+setgid,+dac_override,+kill,+sys_chroot"
+"""What OpenCode keeps, inside its own user namespace only: switching its tools' shell to `user` in the task's root,
+reading and writing the files of the sandbox's two identities (its own and `user`'s), as the agent's edit tools
+must, and stopping a tool command that ran past its timeout."""
 TOOL_SHELL = f"{CONTROL_MOUNT}/shell/bash"
+TOOL_ENV = f"{CONTROL_MOUNT}/tool-env"
+"""The environment of the agent's tools' commands (the task's: its image's ENV, the request's `env`), written by
+the host before OpenCode starts; OpenCode's own environment never reaches them."""
 AGENT_UMASK = "002"
+CAP_SYS_PTRACE = 19
+"""Dropped from the sandbox's root's commands: its own init and launchers (our root's view, through /proc/1/root)
+hold every capability of the command's namespace, so without it root could trace them or enter their root; it
+still traces its own children, whose capabilities are its own."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,7 @@ def command_argv(
     own_pid_namespace: bool,
     identity: Identity,
     helpers: Helpers,
+    env_fd: int,
     tmp_mb: int = 1024,
     runtime: HostRuntime = HOST_ROOT,
     roles: Roles = Roles(),
@@ -62,97 +81,121 @@ def command_argv(
     whose maps (several uids) this still-privileged process writes. The sandbox's root maps every in-sandbox uid
     (IMAGE_UIDS of them, `user` and `grader` among them), so it can hand files between them and own an image's
     files as a VM's root would; OpenCode's namespace maps only itself and `user`; the grader's only itself (and the
-    root that mounts its fresh /tmp before dropping to it). The command itself starts under the syscall filter, once
-    every namespace and mount of ours is made. Every program is started through `runtime`."""
-    run = runtime.program
+    root that mounts its fresh /tmp before the last step drops to it). `env_fd` (inherited) holds the command's
+    environment. With an image (`runtime` not HOST_ROOT) the task's commands run in TASK_ROOT with the host's bash
+    started through `runtime`; OpenCode runs in the sandbox's root, which is the host's files."""
+    task_root = runtime is not HOST_ROOT
     enter = ["nsenter", f"--target={holder_pid}", "--mount", "--pid", "--net", "--ipc", "--uts", "--root"]
     enter += [f"--wdns={cwd}", "--"]
-    # Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
-    # within (the agent's own tools), reaps orphans and passes the command's exit status on.
-    init = [*run("/bin/sh"), "-c", '"$@" & wait $!', "init"] if own_pid_namespace else []
-    filtered = [*run(helpers.python), "-I", "-S", f"{CONTROL_MOUNT}/{SECCOMP_EXEC}"]
-    filtered += [f"{CONTROL_MOUNT}/{SYSCALL_FILTER}", "--"]
-    command = [*filtered, *init, *run("/bin/bash"), "-c", cmd]
-    pid_namespace = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"] if own_pid_namespace else []
-    unshare = run("unshare")
+    proc = f"--mount-proc={TASK_ROOT}/proc" if task_root and identity != "agent" else "--mount-proc"
+    pid_namespace = ["--pid", "--fork", "--mount", proc, "--kill-child"] if own_pid_namespace else []
+    task_proc = task_root and identity == "agent" and own_pid_namespace
+    init = _init(f"mount -t proc proc {TASK_ROOT}/proc" if task_proc else "") if own_pid_namespace else []
+    last = _Last(helpers, ("--env-fd", str(env_fd)), task_root)
+    shell = [*runtime.program("/bin/bash"), "-c", cmd]
     if identity == "agent":
-        mapped = _userns(helpers, runtime, [(0, ids.agent, 1), (SANDBOX_UID, ids.user, 1)], gid=SANDBOX_UID)
-        return [*enter, *mapped, *unshare, *pid_namespace, "--", *_agent(command, runtime)]
+        mapped = _userns(helpers, [(0, ids.agent, 1), (SANDBOX_UID, ids.user, 1)], gid=SANDBOX_UID)
+        opencode = [*last.argv(filters=(AGENT_SYSCALL_FILTER,), root=False), "/bin/bash", "-c", cmd]
+        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *_agent(opencode)]
     everyone = [(0, ids.root, IMAGE_UIDS)]
     if identity == "grader" and roles.grader_is_root:
-        mapped = _userns(helpers, runtime, everyone, gid=0)
-        return [*enter, *mapped, *unshare, *pid_namespace, "--", *_fresh_tmp(command, tmp_mb, runtime, [])]
+        mapped = _userns(helpers, everyone, gid=0)
+        fresh = _fresh_tmp(tmp_mb, task_root)
+        grader = last.argv(drop_ptrace=True)
+        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *fresh, *grader, *shell]
     if identity == "grader":
-        mapped = _userns(helpers, runtime, [(0, ids.root, 1), (GRADER_UID, ids.grader, 1)], gid=0)
-        drop = _drop_to(GRADER_UID, runtime)
-        return [*enter, *mapped, *unshare, *pid_namespace, "--", *_fresh_tmp(command, tmp_mb, runtime, drop)]
+        mapped = _userns(helpers, [(0, ids.root, 1), (GRADER_UID, ids.grader, 1)], gid=0)
+        fresh = _fresh_tmp(tmp_mb, task_root)
+        grader = last.argv(uid=GRADER_UID)
+        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *fresh, *grader, *shell]
     if identity == "root":
-        mapped = _userns(helpers, runtime, everyone, gid=0)
-        return [*enter, *mapped, *unshare, *pid_namespace, "--", *command]
+        mapped = _userns(helpers, everyone, gid=0)
+        return [*enter, *mapped, "unshare", *pid_namespace, "--", *init, *last.argv(drop_ptrace=True), *shell]
     return [
         *enter,
-        *run("setpriv"),
+        "setpriv",
         f"--reuid={ids.user}",
         f"--regid={ids.user}",
         "--clear-groups",
         "--no-new-privs",
         "--inh-caps=-all",
         "--bounding-set=-all",
-        *unshare,
+        "unshare",
         f"--map-user={SANDBOX_UID}",
         f"--map-group={SANDBOX_UID}",
+        # the namespace's capabilities, kept (ambient) only until the last step has entered the task's root
+        "--keep-caps",
         *pid_namespace,
         "--",
-        *command,
+        *init,
+        *last.argv(drop_caps=True),
+        *shell,
     ]
 
 
-def _userns(helpers: Helpers, runtime: HostRuntime, ranges: list[tuple[int, int, int]], *, gid: int) -> list[str]:
+@dataclass(frozen=True)
+class _Last:
+    """seccomp_exec.py's argv: the last step of a command (see its docstring)."""
+
+    helpers: Helpers
+    environment: tuple[str, str]
+    """Where the command's environment is read: ("--env-fd", N) or ("--env-file", PATH)."""
+    task_root: bool
+
+    def argv(
+        self,
+        *,
+        uid: int | None = None,
+        drop_caps: bool = False,
+        drop_ptrace: bool = False,
+        filters: tuple[str, ...] = (SYSCALL_FILTER,),
+        root: bool = True,
+    ) -> list[str]:
+        argv = [self.helpers.python, "-I", "-S", f"{CONTROL_MOUNT}/{SECCOMP_EXEC}", *self.environment]
+        if root and self.task_root:
+            argv += ["--root", TASK_ROOT]
+        if uid is not None:
+            argv += ["--uid", str(uid), "--gid", str(uid)]
+        if drop_ptrace:
+            argv += ["--drop-cap", str(CAP_SYS_PTRACE)]
+        if drop_caps:
+            argv.append("--drop-caps")
+        return [*argv, *(f"{CONTROL_MOUNT}/{name}" for name in filters), "--"]
+
+
+def _init(first: str) -> list[str]:
+    """Pid 1 of a namespace ignores signals from inside it: a small init keeps the command itself killable from
+    within (the agent's own tools), reaps orphans and passes the command's exit status on. `first` runs before."""
+    run = '"$@" & wait $!'
+    return ["/bin/sh", "-c", f"{first} && {{ {run}; }}" if first else run, "init"]
+
+
+def _userns(helpers: Helpers, ranges: list[tuple[int, int, int]], *, gid: int) -> list[str]:
     maps = [f"--map={inside}:{outside}:{count}" for inside, outside, count in ranges]
-    python = [*runtime.program(helpers.python), "-I", "-S", runtime.inside(helpers.userns)]
-    return [*python, *maps, f"--gid={gid}", "--"]
+    return [helpers.python, "-I", "-S", helpers.userns, *maps, f"--gid={gid}", "--"]
 
 
-def _drop_to(uid: int, runtime: HostRuntime = HOST_ROOT) -> list[str]:
-    return [
-        *runtime.program("setpriv"),
-        f"--reuid={uid}",
-        f"--regid={uid}",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--bounding-set=-all",
-        "--no-new-privs",
-        "--",
-    ]
-
-
-def _agent(command: list[str], runtime: HostRuntime) -> list[str]:
+def _agent(command: list[str]) -> list[str]:
     """OpenCode as its namespace's root, holding only AGENT_CAPS; the umask lets its tools change what it writes."""
     caps = f"-all,{AGENT_CAPS}"
-    keep = [*runtime.program("setpriv"), f"--inh-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--"]
-    return [*runtime.program("/bin/sh"), "-c", f'umask {AGENT_UMASK} && exec "$@"', "agent", *keep, *command]
+    keep = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--"]
+    return ["/bin/sh", "-c", f'umask {AGENT_UMASK} && exec "$@"', "agent", *keep, *command]
 
 
-def _fresh_tmp(command: list[str], tmp_mb: int, runtime: HostRuntime, drop: list[str]) -> list[str]:
-    """A fresh /tmp, mounted while still root of the namespace, then `drop` (the grader's uid with no capability at
-    all; nothing when the grader is the sandbox's root). The grader's HOME, made empty by the host before verify,
-    is in its own directory, which the agent could not enter."""
-    mount = runtime.words("mount")
-    fresh = f'{mount} -t tmpfs -o mode=1777,nosuid,nodev,size={tmp_mb}m verify-tmp /tmp && exec "$@"'
-    return [*runtime.program("/bin/sh"), "-c", fresh, "grader", *drop, *command]
+def _fresh_tmp(tmp_mb: int, task_root: bool) -> list[str]:
+    """A fresh /tmp for the grader (the task root's, in an image), mounted while still root of the namespace; the
+    last step then drops to the grader's uid (nothing when the grader is the sandbox's root). The grader's HOME,
+    made empty by the host before verify, is in its own directory, which the agent could not enter."""
+    tmp = f"{TASK_ROOT}/tmp" if task_root else "/tmp"
+    fresh = f'mount -t tmpfs -o mode=1777,nosuid,nodev,size={tmp_mb}m verify-tmp {tmp} && exec "$@"'
+    return ["/bin/sh", "-c", fresh, "grader"]
 
 
-def tool_shell_script(private_prefix: str, agent_vars: Sequence[str], runtime: HostRuntime = HOST_ROOT) -> str:
-    """The shell OpenCode starts its tools with (named bash, given as SHELL): the tools run as `user`, without
-    OpenCode's private variables (every name starting with `private_prefix`: its key) and directories, before the
-    real bash starts. In an image the script is read by the image's /bin/sh and starts the host's programs."""
-    names = f"s/^\\({private_prefix}[A-Za-z0-9_]*\\)=.*/\\1/p"
-    unset = " ".join(f"-u {name}" for name in agent_vars)
-    drop = " ".join(shlex.quote(word) for word in _drop_to(SANDBOX_UID, runtime))
-    env, sed, bash = runtime.words("env"), runtime.words("sed"), runtime.words("/bin/bash")
-    shell = "/bin/bash" if runtime is HOST_ROOT else "/bin/sh"
-    return (
-        "#!/bin/sh\numask 022\n"
-        f"for name in $({env} | {sed} -n '{names}'); do unset \"$name\"; done\n"
-        f'exec {env} {unset} SHELL={shell} {drop} {bash} "$@"\n'
-    )
+def tool_shell_script(helpers: Helpers, *, task_root: HostRuntime | None) -> str:
+    """The shell OpenCode starts its tools with (named bash, given as SHELL), read by the host's /bin/sh in the
+    sandbox's root: the tools' commands run as `user`, in the task's root (with an image), under the task's syscall
+    filter, with the task's environment (TOOL_ENV), none of OpenCode's (its key), then the real bash starts."""
+    runtime = task_root or HOST_ROOT
+    last = _Last(helpers, ("--env-file", TOOL_ENV), task_root is not None).argv(uid=SANDBOX_UID)
+    words = " ".join(shlex.quote(word) for word in [*last, *runtime.program("/bin/bash")])
+    return f'#!/bin/sh\numask 022\nexec {words} "$@"\n'

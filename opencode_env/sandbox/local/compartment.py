@@ -14,8 +14,9 @@ from opencode_env.sandbox.local.isolation import Layout
 
 @dataclass(frozen=True)
 class Compartment:
-    """`tools` as the sandbox starts them (in an image, launchers in the control directory), `host_tools` as the host
-    has them; `image` None runs on the host's own system through `runtime`."""
+    """`tools` as the sandbox starts them and `host_tools` as the host has them (the same now: OpenCode runs from
+    the host's files in the sandbox's root, an image or not); `image` None runs the task's commands on the host's own
+    system, else in the image's tree, starting the host's bash through `runtime`."""
 
     layout: Layout
     ids: HostIds

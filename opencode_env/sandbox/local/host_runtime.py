@@ -1,10 +1,11 @@
-"""The host's programs inside a sandbox whose root file system is an image.
+"""The host's bash inside an image's task root.
 
 The image's own libc may be another glibc, musl, or none at all, so a host program cannot simply be run there: the
-host's root is mounted read-only at HOST_MOUNT and each host program runs through the host's own dynamic loader,
-given the host's library directories (`ld.so --library-path DIRS PROGRAM`). What those programs start (the task's
-commands) runs with the image's own loader and libraries. Without an image the sandbox's root is the host's, and a
-host program runs as itself.
+host's bash, its loader and libraries are mounted read-only at HOST_MOUNT in the task's root, and the task's commands
+start that bash through the host's own dynamic loader (`ld.so --library-path DIRS PROGRAM`). What it starts runs with
+the image's own loader and libraries. Nothing of ours runs there: our launchers and OpenCode run in the sandbox's own
+root, from the host's files (isolation.py). Without an image the task's commands run on the host's own system, and
+bash runs as itself.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shlex
 import shutil
 import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opencode_env.sandbox.base import SandboxError
@@ -50,10 +49,6 @@ class HostRuntime:
         if not self.prefix:
             return host_path
         return self.prefix + os.path.realpath(host_path)
-
-    def words(self, program: str) -> str:
-        """program(program) as shell words."""
-        return " ".join(shlex.quote(word) for word in self.program(program))
 
 
 HOST_ROOT = HostRuntime()
@@ -96,8 +91,6 @@ def _outermost(paths: set[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-HOST_PROGRAMS = ("setpriv", "unshare", "sh", "bash", "mount", "env", "sed", "sleep")
-"""What the local backend starts inside a sandbox: see isolation.py and command_argv.py."""
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """Where the host's programs are looked up, and a sandbox command's PATH unless its image sets one."""
 
@@ -107,8 +100,3 @@ def host_program(name: str) -> str:
     if found is None:
         raise SandboxError(f"{name} is not installed on this machine; the local backend needs it")
     return found
-
-
-def host_programs(extra: Sequence[str]) -> tuple[str, ...]:
-    """Every host program a sandbox command may start, plus `extra` (the interpreter, OpenCode, ripgrep)."""
-    return tuple(dict.fromkeys([*(host_program(name) for name in HOST_PROGRAMS), *extra]))

@@ -5,7 +5,6 @@ the runtime paths of the capture proxy and of a sandbox on the host's own system
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.sandbox.local import userns
 from opencode_env.sandbox.local.command_argv import Helpers
-from opencode_env.sandbox.local.host_runtime import BASE_PATH, HostRuntime, host_programs, image_runtime
+from opencode_env.sandbox.local.host_runtime import HostRuntime, host_program, image_runtime
 
 # Which certificates to trust is machine configuration, not a secret: tasks that install packages need it.
 TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
@@ -43,7 +42,9 @@ def sandbox_runtime_paths(tools: ProvidedTools, extra_path: tuple[str, ...] = ()
     paths.update(prefix for directory in extra_path if os.path.isdir(prefix := str(Path(directory).parent)))
     if tools.opencode:
         paths.add(_install_root(tools.opencode))
-    return sorted(paths)
+    # a prefix worked out as "/" (a program in /bin) would bind the host's whole root: its system directories
+    # are in the sandbox's root already
+    return sorted(paths - {"/"})
 
 
 def _install_root(binary: str) -> str:
@@ -64,13 +65,8 @@ def trust_settings(host_env: Mapping[str, str]) -> dict[str, str]:
     return settings
 
 
-def runtime_for(tools: ProvidedTools) -> HostRuntime:
-    """The host programs an image's sandbox starts, and what of the host they read: the interpreter's standard
-    library (userns.py and seccomp_exec.py run with -I -S), userns.py itself, the certificates the host trusts."""
-    extra = [os.path.realpath(HELPERS.python)]
-    if tools.opencode:
-        extra.append(os.path.realpath(tools.opencode))
-    if ripgrep := shutil.which("rg", path=BASE_PATH):
-        extra.append(ripgrep)
-    shown = [sys.base_prefix, HELPERS.userns, *trust_settings(os.environ).values()]
-    return image_runtime(host_programs(extra), tuple(shown))
+def runtime_for() -> HostRuntime:
+    """What of the host an image's task root shows (read-only at HOST_MOUNT): the host's bash, the loader and
+    libraries it runs with, and the certificates the host trusts. The task's commands start that bash; nothing of
+    ours runs there (our launchers and OpenCode run in the sandbox's own root, see isolation.py)."""
+    return image_runtime((host_program("bash"),), tuple(trust_settings(os.environ).values()))

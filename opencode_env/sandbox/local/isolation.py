@@ -22,8 +22,40 @@ from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HOST_ROOT, HostR
 
 SOCKETS_DIR = Path("/run/opencode-env/proxies")
 SYSCALL_FILTER = "syscalls.bpf"
+AGENT_SYSCALL_FILTER = "agent-syscalls.bpf"
 SECCOMP_EXEC = "seccomp_exec.py"
-"""The syscall filter (syscall_filter.py), in the control directory: every command is started under it."""
+"""The syscall filters (syscall_filter.py: the task's, and OpenCode's, which allows chroot) and their loader, in the
+control directory: every command is started under one."""
+TASK_ROOT = "/run/opencode-task"
+"""Where the image's tree (the task's root) is mounted in the sandbox's own root, which is made of the host's files.
+Our launchers and OpenCode run in the sandbox's root; each task command enters TASK_ROOT as its last step
+(seccomp_exec.py), so nothing of ours resolves a path (a shell, the dynamic loader's /etc/ld.so.preload, a library,
+a config dir) in the image."""
+OUR_TOP_LEVEL = frozenset(
+    {
+        "bin",
+        "boot",
+        "dev",
+        "etc",
+        "home",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "root",
+        "run",
+        "sbin",
+        "sys",
+        "tmp",
+        "usr",
+        "var",
+    }
+)
+"""Top-level names of the sandbox's root that are ours (the host's system directories, the places our programs
+read, such as /var/run/nscd, and our binds): an image's directories of the same names are seen only in TASK_ROOT.
+The image's other top-level directories (/app, /opt, /srv, ...) are bound at their own names too, so OpenCode's
+file tools see the task's files where its bash tool does."""
 HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
 """Our own compartments on the host's root (the capture proxy) see it read-only without these."""
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -40,6 +72,10 @@ GROUP = "root:x:0:\nuser:x:1000:\ngrader:x:1001:\n"
 GRADER_DIR = "/home/grader"
 GRADER_HOME = f"{GRADER_DIR}/home"
 AGENT_HOME = "/home/opencode"
+AGENT_TMP = f"{AGENT_HOME}/tmp"
+"""OpenCode's TMPDIR: its own (the sandbox's /tmp is the task's to plant in)."""
+MANAGED_CONFIG_DIR = f"{CONTROL_MOUNT}/managed-config"
+"""An empty directory of ours that OpenCode reads as its managed config dir instead of /etc/opencode."""
 AGENT_CONFIG_DIR = f"{AGENT_HOME}/config/opencode"
 """OpenCode's global config dir (its ~/.config/opencode): under its own home, which no sandbox process can write;
 only our read-only dependency install is mounted there."""
@@ -50,6 +86,7 @@ AGENT_ONLY_ENV = {
     "XDG_DATA_HOME": f"{AGENT_HOME}/data",
     "XDG_STATE_HOME": f"{AGENT_HOME}/state",
     "XDG_CACHE_HOME": f"{AGENT_HOME}/cache",
+    "OPENCODE_TEST_MANAGED_CONFIG_DIR": MANAGED_CONFIG_DIR,
     # OpenCode runs git on the work dir as itself: no configuration the tools can write may name a program for it.
     "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -64,8 +101,10 @@ HARBOR_LOGS = "/logs"
 HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n127.0.1.1 sandbox\n"
 
 
-def holder_script(runtime: HostRuntime) -> str:
-    return f"{runtime.words('mount')} -t proc proc /proc && echo ready && exec {runtime.words('sleep')} infinity"
+def holder_script(task_root: bool) -> str:
+    """The holder mounts the sandbox's /proc (and the task root's) and sleeps; it runs from the host's files."""
+    task_proc = f"mount -t proc proc {TASK_ROOT}/proc && " if task_root else ""
+    return f"mount -t proc proc /proc && {task_proc}echo ready && exec sleep infinity"
 
 
 @dataclass(frozen=True)
@@ -208,25 +247,20 @@ def holder_argv(
     (bubblewrap's covers parts of /proc, which would stop commands mounting theirs); it then just sleeps.
     `share_host_network` leaves it in the host's network namespace (see LocalBackend: never for untrusted agents on
     a shared host). `config_deps`, a cached install of what OpenCode would npm-install into its config directory at
-    start, is mounted there read-only: OpenCode finds it in place and contacts no registry. With `image_root` (the
-    rollout's writable view of an image), that is the root, HOST_MOUNT shows only what of the host the programs
-    `runtime` starts need (its `view`, read-only: an allow-list, nothing of the operator's), and /logs is the
-    rollout's logs directory (Harbor's layout)."""
-    if image_root is None:
-        root = system_root()
-        users = ["--ro-bind", str(layout.control / "passwd"), "/etc/passwd"]
-        users += ["--ro-bind", str(layout.control / "group"), "/etc/group"]
-        host = _runtime_binds(runtime_paths, _outside_system)
-    else:
-        root = ["--bind", str(image_root), "/", "--dev", "/dev"]
-        users = ["--ro-bind", str(layout.control / "hosts"), "/etc/hosts"]
-        users += ["--bind", str(layout.home / os.path.relpath(LOGS_DIR, "/home/user")), HARBOR_LOGS]
-        host = ["--tmpfs", HOST_MOUNT]
-        for path in runtime.view:
-            host += ["--ro-bind", path, HOST_MOUNT + path]
-        for directory in _ancestors(runtime.view):
-            host += ["--chmod", "0755", HOST_MOUNT + directory]
-        host += ["--remount-ro", HOST_MOUNT]
+    start, is mounted there read-only: OpenCode finds it in place and contacts no registry.
+
+    The sandbox's root is always made of the host's files (system_root: its system directories read-only, our
+    passwd and group, the runtime paths our programs need); the holder, our launchers and OpenCode run there. With
+    `image_root` (the rollout's writable view of an image), the image is the task's root at TASK_ROOT, with the
+    rollout's home, /tmp, the grader's directory, /logs, the control directory, and at HOST_MOUNT read-only what of
+    the host the task's commands start (`runtime.view`); its top-level directories not in OUR_TOP_LEVEL are bound
+    at their own names in the sandbox's root too, for OpenCode's file tools."""
+    root = system_root()
+    users = ["--ro-bind", str(layout.control / "passwd"), "/etc/passwd"]
+    users += ["--ro-bind", str(layout.control / "group"), "/etc/group"]
+    host = _runtime_binds(runtime_paths, _outside_system)
+    ours = {path.strip("/").split("/")[0] for path in runtime_paths}
+    task = [] if image_root is None else [*_image_entries(image_root, ours), *_task_root(layout, image_root, runtime)]
     return [
         "bwrap",
         "--die-with-parent",
@@ -258,13 +292,50 @@ def holder_argv(
         CONTROL_MOUNT,
         *users,
         *host,
+        *task,
         "--chdir",
         "/",
         "--",
-        *runtime.program("/bin/sh"),
+        "/bin/sh",
         "-c",
-        holder_script(runtime),
+        holder_script(image_root is not None),
     ]
+
+
+TASK_MOUNT_POINTS = ("home/user", "tmp", "home/grader", "logs", "etc/hosts", "dev", "proc", "run")
+"""Where the holder mounts into the task's root: each must be a real directory (a file for etc/hosts) of the image,
+never a link, or a bind would land where the link points (a relative link can lead out of TASK_ROOT)."""
+
+
+def _task_root(layout: Layout, image_root: Path, runtime: HostRuntime) -> list[str]:
+    argv = ["--bind", str(image_root), TASK_ROOT, "--dev", f"{TASK_ROOT}/dev"]
+    argv += ["--bind", str(layout.home), f"{TASK_ROOT}/home/user", "--bind", str(layout.tmp), f"{TASK_ROOT}/tmp"]
+    argv += ["--bind", str(layout.grader_dir), f"{TASK_ROOT}{GRADER_DIR}"]
+    argv += ["--ro-bind", str(layout.control / "hosts"), f"{TASK_ROOT}/etc/hosts"]
+    argv += ["--bind", str(layout.home / os.path.relpath(LOGS_DIR, "/home/user")), f"{TASK_ROOT}{HARBOR_LOGS}"]
+    argv += ["--ro-bind", str(layout.control), TASK_ROOT + CONTROL_MOUNT]
+    host = TASK_ROOT + HOST_MOUNT
+    argv += ["--tmpfs", host]
+    for path in runtime.view:
+        argv += ["--ro-bind", path, host + path]
+    for directory in _ancestors(runtime.view):
+        argv += ["--chmod", "0755", host + directory]
+    return [*argv, "--remount-ro", host]
+
+
+def _image_entries(image_root: Path, ours: set[str]) -> list[str]:
+    """The image's top-level directories outside OUR_TOP_LEVEL and `ours` (where our runtime paths are bound, e.g.
+    a virtualenv in /opt), bound at their names in the sandbox's root (a link is made as a link there, resolved in
+    the sandbox's root; anything else is left out)."""
+    argv: list[str] = []
+    for entry in sorted(os.scandir(image_root), key=lambda entry: entry.name):
+        if entry.name in OUR_TOP_LEVEL or entry.name in ours:
+            continue
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry.path), f"/{entry.name}"]
+        elif entry.is_dir(follow_symlinks=False):
+            argv += ["--bind", entry.path, f"/{entry.name}"]
+    return argv
 
 
 def _ancestors(paths: Sequence[str]) -> list[str]:

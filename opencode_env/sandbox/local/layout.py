@@ -14,32 +14,34 @@ from pathlib import Path
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     OPENCODE_CONFIG_DIR,
-    PRIVATE_ENV_PREFIX,
     VERIFIER_DIR,
     WORKDIR,
     SandboxError,
 )
 from opencode_env.sandbox.local import bounded_fs, hostfs_write, seccomp_exec
 from opencode_env.sandbox.local.cgroup import Cgroup, detect, proxy_cgroup_name
-from opencode_env.sandbox.local.command_argv import TOOL_SHELL, tool_shell_script
+from opencode_env.sandbox.local.command_argv import TOOL_ENV, TOOL_SHELL, Helpers, tool_shell_script
 from opencode_env.sandbox.local.host_ids import IMAGE_UIDS, HostIds
 from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HostRuntime
 from opencode_env.sandbox.local.idmap import mount_idmapped
 from opencode_env.sandbox.local.isolation import (
-    AGENT_ONLY_ENV,
+    AGENT_SYSCALL_FILTER,
+    AGENT_TMP,
     CONTROL_MOUNT,
     GROUP,
     HOSTS,
+    MANAGED_CONFIG_DIR,
     PASSWD,
     SECCOMP_EXEC,
     SYSCALL_FILTER,
+    TASK_MOUNT_POINTS,
     Layout,
 )
 from opencode_env.sandbox.local.syscall_filter import filter_program
 
 log = logging.getLogger("opencode_env.local")
 PREFIX = "opencode-env-"
-IMAGE_MOUNT_POINTS = ("proc", "dev", "etc", "run", "tmp", "logs", "home/user", "home/opencode", "home/grader")
+IMAGE_MOUNT_POINTS = ("proc", "dev", "etc", "run", "tmp", "logs", "home/user", "home/grader")
 """Made in an image that lacks them, the sandbox root's and open to all (bubblewrap would make them 0700)."""
 OWNER_LOCK = "owner.lock"
 
@@ -58,9 +60,13 @@ class OwnerLock:
         self._handle.close()
 
 
-def make_layout(base_dir: Path | None, disk_mb: int, runtime: HostRuntime | None = None) -> tuple[Layout, OwnerLock]:
-    """The rollout's tree, owned (locked) from its first moment, so a reaper never takes it for an orphan. With a
-    `runtime` (an image's), the control directory also holds the mount point of the host's root and /etc/hosts."""
+def make_layout(
+    base_dir: Path | None, disk_mb: int, helpers: Helpers, runtime: HostRuntime | None = None
+) -> tuple[Layout, OwnerLock]:
+    """The rollout's tree, owned (locked) from its first moment, so a reaper never takes it for an orphan. The
+    control directory (read-only in the sandbox) holds what our launchers read: the syscall filters and their
+    loader, passwd and group, the tools' shell, an empty managed config dir for OpenCode; with a `runtime` (an
+    image's), also the task root's /etc/hosts."""
     root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base_dir))
     root.chmod(0o711)
     layout = Layout(root)
@@ -69,31 +75,21 @@ def make_layout(base_dir: Path | None, disk_mb: int, runtime: HostRuntime | None
     _mount_disk(layout, disk_mb)
     for directory in (layout.control, layout.private):
         directory.mkdir()
-    (layout.control / SYSCALL_FILTER).write_bytes(filter_program())
+    (layout.control / SYSCALL_FILTER).write_bytes(filter_program(task=True))
+    (layout.control / AGENT_SYSCALL_FILTER).write_bytes(filter_program(task=False))
     (layout.control / SECCOMP_EXEC).write_text(Path(seccomp_exec.__file__).read_text())
     (layout.control / "passwd").write_text(PASSWD)
     (layout.control / "group").write_text(GROUP)
+    (layout.control / os.path.relpath(MANAGED_CONFIG_DIR, CONTROL_MOUNT)).mkdir()
+    (layout.control / os.path.relpath(TOOL_ENV, CONTROL_MOUNT)).write_bytes(b"")
     shell = layout.control / os.path.relpath(TOOL_SHELL, CONTROL_MOUNT)
     shell.parent.mkdir()
-    if runtime is None:
-        shell.write_text(tool_shell_script(PRIVATE_ENV_PREFIX, tuple(AGENT_ONLY_ENV)))
-    else:
-        shell.write_text(tool_shell_script(PRIVATE_ENV_PREFIX, tuple(AGENT_ONLY_ENV), runtime))
+    shell.write_text(tool_shell_script(helpers, task_root=runtime))
+    if runtime is not None:
         (layout.control / os.path.relpath(HOST_MOUNT, CONTROL_MOUNT)).mkdir()
         (layout.control / "hosts").write_text(HOSTS)
     shell.chmod(0o755)
     return layout, lock
-
-
-def write_launcher(layout: Layout, name: str, argv: list[str]) -> str:
-    """A script in the control directory's bin/ that starts `argv` with the arguments it is given (read by the
-    image's /bin/sh); returns its path inside the sandbox."""
-    directory = layout.control / "bin"
-    directory.mkdir(exist_ok=True)
-    quoted = " ".join("'" + word.replace("'", "'\\''") + "'" for word in argv)
-    (directory / name).write_text(f'#!/bin/sh\nexec {quoted} "$@"\n')
-    (directory / name).chmod(0o755)
-    return f"{CONTROL_MOUNT}/bin/{name}"
 
 
 def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
@@ -119,7 +115,19 @@ def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
     for mount_point in IMAGE_MOUNT_POINTS:
         if not os.path.lexists(layout.image_root / mount_point):
             hostfs_write.make_dirs(layout.image_root, mount_point, owner=(ids.root, ids.root))
+    refuse_linked_mount_points(layout.image_root)
     return layout.image_root
+
+
+def refuse_linked_mount_points(image_root: Path) -> None:
+    """Every path the holder mounts onto in the task's root is the image's own directory (or file), never reached
+    through a link: a bind follows a link, and a relative one leads out of the task's root into ours."""
+    for mount_point in (*TASK_MOUNT_POINTS, os.path.relpath(HOST_MOUNT, "/")):
+        parts = Path(mount_point).parts
+        for depth in range(1, len(parts) + 1):
+            if image_root.joinpath(*parts[:depth]).is_symlink():
+                named = "/" + "/".join(parts[:depth])
+                raise SandboxError(f"the image's {named} is a symbolic link; it must be a directory of the image")
 
 
 def _mount_disk(layout: Layout, disk_mb: int) -> None:
@@ -145,6 +153,9 @@ def own_tree(layout: Layout, ids: HostIds) -> None:
         hostfs_write.make_dirs(layout.fs, sub.lstrip("/"), owner=(user, user))
     layout.agent_home.mkdir(mode=0o700)
     os.chown(layout.agent_home, ids.agent, user)
+    agent_tmp = layout.agent_home / os.path.relpath(AGENT_TMP, "/home/opencode")
+    agent_tmp.mkdir(mode=0o700)
+    os.chown(agent_tmp, ids.agent, ids.agent)
     layout.grader_dir.mkdir(mode=0o700)
     os.chown(layout.grader_dir, ids.grader, ids.grader)
     hostfs_write.make_dirs(layout.fs, "tmp", owner=(user, user))

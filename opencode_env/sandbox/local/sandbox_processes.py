@@ -23,17 +23,27 @@ from opencode_env.sandbox.base import (
 )
 from opencode_env.sandbox.local import netns
 from opencode_env.sandbox.local.cgroup import cgroup_prefix
-from opencode_env.sandbox.local.command_argv import TOOL_SHELL, Roles, command_argv
+from opencode_env.sandbox.local.command_argv import TOOL_ENV, TOOL_SHELL, Roles, command_argv
 from opencode_env.sandbox.local.compartment import Compartment
 from opencode_env.sandbox.local.host_runtime import BASE_PATH
 from opencode_env.sandbox.local.host_view import HELPERS, runtime_paths, trust_settings
-from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, GRADER_HOME, proxy_argv
+from opencode_env.sandbox.local.isolation import (
+    AGENT_HOME,
+    AGENT_ONLY_ENV,
+    AGENT_TMP,
+    CONTROL_MOUNT,
+    GRADER_HOME,
+    proxy_argv,
+)
 from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import EGRESS_PORT, SandboxBoot
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire import CommandResult
 
 PIPE_DRAIN_S = 2.0
+AGENT_ENV_PREFIX = "OPENCODE_"
+"""The names of an `agent` command's env that are OpenCode's (its config, its key, its switches): a caller's `env`
+may not use them (wire validation), and the agent's tools never get them."""
 
 
 class LocalProcess:
@@ -75,27 +85,58 @@ class SandboxProcesses:
         self._processes.clear()
 
     def _environment(self, extra: Mapping[str, str] | None, identity: Identity) -> dict[str, str]:
+        """A command's environment: the task's for every identity but `agent`, whose process is OpenCode (its
+        environment is ours alone, see _opencode_environment); its tools get the task's (TOOL_ENV)."""
+        if identity == "agent":
+            return self._opencode_environment(extra or {})
+        return self._task_environment(extra or {}, identity)
+
+    def _task_environment(self, extra: Mapping[str, str], identity: Identity) -> dict[str, str]:
+        """What the task's own commands (setup, the agent's tools, verify) run with: the image's ENV, ours, the
+        backend's and then the caller's."""
         compartment = self._compartment
         image_env = compartment.image.env if compartment.image is not None else {}
         path = ":".join([*compartment.extra_path, image_env.get("PATH", BASE_PATH)])
-        if compartment.tools.opencode:
+        if compartment.tools.opencode and compartment.image is None:
             path = f"{Path(compartment.tools.opencode).parent}:{path}"
         home = HOME
         if identity == "grader":
             home = "/root" if compartment.spec.grader_is_root else GRADER_HOME
         env = {**image_env, "PATH": path, "HOME": home, "USER": "user", "TERM": "dumb", "TMPDIR": "/tmp"}
         env.setdefault("LANG", "C.UTF-8")
-        if not compartment.share_host_network:
-            proxy = f"http://127.0.0.1:{EGRESS_PORT}"
-            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-                env[name] = proxy
-            env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+        env.update(self._egress_proxy())
         env.update({name: compartment.runtime.inside(value) for name, value in trust_settings(os.environ).items()})
         env.update(compartment.spec.env)
-        env.update(extra or {})
-        if identity == "agent":
-            env.update(AGENT_ONLY_ENV, SHELL=TOOL_SHELL)
+        env.update(extra)
         return env
+
+    def _opencode_environment(self, extra: Mapping[str, str]) -> dict[str, str]:
+        """OpenCode's environment, from an allow-list: our settings and the OPENCODE_* names the pipeline gives it
+        (its config, its key). Nothing of the image's ENV or the caller's `env` (those go to its tools only): such
+        a variable could name a config, a plugin, a preload or a proxy for OpenCode (OPENCODE_CONFIG_CONTENT,
+        OPENCODE_CONFIG_DIR, NODE_OPTIONS, BUN_OPTIONS, LD_PRELOAD, ...)."""
+        opencode = self._compartment.host_tools.opencode
+        path = f"{Path(opencode).parent}:{BASE_PATH}" if opencode else BASE_PATH
+        env = {"PATH": path, "HOME": AGENT_HOME, "USER": "user", "TERM": "dumb", "TMPDIR": AGENT_TMP}
+        env["LANG"] = "C.UTF-8"
+        env.update(self._egress_proxy())
+        env.update(trust_settings(os.environ))
+        env.update(AGENT_ONLY_ENV, SHELL=TOOL_SHELL)
+        env.update({name: value for name, value in extra.items() if name.startswith(AGENT_ENV_PREFIX)})
+        return env
+
+    def _egress_proxy(self) -> dict[str, str]:
+        if self._compartment.share_host_network:
+            return {}
+        proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+        env = dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy)
+        return {**env, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+    def _write_tool_environment(self, extra: Mapping[str, str]) -> None:
+        """TOOL_ENV, the agent's tools' environment: the task's, as `user`, without OpenCode's own names."""
+        tools = {name: value for name, value in extra.items() if not name.startswith(AGENT_ENV_PREFIX)}
+        target = self._compartment.layout.control / os.path.relpath(TOOL_ENV, CONTROL_MOUNT)
+        target.write_bytes(environment_bytes(self._task_environment(tools, "user")))
 
     async def _spawn(
         self,
@@ -109,27 +150,36 @@ class SandboxProcesses:
         identity: Identity = "user",
     ) -> asyncio.subprocess.Process:
         compartment = self._compartment
-        argv = command_argv(
-            self._boot.holder_pid,
-            compartment.ids,
-            cmd,
-            cwd,
-            own_pid_namespace=own_pid_namespace,
-            identity=identity,
-            helpers=HELPERS,
-            tmp_mb=compartment.spec.limits.disk_mb,
-            runtime=compartment.runtime,
-            roles=Roles(grader_is_root=compartment.spec.grader_is_root),
-        )
-        return await asyncio.create_subprocess_exec(
-            *cgroup_prefix(self._boot.cgroup),
-            *argv,
-            env=self._environment(env, identity),
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
+        if identity == "agent":
+            self._write_tool_environment(env or {})
+        environment = os.memfd_create("command-env", os.MFD_CLOEXEC)
+        try:
+            os.write(environment, environment_bytes(self._environment(env, identity)))
+            argv = command_argv(
+                self._boot.holder_pid,
+                compartment.ids,
+                cmd,
+                cwd,
+                own_pid_namespace=own_pid_namespace,
+                identity=identity,
+                helpers=HELPERS,
+                env_fd=environment,
+                tmp_mb=compartment.spec.limits.disk_mb,
+                runtime=compartment.runtime,
+                roles=Roles(grader_is_root=compartment.spec.grader_is_root),
+            )
+            return await asyncio.create_subprocess_exec(
+                *cgroup_prefix(self._boot.cgroup),
+                *argv,
+                env={"PATH": BASE_PATH},
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                pass_fds=(environment,),
+            )
+        finally:
+            os.close(environment)
 
     async def run(
         self,
@@ -255,6 +305,11 @@ class SandboxProcesses:
         handle = LocalProcess(process)
         self._processes.add(handle)
         return LocalProxy(handle, layout.private, layout.sockets / "admin.sock", port=port, token=token)
+
+
+def environment_bytes(env: Mapping[str, str]) -> bytes:
+    """NUL-separated NAME=VALUE entries, as seccomp_exec.py reads them (a NUL in a value cannot be passed)."""
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items() if "\0" not in value)
 
 
 def _quote(path: str) -> str:

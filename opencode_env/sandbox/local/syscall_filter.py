@@ -8,7 +8,9 @@ mounting (mount, umount, pivot_root and the new mount API), the kernel keyring, 
 io_uring, kexec and kernel modules, swap, reboot, the clock, accounting, quotas, the kernel log, open_by_handle_at
 (a way around the mount namespace), the old personality and vm86 calls. Allowed, though Docker asks a capability
 for some: ptrace and process_vm_* (debuggers and strace work on the task's own processes: the PID namespace and
-the uids keep them there), chroot (no identity holds CAP_SYS_CHROOT anyway)."""
+the uids keep them there). chroot is allowed to OpenCode alone, which puts its tools' commands into the task's root
+(seccomp_exec.py); the task's own commands run under TASK_FILTER, which also denies it (a root of the task holds
+CAP_SYS_CHROOT in its own namespace, and a second chroot is the classic way out of the first)."""
 
 from __future__ import annotations
 
@@ -88,15 +90,19 @@ class FilterError(Exception):
     """The syscall filter could not be built (libseccomp is missing)."""
 
 
+TASK_ONLY_DENIED = ("chroot",)
+
+
 @functools.cache
-def filter_program() -> bytes:
-    """The filter as a BPF program (struct sock_filter entries), for this machine's architecture."""
+def filter_program(*, task: bool = True) -> bytes:
+    """The filter as a BPF program (struct sock_filter entries), for this machine's architecture: the task's, or
+    (task=False) OpenCode's, which allows chroot."""
     try:
         import pyseccomp as seccomp  # type: ignore[import-untyped]
     except RuntimeError as error:
         raise FilterError(f"libseccomp is not installed (apt-get install libseccomp2): {error}") from error
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
-    for name in DENIED:
+    for name in (*DENIED, *(TASK_ONLY_DENIED if task else ())):
         number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
         if number != -1:
             rules.add_rule(seccomp.ERRNO(errno.EPERM), number)
