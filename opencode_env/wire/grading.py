@@ -25,14 +25,21 @@ FindingKind = Literal[
     "package_metadata",
     "git_config",
     "git_hook",
+    "report_forged",
 ]
-AgentAct = Literal["created", "changed", "deleted"]
-GraderResponse = Literal["removed", "restored", "kept"]
+AgentAct = Literal["created", "changed", "deleted", "forged"]
+GraderResponse = Literal["removed", "restored", "kept", "graded_zero"]
 
 
 class IntegrityFinding(BaseModel):
-    path: str = Field(description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes).")
-    kind: FindingKind = Field(description="What the file configures in the grader.")
+    path: str = Field(
+        description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes); for `report_forged`, "
+        "what disagreed with pytest's own run (a canary test id, its exit status, its summary)."
+    )
+    kind: FindingKind = Field(
+        description="What the file configures in the grader; `report_forged`: the test report contradicts the "
+        "canary tests or pytest's own exit status and summary (code under test rewrote it)."
+    )
     act: AgentAct = Field(description="What the agent did to it, against the snapshot taken before the agent ran.")
     response: GraderResponse = Field(description="What the grader did before verify ran.")
 
