@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from opencode_env.rollout import graded_tests, integrity
 from opencode_env.rollout.commands import INSTALL_TIMEOUT_S, run_commands
-from opencode_env.rollout.grader_env import verify_environment
+from opencode_env.rollout.grader_env import declares_repository, verify_environment
 from opencode_env.rollout.reward import read_reward
 from opencode_env.rollout.state import PhaseFailure, RolloutState
 from opencode_env.rollout.workdir_copy import copy_workdir
@@ -157,7 +157,12 @@ async def close_quietly(sandbox: Sandbox) -> None:
 
 async def grade(rollout: RolloutState, sandbox: RolloutSandbox) -> None:
     request, result = rollout.request, rollout.result
-    env = verify_environment(request.env, rollout.workdir, bytecode_removed=rollout.grader_files is not None)
+    env = verify_environment(
+        request.env,
+        rollout.workdir,
+        bytecode_removed=rollout.grader_files is not None,
+        agent_repository=declares_repository(request.solution_files),
+    )
     result.verify_results = await run_commands(
         rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env
     )
