@@ -4,9 +4,9 @@ The host writes this file into the sandbox beside the graded tests (outside the 
 own Python as the grader. Isolated mode (`-I`) already ignores every PYTHON* variable, the user site and the script's
 and current directory; this file then builds the rest of the run from its own arguments, before any file of the
 agent's can be imported:
-- pytest and its built-in plugins are imported from the image while the work dir is not on sys.path at all, with the
-  image's own bytecode; from then on Python reads and writes no bytecode (a fresh, empty pycache prefix, writing off),
-  so nothing compiled by the agent is ever loaded, pytest's assertion-rewrite cache included;
+- pytest, its built-in plugins and the image's plugins are imported from the image while the work dir is not on
+  sys.path at all, with the image's own bytecode; from then on Python reads and writes no bytecode (a fresh, empty
+  pycache prefix, writing off), so nothing compiled by the agent is ever loaded, pytest's rewrite cache included;
 - plugins come only from the image: autoload is off, and each `pytest11` entry point of a distribution on the
   interpreter's own path (its site directories) is named with `-p`; every later look-up of installed distributions
   searches those directories only, never the work dir nor a directory a test run adds;
@@ -79,6 +79,8 @@ def main(argv: list[str]) -> int:
     startup = [path for path in sys.path if path]
     pytest = import_pytest()
     plugins = image_plugins()
+    for plugin in plugins:
+        importlib.import_module(plugin)
     pin_distributions(startup)
     sys.pycache_prefix = tempfile.mkdtemp(prefix="opencode-env-pycache-")
     sys.path[:] = [tests, os.path.dirname(tests), *startup, workdir]

@@ -343,3 +343,21 @@ def test_the_payloads_are_live(tmp_path: Path) -> None:
     assert f"core.fsmonitor={FIX_SHELL}; false" in listed.stdout.splitlines()
     for text in INI.values():
         assert "{opts}" in text
+
+
+@pytest.mark.parametrize(
+    ("leftovers", "run_them"),
+    [
+        ([Leftover(WORKDIR, "zz_payload.py", python_payload("fix").encode())], "python3 -c 'import zz_payload'"),
+        ([], "git status >/dev/null"),
+    ],
+    ids=["python payload", "git commondir filter"],
+)
+async def test_the_payloads_act_when_something_runs_them(
+    backend: LocalBackend, no_leaks: None, image: str, leftovers: list[Leftover], run_them: str
+) -> None:
+    """The control: the agent itself runs a payload as someone whose HOME is not its own, and the wrong answer it
+    wrote becomes right (so the property above could fail)."""
+    steps = [*solution(WRONG_ADD, leftovers, commondir=not leftovers), f"cd {WORKDIR} && HOME=/tmp {run_them}"]
+    result = await run_rollout(request(image, steps, "same"), backend)
+    assert (result.status, result.reward) == ("completed", 1.0), (result.solution_results, result.verify_results)
