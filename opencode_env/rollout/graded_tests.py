@@ -196,8 +196,8 @@ def parse_junit(raw: bytes) -> Report | None:
     return Report(outcomes, failures, clean_passes)
 
 
-SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [0-9.]+s\b.*$")
-COUNT = re.compile(r"(\d+) ([a-z]+)")
+SUMMARY = re.compile(r"^=*\s*((?:\d+ (?:subtests )?[a-z]+(?:, )?)+) in [0-9.]+s\b.*$")
+COUNT = re.compile(r"(\d+) ((?:subtests )?[a-z]+)")
 
 
 def terminal_summary(stdout: str) -> dict[str, int] | None:
@@ -211,7 +211,8 @@ def terminal_summary(stdout: str) -> dict[str, int] | None:
 
 def tripwires(canaries: Canaries, report: Report | None, exit_code: int | None, stdout: str) -> list[str]:
     """Why the report cannot be pytest's honest one (pure); empty when nothing disagrees. A run that wrote no report
-    and did not exit 0 is not flagged (a crash or a timeout scores 0 anyway)."""
+    and did not exit 0 is not flagged (a crash or a timeout scores 0 anyway). The summary is held one way only: fewer
+    failures or more passes in the report than pytest printed (subtests can give an honest report more cases)."""
     reasons: list[str] = []
     if exit_code == 0 and canaries.must_fail:
         reasons.append("pytest exited 0 although tests it ran must fail")
@@ -226,8 +227,8 @@ def tripwires(canaries: Canaries, report: Report | None, exit_code: int | None, 
     summary = terminal_summary(stdout)
     if summary is not None:
         failed = summary.get("failed", 0)
-        passed = summary.get("passed", 0) + summary.get("xpassed", 0)
-        if report.failures != failed:
+        passed = summary.get("passed", 0) + summary.get("xpassed", 0) + summary.get("subtests passed", 0)
+        if report.failures < failed:
             reasons.append(f"pytest printed {failed} failed, the report has {report.failures} failures")
         if report.clean_passes > passed:
             reasons.append(f"pytest printed {passed} passed, the report has {report.clean_passes} passes")

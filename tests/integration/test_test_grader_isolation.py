@@ -12,7 +12,8 @@ import pytest
 from opencode_env.rollout.graded_tests import JUNIT, TESTS_DIR
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.wire import RolloutRequest, RolloutResult, result_summary
+from opencode_env.wire.grading import tampering
 from tests.integration.test_grader_integrity import base_image, shell_file
 
 WORKDIR = "/home/user/workdir"
@@ -203,6 +204,8 @@ async def test_a_forged_report_trips_the_canaries(
     assert forged(result), (result.verify_results, result.test_outcomes)
     assert (result.status, result.failed_phase) == ("agent_error", "verify"), result.error
     assert "not pytest's own" in (result.error or "")
+    assert "forged->graded_zero" in result_summary(result)
+    assert tampering(result.integrity) == ["report_forged"]
 
 
 @pytest.mark.parametrize("trick", sorted(CONFIGS))

@@ -53,6 +53,12 @@ def test_the_summary_line_is_pytests_last_one() -> None:
         "warnings": 2,
     }
     assert terminal_summary("no tests ran\n") is None
+    assert terminal_summary("1 failed, 2 passed, 3 subtests passed, 1 subtests failed in 0.1s") == {
+        "failed": 1,
+        "passed": 2,
+        "subtests passed": 3,
+        "subtests failed": 1,
+    }
 
 
 CANARIES = Canaries(files={}, must_pass=("test_a_b.py::test_x",), must_fail=("test_c_d.py::test_y",))
@@ -78,6 +84,7 @@ HONEST = Report(
         (Report({**HONEST.outcomes, junit_key("test_c_d.py::test_y"): "passed"}, 0, 3), 1, "", "reported passed"),
         (Report({junit_key("test_calc.py::test_add"): "passed"}, 0, 1), 1, "", "missing from the report"),
         (HONEST, 1, "2 failed, 1 passed in 0.1s", "printed 2 failed"),
+        (HONEST, 1, "0 failed, 2 passed, 1 subtests failed in 0.1s", None),
         (HONEST, 1, "1 failed, 1 passed, 1 error in 0.1s", "printed 1 passed"),
     ],
 )
