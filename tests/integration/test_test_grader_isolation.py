@@ -7,11 +7,17 @@ beside it, still gets 1.0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from opencode_env.rollout.graded_tests import JUNIT, TESTS_DIR
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.cloud.e2b import E2BBackend
+from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.testing.fake_e2b import FakeCloud
+from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 from opencode_env.wire import RolloutRequest, RolloutResult, result_summary
 from opencode_env.wire.grading import tampering
 from tests.integration.test_grader_integrity import base_image, shell_file
@@ -179,10 +185,10 @@ def image() -> str:
     return base_image()
 
 
-def graded_task(image: str, solution: list[str], **fields: object) -> RolloutRequest:
+def graded_task(image: str | None, solution: list[str], **fields: object) -> RolloutRequest:
     base: dict[str, object] = {
         "instruction": "Write add.py with add(a, b) returning a + b.",
-        "image": image,
+        **({"image": image} if image else {}),
         "tests": GRADED,
         "solution": solution,
         "task_id": "add-test-grader",
@@ -232,3 +238,25 @@ async def test_an_honest_failure_is_no_forgery(backend: LocalBackend, no_leaks: 
         result = await run_rollout(graded_task(image, [shell_file(f"{WORKDIR}/add.py", source)]), backend)
         assert (result.status, result.reward) == ("completed", 0.0), (result.error, result.verify_results)
         assert forged(result) == [], result.integrity
+
+
+@pytest.mark.parametrize("cloud", ["e2b", "hf"])
+async def test_the_cloud_backends_grade_and_trip_alike(
+    fake_cloud: FakeCloud, hf_cloud: FakeHfCloud, leak_check: Callable[[], None], cloud: str
+) -> None:
+    """The same runner and canaries through a cloud VM's hand-over (the grader writes the files, root made the
+    verifier directory its own): the honest answer 1.0, a forged report 0.0 with its finding."""
+    backend = (
+        E2BBackend(sandbox_class=fake_cloud.sandbox_class(), api_key=fake_cloud.api_key)
+        if cloud == "e2b"
+        else HFBackend(
+            sandbox_class=hf_cloud.sandbox_class(), token=hf_cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
+        )
+    )
+    honest = await run_rollout(graded_task(None, [shell_file(f"{WORKDIR}/add.py", ADD)]), backend)
+    assert (honest.status, honest.reward) == ("completed", 1.0), (honest.error, honest.verify_results)
+    assert [test.outcome for test in honest.test_outcomes] == ["passed", "passed"], honest.verify_results
+    forging = await run_rollout(graded_task(None, FORGERIES["patches pytest's outcomes at import"]), backend)
+    assert (forging.status, forging.reward) == ("agent_error", 0.0), (forging.error, forging.verify_results)
+    assert forged(forging)
+    leak_check()
