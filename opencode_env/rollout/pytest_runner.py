@@ -11,7 +11,9 @@ agent's can be imported:
   interpreter's own path (its site directories) is named with `-p`; every later look-up of installed distributions
   searches those directories only, never the work dir nor a directory a test run adds;
 - sys.path is [the tests' directory, its parent, the interpreter's own path..., the work dir]: a module of the agent's
-  named like a graded test or a file the task handed over never wins, nor one named like anything installed;
+  named like a graded test or a file the task handed over never wins, nor one named like anything installed; a
+  directory of the work dir the image's `.pth` files put on the path (a task's editable install) stays, after the
+  image's, but is neither searched while pytest is imported nor for installed distributions;
 - PYTEST_ADDOPTS and PYTEST_PLUGINS are dropped; the rest of the command line is the host's.
 It runs in the image's Python (3.8 or newer), so it uses nothing newer and imports nothing of opencode_env.
 """
@@ -62,6 +64,12 @@ def import_pytest() -> object:
     return pytest
 
 
+def inside(path: str, directory: str) -> bool:
+    """`path` is `directory` or under it (a task's editable install can put the work dir's `src` on the path)."""
+    path, directory = os.path.abspath(path), os.path.abspath(directory)
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def parse(argv: list[str]) -> tuple[str, str, list[str]]:
     """(tests, workdir, pytest's arguments) from `--tests DIR --workdir DIR -- ARGS...`."""
     split = argv.index("--")
@@ -77,13 +85,16 @@ def main(argv: list[str]) -> int:
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     sys.dont_write_bytecode = True
     startup = [path for path in sys.path if path]
+    image = [path for path in startup if not inside(path, workdir)]
+    agents = [path for path in startup if inside(path, workdir)]
+    sys.path[:] = image
     pytest = import_pytest()
+    pin_distributions(image)
     plugins = image_plugins()
     for plugin in plugins:
         importlib.import_module(plugin)
-    pin_distributions(startup)
     sys.pycache_prefix = tempfile.mkdtemp(prefix="opencode-env-pycache-")
-    sys.path[:] = [tests, os.path.dirname(tests), *startup, workdir]
+    sys.path[:] = [tests, os.path.dirname(tests), *image, *agents, workdir]
     for plugin in plugins:
         arguments = ["-p", plugin, *arguments]
     return int(pytest.main(arguments))  # type: ignore[attr-defined]

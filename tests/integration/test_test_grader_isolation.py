@@ -260,3 +260,24 @@ async def test_the_cloud_backends_grade_and_trip_alike(
     assert (forging.status, forging.reward) == ("agent_error", 0.0), (forging.error, forging.verify_results)
     assert forged(forging)
     leak_check()
+
+
+async def test_a_work_dir_directory_the_image_puts_on_the_path_names_no_plugin(
+    backend: LocalBackend, no_leaks: None, image: str
+) -> None:
+    """The task's setup (as root) puts the work dir's `src` on every Python's path (as an editable install does);
+    the agent leaves a plugin's `*.dist-info` there: the tests still import from it, but no plugin is loaded."""
+    site = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+    setup = [f"mkdir -p {site} && echo {WORKDIR}/src > {site}/task-src.pth"]
+    wrong = [
+        shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
+        shell_file(f"{WORKDIR}/src/Evil.DIST-INFO/entry_points.txt", ENTRY_POINTS),
+        shell_file(f"{WORKDIR}/src/Evil.DIST-INFO/METADATA", METADATA),
+        shell_file(f"{WORKDIR}/src/zz_plugin.py", MAKEREPORT),
+        shell_file(f"{WORKDIR}/src/marker.py", "SEEN = True\n"),
+    ]
+    files = {"test_calc.py": TEST_CALC, "test_zero.py": "import marker\n" + TEST_ZERO, "helper.py": HELPER}
+    tests = {**GRADED, "files": files}
+    result = await run_rollout(graded_task(image, wrong, setup=setup, tests=tests), backend)
+    assert (result.status, result.reward) == ("completed", 0.0), (result.error, result.verify_results)
+    assert [test.outcome for test in result.test_outcomes] == ["failed", "passed"], result.verify_results
