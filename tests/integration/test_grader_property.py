@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from opencode_env.rollout import integrity
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.wire import RolloutRequest
@@ -43,9 +44,10 @@ GRADED = {
 }
 VERIFY = [
     f"cd {WORKDIR} && git status >/dev/null 2>&1; git diff >/dev/null 2>&1; git log -1 >/dev/null 2>&1; true",
-    f"cd {WORKDIR} && python3 -c 'import json, helper' >/dev/null 2>&1; bash -c true; sh -c true; true",
+    f"cd {WORKDIR} && python3 -c 'import json' >/dev/null 2>&1; bash -c true; sh -c true; true",
 ]
-"""Programs that read configuration, run as the grader before the tests (their exit codes do not count)."""
+"""Programs that read configuration, run as the grader before the tests (their exit codes do not count). None
+imports a module of the agent's by name: that runs the agent's code by design (as the tests do the solution's)."""
 GIT_SETUP = (
     f"cd {WORKDIR} && git init -q && git -c safe.directory='*' -c user.name=t -c user.email=t@t "
     "commit -q --allow-empty -m task && chown -R 1000:1000 ."
@@ -305,8 +307,12 @@ ISSUE_ATTACKS = [
 ]
 
 
+async def no_put_back(*args: object, **kwargs: object) -> None:
+    raise ValueError("the put-back layer is off in this test: the runner's isolation alone")
+
+
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("verify_sandbox", ["same", "fresh"])
+@pytest.mark.parametrize("verify_sandbox", ["same", "same, no put-back", "fresh"])
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -320,12 +326,25 @@ ISSUE_ATTACKS = [
 @example(leftovers=ISSUE_ATTACKS[2], right=False, commondir=False)
 @example(leftovers=ISSUE_ATTACKS[0] + ISSUE_ATTACKS[1], right=True, commondir=True)
 async def test_leftovers_never_change_the_reward(
-    backend: LocalBackend, image: str, verify_sandbox: str, leftovers: list[Leftover], right: bool, commondir: bool
+    backend: LocalBackend,
+    image: str,
+    monkeypatch: pytest.MonkeyPatch,
+    verify_sandbox: str,
+    leftovers: list[Leftover],
+    right: bool,
+    commondir: bool,
 ) -> None:
+    """`same, no put-back`: the work dir's grader files are not snapshotted (as for an image without find, tar or
+    base64), so nothing of the agent's is removed or restored before verify: the test grader's own isolation holds
+    alone."""
+    if verify_sandbox == "same, no put-back":
+        monkeypatch.setattr(integrity, "scan", no_put_back)
     steps = solution(ADD if right else WRONG_ADD, leftovers, commondir)
-    result = await run_rollout(request(image, steps, verify_sandbox), backend)
+    result = await run_rollout(request(image, steps, verify_sandbox.partition(",")[0]), backend)
     shown = ([item.command()[:200] for item in leftovers], result.error, result.verify_results[-1:], result.integrity)
     assert result.status == "completed", shown
+    if verify_sandbox == "same, no put-back":
+        assert any("not snapshotted" in warning for warning in result.warnings), result.warnings
     assert result.reward == (1.0 if right else 0.0), shown
     assert [test.outcome for test in result.test_outcomes] == (["passed"] * 2 if right else ["failed", "passed"]), shown
     assert not [finding for finding in result.integrity if finding.kind == "report_forged"], shown
