@@ -1,67 +1,154 @@
-"""The test grader: the request's tests run by the product, graded by test id from a JUnit report the host reads.
+"""The test grader: the request's tests run by the product, graded by test id from a JUnit report the host reads,
+with canary tests beside them as tripwires for a forged report.
 
-The tests go into a directory of the work dir the grader empties first (`.opencode-env-tests`: nothing the agent put
-there survives), written by the host. pytest runs from the work dir with no configuration file of anyone's
-(`-c` an empty file of the grader's, `--rootdir` and `--confcutdir` the tests' directory: no ini, pyproject or
-conftest of the agent's is read), `--import-mode=append` (the tests' directory goes last on sys.path; the work dir,
-through the grader's sitecustomize, last too), the cache provider off, and writes its JUnit report into the
-verifier directory, which the host reads without following a link. The reward is which expected ids passed: a run
-that exits 0 early (`os._exit` during collection), collects only (`--co`) or deselects writes no report or no
-passing test case, so it scores 0. What it cannot stop: code under test that patches pytest itself in the same
-process (any in-process grader shares that).
+The tests, the files the task hands over with them and a few canaries go into a tests' directory inside the verifier
+directory (outside the work dir, made empty by every hand-over, written by the host). pytest runs from the work dir
+through `pytest_runner.py` in the image's Python, isolated: no configuration, plugin, bytecode or module of the
+agent's is read (see that file), with `-c` an empty config file of the grader's and `--rootdir`/`--confcutdir` the
+tests' directory (no ini, pyproject or conftest.py above it is read), the cache provider off, collection errors not
+stopping the run, and the JUnit report written into the verifier directory, which the host reads without following a
+link. The reward is which expected ids passed: a run that exits early, collects only (`--co`) or deselects writes no
+report or no passing test case, so it scores 0.
+
+Code under test runs in pytest's own process, so it can rewrite the report or patch pytest. The canaries make that
+visible: tests with random names, some that must pass and some that must fail, in files named like test files, run in
+the same session. The host holds pytest's exit status and its terminal summary line against the report: a must-fail
+canary reported passed, a must-pass canary missing from a report, status 0 although canaries failed, or a summary
+whose counts the report contradicts is a forged report (reward 0, a finding). What it cannot see: code that tells the
+canaries apart (they never import the solution) and forges the report, the summary and the status consistently.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
+import re
+import secrets
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from xml.etree import ElementTree
 
 from opencode_env.sandbox.base import VERIFIER_DIR
-from opencode_env.wire.grading import GradedOutcome, GradedTest, GradedTests
+from opencode_env.wire.grading import GradedOutcome, GradedTest, GradedTests, IntegrityFinding
 
 log = logging.getLogger("opencode_env.rollout.graded_tests")
 
-TESTS_DIR = ".opencode-env-tests"
+TESTS_DIR = f"{VERIFIER_DIR}/tests"
+"""Outside the work dir; the verifier directory is emptied by every hand-over and only the grader writes there."""
 JUNIT = f"{VERIFIER_DIR}/.opencode-env-junit.xml"
-EMPTY_INI = ".opencode-env-pytest.ini"
-"""In the tests' directory: named by `-c`, so pytest looks for no other configuration."""
+RUNNER = f"{VERIFIER_DIR}/.opencode-env-pytest-runner.py"
+EMPTY_INI = f"{VERIFIER_DIR}/.opencode-env-pytest.ini"
+"""Named by `-c`, so pytest looks for no other configuration."""
+RUNNER_SOURCE = (Path(__file__).with_name("pytest_runner.py")).read_text(encoding="utf-8")
 MAX_JUNIT_BYTES = 64 * 2**20
+CANARY_FILES = 2
+CANARIES_PER_FILE = 2
+WORDS = (
+    "add", "basic", "boundary", "case", "check", "count", "default", "edge", "empty", "format", "input", "large",
+    "limit", "list", "long", "many", "match", "merge", "mixed", "negative", "nested", "none", "order", "output",
+    "parse", "range", "repeat", "result", "short", "simple", "single", "small", "sort", "split", "string", "types",
+    "unicode", "value", "values", "zero",
+)  # fmt: skip
+"""Canary names are made of these, as a test's name often is."""
 
 
-def handed_files(spec: GradedTests) -> dict[str, str]:
-    """The protected files the hand-over writes: the tests under TESTS_DIR, and the grader's empty pytest config."""
-    return {f"{TESTS_DIR}/{path}": text for path, text in spec.files.items()} | {
-        f"{TESTS_DIR}/{EMPTY_INI}": "[pytest]\n"
-    }
+@dataclass(frozen=True)
+class Canaries:
+    """Tests the grader adds to the session: `must_pass` and `must_fail` are node ids relative to the tests' dir."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    must_pass: tuple[str, ...] = ()
+    must_fail: tuple[str, ...] = ()
 
 
-def clear_command(workdir: str) -> str:
-    return f"rm -rf -- {shlex.quote(f'{workdir}/{TESTS_DIR}')} {shlex.quote(JUNIT)}"
+def make_canaries(spec: GradedTests) -> Canaries:
+    """Fresh canaries for one rollout: CANARY_FILES files, each beside a graded test file, whose names clash with no
+    module of the tests (pytest imports same-named test files of different directories as one module)."""
+    taken = {posixpath.basename(path).removesuffix(".py") for path in spec.files}
+    graded_dirs = sorted({posixpath.dirname(test_id.split("::", 1)[0]) for test_id in _expected(spec)})
+    files: dict[str, str] = {}
+    must_pass: list[str] = []
+    must_fail: list[str] = []
+    kinds = [True, False] * (CANARY_FILES * CANARIES_PER_FILE // 2)
+    _shuffle(kinds)
+    for index in range(CANARY_FILES):
+        module = _fresh_name(taken)
+        taken.add(module)
+        path = posixpath.join(secrets.choice(graded_dirs), f"{module}.py")
+        functions: list[str] = []
+        names: set[str] = set()
+        for passes in kinds[index * CANARIES_PER_FILE : (index + 1) * CANARIES_PER_FILE]:
+            name = _fresh_name(names)
+            names.add(name)
+            functions.append(_canary_source(name, passes))
+            (must_pass if passes else must_fail).append(f"{path}::{name}")
+        files[path] = "\n\n".join(functions)
+    return Canaries(files=files, must_pass=tuple(must_pass), must_fail=tuple(must_fail))
 
 
-def pytest_command(spec: GradedTests, workdir: str) -> str:
-    """pytest over the files the expected ids name, from the work dir, configured by nothing in it."""
-    tests = f"{workdir}/{TESTS_DIR}"
-    files = sorted({test_id.split("::", 1)[0] for test_id in (*spec.fail_to_pass, *spec.pass_to_pass)})
+def _fresh_name(taken: set[str]) -> str:
+    while True:
+        name = f"test_{secrets.choice(WORDS)}_{secrets.choice(WORDS)}"
+        if name not in taken:
+            return name
+
+
+def _shuffle(items: list[bool]) -> None:
+    for index in range(len(items) - 1, 0, -1):
+        other = secrets.randbelow(index + 1)
+        items[index], items[other] = items[other], items[index]
+
+
+def _canary_source(name: str, passes: bool) -> str:
+    values = [secrets.randbelow(1000) for _ in range(2 + secrets.randbelow(4))]
+    off = 0 if passes else 1 + secrets.randbelow(9)
+    shape = secrets.randbelow(3)
+    if shape == 0:
+        check = f"assert sum(values) == {sum(values) + off}"
+    elif shape == 1:
+        check = f"assert max(values) - min(values) == {max(values) - min(values) + off}"
+    else:
+        check = f"assert len(str(values)) == {len(str(values)) + off}"
+    return f"def {name}():\n    values = {values!r}\n    {check}\n"
+
+
+def handed_files(spec: GradedTests, canaries: Canaries) -> dict[str, str]:
+    """The protected files the hand-over writes (absolute paths outside the work dir): the tests and canaries under
+    TESTS_DIR, the runner, and the grader's empty pytest config."""
+    tests = {f"{TESTS_DIR}/{path}": text for path, text in {**spec.files, **canaries.files}.items()}
+    return tests | {RUNNER: RUNNER_SOURCE, EMPTY_INI: "[pytest]\n"}
+
+
+def clear_command() -> str:
+    return f"rm -rf -- {shlex.quote(TESTS_DIR)} {shlex.quote(JUNIT)}"
+
+
+def pytest_command(spec: GradedTests, canaries: Canaries, workdir: str) -> str:
+    """pytest over the files the expected ids and the canaries name, from the work dir, configured by nothing in it."""
+    files = sorted({test_id.split("::", 1)[0] for test_id in _expected(spec)} | set(canaries.files))
     argv = [
         "python3",
-        "-m",
-        "pytest",
+        "-I",
+        RUNNER,
+        "--tests",
+        TESTS_DIR,
+        "--workdir",
+        workdir,
+        "--",
         "-q",
         "-c",
-        f"{tests}/{EMPTY_INI}",
-        f"--rootdir={tests}",
-        f"--confcutdir={tests}",
-        "--import-mode=append",
+        EMPTY_INI,
+        f"--rootdir={TESTS_DIR}",
+        f"--confcutdir={TESTS_DIR}",
         "-p",
         "no:cacheprovider",
+        "--continue-on-collection-errors",
         f"--junitxml={JUNIT}",
         "-o",
         "junit_family=xunit2",
-        *(f"{tests}/{path}" for path in files),
+        *(f"{TESTS_DIR}/{path}" for path in files),
     ]
     return f"cd {shlex.quote(workdir)} && {shlex.join(argv)}"
 
@@ -73,17 +160,29 @@ def junit_key(test_id: str) -> tuple[str, str]:
     return ".".join([module, *parts[:-1]]), parts[-1] if parts else ""
 
 
-def parse_junit(raw: bytes) -> dict[tuple[str, str], GradedOutcome]:
-    """Each test case's outcome by (classname, name); a report that does not parse gives none."""
+@dataclass(frozen=True)
+class Report:
+    """What the JUnit report says: each test case's outcome, and how many cases carry a failure element."""
+
+    outcomes: dict[tuple[str, str], GradedOutcome]
+    failures: int
+    clean_passes: int
+
+
+def parse_junit(raw: bytes) -> Report | None:
+    """The report, or None when it does not parse."""
     try:
         root = ElementTree.fromstring(raw)
     except ElementTree.ParseError as error:
         log.warning("the JUnit report does not parse: %s", error)
-        return {}
+        return None
     outcomes: dict[tuple[str, str], GradedOutcome] = {}
+    failures = clean_passes = 0
     for case in root.iter("testcase"):
         key = (case.get("classname", ""), case.get("name", ""))
         tags = {child.tag for child in case}
+        failures += "failure" in tags
+        clean_passes += not tags & {"failure", "error", "skipped"}
         outcome: GradedOutcome = "passed"
         if "error" in tags:
             outcome = "error"
@@ -94,28 +193,93 @@ def parse_junit(raw: bytes) -> dict[tuple[str, str], GradedOutcome]:
         if key in outcomes and outcomes[key] != outcome:
             outcome = "error"
         outcomes[key] = outcome
-    return outcomes
+    return Report(outcomes, failures, clean_passes)
+
+
+SUMMARY = re.compile(r"^=*\s*((?:\d+ (?:subtests )?[a-z]+(?:, )?)+) in [0-9.]+s\b.*$")
+COUNT = re.compile(r"(\d+) ((?:subtests )?[a-z]+)")
+
+
+def terminal_summary(stdout: str) -> dict[str, int] | None:
+    """pytest's own last summary line (`1 failed, 3 passed in 0.05s`) as counts by word, or None when there is none."""
+    for line in reversed(stdout.splitlines()):
+        found = SUMMARY.match(line.strip())
+        if found:
+            return {word: int(number) for number, word in COUNT.findall(found.group(1))}
+    return None
+
+
+def tripwires(canaries: Canaries, report: Report | None, exit_code: int | None, stdout: str) -> list[str]:
+    """Why the report cannot be pytest's honest one (pure); empty when nothing disagrees. A run that wrote no report
+    and did not exit 0 is not flagged (a crash or a timeout scores 0 anyway). The summary is held one way only: fewer
+    failures or more passes in the report than pytest printed (subtests can give an honest report more cases)."""
+    reasons: list[str] = []
+    if exit_code == 0 and canaries.must_fail:
+        reasons.append("pytest exited 0 although tests it ran must fail")
+    if report is None:
+        return reasons
+    for test_id in canaries.must_fail:
+        if report.outcomes.get(junit_key(test_id)) == "passed":
+            reasons.append(f"{test_id} must fail and is reported passed")
+    for test_id in canaries.must_pass:
+        if junit_key(test_id) not in report.outcomes:
+            reasons.append(f"{test_id} must pass and is missing from the report")
+    summary = terminal_summary(stdout)
+    if summary is not None:
+        failed = summary.get("failed", 0)
+        passed = summary.get("passed", 0) + summary.get("xpassed", 0) + summary.get("subtests passed", 0)
+        if report.failures < failed:
+            reasons.append(f"pytest printed {failed} failed, the report has {report.failures} failures")
+        if report.clean_passes > passed:
+            reasons.append(f"pytest printed {passed} passed, the report has {report.clean_passes} passes")
+    return reasons
 
 
 @dataclass(frozen=True)
 class TestsGrade:
     reward: float
     outcomes: list[GradedTest]
+    forged: list[str] = field(default_factory=list)
+    """Why the report is not pytest's honest one (the reward is then 0)."""
 
 
-def grade(spec: GradedTests, report: bytes | None) -> TestsGrade:
-    """The reward from which expected ids passed (pure). No report: every id is missing, reward 0."""
-    found = parse_junit(report) if report else {}
+def grade(
+    spec: GradedTests,
+    raw: bytes | None,
+    *,
+    canaries: Canaries | None = None,
+    exit_code: int | None = None,
+    stdout: str = "",
+) -> TestsGrade:
+    """The reward from which expected ids passed (pure). No report: every id is missing, reward 0. A report the
+    canaries or pytest's own status and summary contradict: reward 0, and why."""
+    report = parse_junit(raw) if raw else None
+    found = report.outcomes if report else {}
     outcomes = [
         GradedTest(test_id=test_id, expected=expected, outcome=found.get(junit_key(test_id), "missing"))
         for expected, ids in (("fail_to_pass", spec.fail_to_pass), ("pass_to_pass", spec.pass_to_pass))
         for test_id in _unique(ids)
     ]
+    forged = tripwires(canaries, report, exit_code, stdout) if canaries is not None else []
     passed = sum(1 for outcome in outcomes if outcome.outcome == "passed")
+    if forged:
+        return TestsGrade(0.0, outcomes, forged)
     if spec.scoring == "fraction":
         return TestsGrade(passed / len(outcomes), outcomes)
     return TestsGrade(1.0 if passed == len(outcomes) else 0.0, outcomes)
 
 
+def _expected(spec: GradedTests) -> list[str]:
+    return [*spec.fail_to_pass, *spec.pass_to_pass]
+
+
 def _unique(ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(ids))
+
+
+def forged_findings(reasons: list[str]) -> list[IntegrityFinding]:
+    """A finding per disagreement the tripwires saw."""
+    return [
+        IntegrityFinding(path=reason[:300], kind="report_forged", act="forged", response="graded_zero")
+        for reason in reasons
+    ]

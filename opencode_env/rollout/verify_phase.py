@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from opencode_env.rollout import graded_tests, grader_box, integrity
 from opencode_env.rollout.commands import run_commands
-from opencode_env.rollout.grader_env import verify_environment
+from opencode_env.rollout.grader_env import declares_repository, verify_environment
 from opencode_env.rollout.reward import read_reward
 from opencode_env.rollout.state import PhaseFailure, RolloutState, cancelling
 from opencode_env.sandbox.base import (
@@ -203,7 +203,12 @@ async def close_quietly(sandbox: Sandbox) -> None:
 async def grade(rollout: RolloutState, sandbox: RolloutSandbox, isolation: GradeIsolation) -> None:
     request, result = rollout.request, rollout.result
     result.grade_isolation = isolation
-    env = verify_environment(request.env, rollout.workdir, bytecode_removed=rollout.grader_files is not None)
+    env = verify_environment(
+        request.env,
+        rollout.workdir,
+        bytecode_removed=rollout.grader_files is not None,
+        agent_repository=declares_repository(request.solution_files),
+    )
     result.verify_results = await run_commands(
         rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env
     )
@@ -219,16 +224,18 @@ async def grade(rollout: RolloutState, sandbox: RolloutSandbox, isolation: Grade
 async def run_graded_tests(
     rollout: RolloutState, sandbox: RolloutSandbox, spec: GradedTests, env: Mapping[str, str]
 ) -> None:
-    """After the verify commands (whose processes are gone with them): the tests' directory emptied and written
-    afresh, pytest run hardened, the reward from the JUnit report the host reads (graded_tests.py)."""
+    """After the verify commands (whose processes are gone with them): the tests and fresh canaries written outside
+    the work dir, pytest run isolated, the reward from the JUnit report the host reads, held against pytest's own
+    exit status and summary (graded_tests.py)."""
     request, result = rollout.request, rollout.result
     workdir = rollout.workdir
     timeout_s = rollout.budget("verify", request.verify_timeout_s)
-    await sandbox.run(graded_tests.clear_command(workdir), timeout_s=timeout_s, identity="grader", cwd=workdir)
-    if not await hand_over(rollout, sandbox, {**graded_tests.handed_files(spec), **request.verify_files}):
+    canaries = graded_tests.make_canaries(spec)
+    await sandbox.run(graded_tests.clear_command(), timeout_s=timeout_s, identity="grader", cwd=workdir)
+    if not await hand_over(rollout, sandbox, {**request.verify_files, **graded_tests.handed_files(spec, canaries)}):
         return
     ran = await sandbox.run(
-        graded_tests.pytest_command(spec, workdir),
+        graded_tests.pytest_command(spec, canaries, workdir),
         timeout_s=rollout.budget("verify", request.verify_timeout_s),
         env=env,
         cwd=workdir,
@@ -239,6 +246,10 @@ async def run_graded_tests(
         report: bytes | None = await sandbox.read_file(graded_tests.JUNIT)
     except FileNotFoundError:
         report = None
-    graded = graded_tests.grade(spec, report)
+    graded = graded_tests.grade(spec, report, canaries=canaries, exit_code=ran.exit_code, stdout=ran.stdout)
     result.reward, result.reward_source = graded.reward, "tests"
     result.test_outcomes = graded.outcomes
+    if graded.forged:
+        result.integrity = [*result.integrity, *graded_tests.forged_findings(graded.forged)]
+        result.status, result.failed_phase = "agent_error", "verify"
+        result.error = f"the test report is not pytest's own (graded 0): {'; '.join(graded.forged)[:500]}"

@@ -4,15 +4,20 @@ Verify runs with PYTHONSAFEPATH, so Python no longer puts the script's directory
 `-m`) first on sys.path, where a work dir's `pytest/` or `json.py` would shadow what the grader imports. This file,
 found through PYTHONPATH as `sitecustomize`, runs the image's own sitecustomize if it has one (never one in that
 directory, nor the current one), then puts that directory back at the END of sys.path (tests still import the
-agent's solution from the work dir, which now shadows nothing installed). It lives where only the host and the
-grader can write, made afresh at each hand-over.
+agent's solution from the work dir, which now shadows nothing installed). Installed distributions (whose entry points
+name pytest plugins, among others) are from then on looked up only in the directories on sys.path at start-up (the
+interpreter's own and its site directories): a `*.dist-info` in the work dir, in any case, or in a directory a test
+run adds to sys.path later, is never one. It lives where only the host and the grader can write, made afresh at each
+hand-over.
 """
 
 from __future__ import annotations
 
-GRADER_PYTHON_DIR = "/home/grader/home/.opencode-env-python"
+GRADER_HOME = "/home/grader/home"
+"""The grader's HOME in every backend (reset by every hand-over; the agent cannot enter /home/grader)."""
+GRADER_PYTHON_DIR = f"{GRADER_HOME}/.opencode-env-python"
 """In the grader's HOME (reset by every hand-over; the agent cannot enter /home/grader)."""
-GRADER_PYCACHE_DIR = "/home/grader/home/.opencode-env-pycache"
+GRADER_PYCACHE_DIR = f"{GRADER_HOME}/.opencode-env-pycache"
 """PYTHONPYCACHEPREFIX: bytecode (and pytest's assertion-rewrite cache) read and written only here."""
 SITECUSTOMIZE = "sitecustomize.py"
 
@@ -40,8 +45,26 @@ def _image_sitecustomize(here, entry):
     spec.loader.exec_module(module)
 
 
+def _pin_distributions(paths):
+    allowed = {os.path.abspath(path) for path in paths if path}
+
+    class PinnedPathFinder(importlib.machinery.PathFinder):
+        @classmethod
+        def find_distributions(cls, context=None):
+            from importlib import metadata
+
+            context = context or metadata.DistributionFinder.Context()
+            kept = [path for path in context.path if os.path.abspath(path or ".") in allowed]
+            pinned = metadata.DistributionFinder.Context(name=context.name, path=kept)
+            return metadata.MetadataPathFinder.find_distributions(pinned)
+
+    finder = importlib.machinery.PathFinder
+    sys.meta_path[:] = [PinnedPathFinder if item is finder else item for item in sys.meta_path]
+
+
 def _start():
     here = os.path.dirname(os.path.abspath(__file__))
+    _pin_distributions(sys.path)
     try:
         entry = _entry_directory()
     except OSError:

@@ -33,9 +33,10 @@ FindingKind = Literal[
     "conflict",
     "over_limit",
     "outside_work_dir",
+    "report_forged",
 ]
-AgentAct = Literal["created", "changed", "deleted"]
-GraderResponse = Literal["removed", "restored", "kept", "not_carried", "refused"]
+AgentAct = Literal["created", "changed", "deleted", "forged"]
+GraderResponse = Literal["removed", "restored", "kept", "not_carried", "refused", "graded_zero"]
 GradeIsolation = Literal["fresh_box", "agent_box", "none"]
 """Where the grade came from: fresh_box, a new box from the task's image after setup, fed a copy of the agent's work
 dir the host made (regular files only); agent_box, the agent's own box, hardened (grader identity, fresh HOME and
@@ -43,8 +44,14 @@ dir the host made (regular files only); agent_box, the agent's own box, hardened
 
 
 class IntegrityFinding(BaseModel):
-    path: str = Field(description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes).")
-    kind: FindingKind = Field(description="What the file configures in the grader.")
+    path: str = Field(
+        description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes); for `report_forged`, "
+        "what disagreed with pytest's own run (a canary test id, its exit status, its summary)."
+    )
+    kind: FindingKind = Field(
+        description="What the file configures in the grader; `report_forged`: the test report contradicts the "
+        "canary tests or pytest's own exit status and summary (code under test rewrote it)."
+    )
     act: AgentAct = Field(description="What the agent did to it, against the snapshot taken before the agent ran.")
     response: GraderResponse = Field(description="What the grader did before verify ran.")
 

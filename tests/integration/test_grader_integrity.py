@@ -245,6 +245,7 @@ TEST_GRADER_TRICKS = {
     "conftest in the tests' directory": [
         shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
         shell_file(f"{WORKDIR}/.opencode-env-tests/conftest.py", MAKEREPORT),
+        shell_file("/home/user/logs/verifier/tests/conftest.py", MAKEREPORT),
     ],
     "pytest.ini --co": wrong_with("pytest.ini --co"),
     "makereport hookwrapper": wrong_with("makereport hookwrapper"),
@@ -271,9 +272,13 @@ async def test_the_test_grader_grades_by_test_id(backend: LocalBackend, no_leaks
 async def test_the_test_grader_trusts_no_exit_code(
     backend: LocalBackend, no_leaks: None, image: str, trick: str
 ) -> None:
-    result = await graded(graded_task(image, TEST_GRADER_TRICKS[trick]), backend)
+    """Each ends 0.0; the exit at import also trips the canaries (pytest cannot exit 0 when tests failed)."""
+    result = await run_rollout(graded_task(image, TEST_GRADER_TRICKS[trick]), backend)
     assert result.reward == 0.0, (result.verify_results, result.test_outcomes)
     assert "passed" not in {test.outcome for test in result.test_outcomes if test.expected == "fail_to_pass"}
+    forged = [finding for finding in result.integrity if finding.kind == "report_forged"]
+    assert bool(forged) == (trick == "the solution exits 0 when imported"), result.integrity
+    assert result.status == ("agent_error" if forged else "completed"), result.error
 
 
 async def test_an_exit_at_import_beats_an_exit_code_grader(backend: LocalBackend, no_leaks: None, image: str) -> None:

@@ -1,6 +1,6 @@
 """A Harbor task that hands over its tests: `[verifier.tests]` in task.toml names the ids that must pass, and the
 product's test grader runs tests/ in place of test.sh (which here would reward anything). The honest fix gets 1.0
-by test id; a wrong fix that ends pytest with status 0 as the tests import it gets 0.0."""
+by test id; a wrong fix that ends pytest with status 0 as the tests import it gets 0.0 and a `report_forged` finding."""
 
 from __future__ import annotations
 
@@ -64,8 +64,10 @@ def test_the_task_becomes_a_test_grader_request(tmp_path: Path) -> None:
 async def test_the_reward_comes_from_the_test_ids(
     backend: LocalBackend, tmp_path: Path, solution: str, reward: float
 ) -> None:
+    """The exit at import also trips the canaries: pytest cannot exit 0 when tests failed (a policy status)."""
     result = await run_rollout(request_from_task_dir(_task_dir(tmp_path, solution), oracle=True), backend)
-    assert result.status == "completed", result.error
+    assert result.status == ("completed" if reward else "agent_error"), result.error
+    assert bool(reward) != any(finding.kind == "report_forged" for finding in result.integrity)
     assert result.reward_source == "tests"
     assert result.reward == reward
     assert result.grade_isolation == "fresh_box"

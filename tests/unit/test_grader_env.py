@@ -13,19 +13,19 @@ import pytest
 
 from opencode_env.rollout.check_task import task_warnings
 from opencode_env.rollout.graded_tests import grade, junit_key
-from opencode_env.rollout.grader_env import verify_environment
+from opencode_env.rollout.grader_env import declares_repository, verify_environment
 from opencode_env.rollout.integrity import Entry, Listing, parse_listing, removal_command, repair, scan_command
 from opencode_env.sandbox import grader_python
 from opencode_env.wire import RolloutRequest, RolloutResult, result_summary
 from opencode_env.wire.grading import GradedTest, GradedTests, IntegrityFinding, tampering
 
 
-def grader_env(tmp_path: Path, workdir: Path) -> dict[str, str]:
+def grader_env(tmp_path: Path, workdir: Path, *, agent_repository: bool = False) -> dict[str, str]:
     """verify_environment with the grader's directories moved under tmp_path (the sandbox's are absolute)."""
     startup = tmp_path / "python"
-    startup.mkdir()
+    startup.mkdir(exist_ok=True)
     (startup / grader_python.SITECUSTOMIZE).write_text(grader_python.SITECUSTOMIZE_SOURCE)
-    env = verify_environment({"TASK_VAR": "kept"}, str(workdir))
+    env = verify_environment({"TASK_VAR": "kept"}, str(workdir), agent_repository=agent_repository)
     env.update(PYTHONPATH=str(startup), PYTHONPYCACHEPREFIX=str(tmp_path / "pycache"))
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env}
 
@@ -87,10 +87,64 @@ def test_a_repositorys_fsmonitor_never_runs(tmp_path: Path) -> None:
     subprocess.run(["git", "-C", str(workdir), "status"], capture_output=True, check=False)
     assert marker.exists(), "the attack works without the grader's environment"
     marker.unlink()
-    env = grader_env(tmp_path, workdir)
+    env = grader_env(tmp_path, workdir, agent_repository=True)
     done = subprocess.run(["git", "-C", str(workdir), "status"], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert not marker.exists()
+
+
+def test_git_sees_no_repository_of_the_agents_unless_the_task_declares_it(tmp_path: Path) -> None:
+    """`.git/commondir` pointing at a config with a clean filter, a `.gitattributes` naming it, a tracked file whose
+    stat changed: `git status` runs the filter, except under verify's environment, where there is no repository."""
+    workdir, elsewhere, marker = tmp_path / "work", tmp_path / "elsewhere", tmp_path / "ran"
+    workdir.mkdir()
+    subprocess.run(["git", "init", "-q", str(workdir)], check=True)
+    (workdir / ".gitattributes").write_text("* filter=x\n")
+    (workdir / "add.py").write_text("def add(a, b):\n    return a - b\n")
+    subprocess.run(["git", "-C", str(workdir), "add", "-A"], check=True)
+    elsewhere.mkdir()
+    (elsewhere / "config").write_text(f'[filter "x"]\n\tclean = touch {marker}; cat\n')
+    (workdir / ".git" / "commondir").write_text(f"{elsewhere}\n")
+    for name in ("objects", "refs"):
+        (workdir / ".git" / name).rename(elsewhere / name)
+    os.utime(workdir / "add.py", (1, 1))
+    subprocess.run(["git", "-C", str(workdir), "status"], capture_output=True, check=False)
+    assert marker.exists(), "the attack works without the grader's environment"
+    marker.unlink()
+    os.utime(workdir / "add.py", (2, 2))
+    done = subprocess.run(
+        ["git", "-C", str(workdir), "status"],
+        env=grader_env(tmp_path, workdir),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "not a git repository" in done.stderr
+    assert not marker.exists()
+    assert declares_repository([".git"])
+    assert declares_repository(["./.git/config"])
+    assert not declares_repository(["src/.git", ".github/x"])
+
+
+def test_a_dist_info_in_the_work_dir_names_no_plugin_in_any_case(tmp_path: Path) -> None:
+    """`python -m pytest` from the work dir under verify's environment: the work dir is on sys.path (its tests
+    import the solution), but an `Evil.DIST-INFO/entry_points.txt` there names no pytest plugin."""
+    workdir = tmp_path / "work"
+    (workdir / "Evil.DIST-INFO").mkdir(parents=True)
+    (workdir / "Evil.DIST-INFO" / "entry_points.txt").write_text("[pytest11]\nzz = zz_plugin\n")
+    (workdir / "Evil.DIST-INFO" / "METADATA").write_text("Metadata-Version: 2.1\nName: zz\nVersion: 1\n")
+    (workdir / "zz_plugin.py").write_text("import os\nos._exit(0)\n")
+    (workdir / "test_add.py").write_text("def test_add():\n    assert 2 + 3 == 6\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_add.py"]
+    plain = subprocess.run(
+        argv, cwd=workdir, env={**os.environ, "PYTHONPATH": str(workdir)}, capture_output=True, check=False
+    )
+    assert plain.returncode == 0, "the attack works without the grader's environment"
+    graded = subprocess.run(
+        argv, cwd=workdir, env=grader_env(tmp_path, workdir), capture_output=True, text=True, check=False
+    )
+    assert graded.returncode == 1, graded.stdout
+    assert "1 failed" in graded.stdout
 
 
 def listing(entries: dict[str, tuple[str, bytes | None]]) -> Listing:

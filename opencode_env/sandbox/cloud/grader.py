@@ -69,11 +69,12 @@ def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
 
 
 def _clear_path(target: str, grader: str, workdir: str) -> list[str]:
-    """Every directory on the way to `target` (from the work dir, or from / for a path outside it) a real directory
-    of the grader's; `target` itself gone."""
+    """Every directory on the way to `target` (from the work dir or the verifier directory, which the script has
+    just made the grader's, or from / for a path outside both) a real directory of the grader's; `target` gone."""
     lines = []
     normal = posixpath.normpath(target)
-    base = workdir if normal.startswith(workdir.rstrip("/") + "/") else "/"
+    inside = [base for base in (workdir.rstrip("/"), VERIFIER_DIR) if normal.startswith(base + "/")]
+    base = inside[0] if inside else "/"
     parts = posixpath.relpath(normal, base).split("/")
     for depth in range(1, len(parts)):
         directory = posixpath.join(base, *parts[:depth])

@@ -159,7 +159,7 @@
     const tests = arr(result.test_outcomes);
     if (tests.length) parts.push(el("ul", { class: "test-outcomes", id: "test-outcomes" }, tests.map((t) => el("li", { text: text(obj(t).outcome) + " · " + text(obj(t).test_id) + " (" + text(obj(t).expected) + ")" }))));
     const findings = arr(result.integrity);
-    if (findings.length) parts.push(el("ul", { class: "warnings", id: "integrity" }, findings.map((f) => el("li", { text: "work dir entry " + text(obj(f).path) + ": " + text(obj(f).kind) + " " + text(obj(f).act) + " by the agent, " + text(obj(f).response) + " before verify" }))));
+    if (findings.length) parts.push(el("ul", { class: "warnings", id: "integrity" }, findings.map((f) => el("li", { text: obj(f).kind === "report_forged" ? "test report forged in pytest's process: " + text(obj(f).path) + " (graded 0)" : "work dir entry " + text(obj(f).path) + ": " + text(obj(f).kind) + " " + text(obj(f).act) + " by the agent, " + text(obj(f).response) + " before verify" }))));
     const warnings = arr(result.warnings);
     if (warnings.length) parts.push(el("ul", { class: "warnings", id: "warnings" }, warnings.map((w) => el("li", { text: "warning: " + text(w) }))));
     return parts;
