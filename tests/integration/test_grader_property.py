@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from opencode_env.rollout import integrity
@@ -336,8 +336,7 @@ async def test_leftovers_never_change_the_reward(
 ) -> None:
     """`same, no put-back`: the work dir's grader files are not snapshotted (as for an image without find, tar or
     base64), so nothing of the agent's is removed or restored before verify: the test grader's own isolation holds
-    alone. `fresh` draws no unreadable (mode 0) leftover: the copy into the fresh box fails on one today (below)."""
-    assume(verify_sandbox != "fresh" or not any(item.mode == 0 for item in leftovers))
+    alone."""
     if verify_sandbox == "same, no put-back":
         monkeypatch.setattr(integrity, "scan", no_put_back)
     steps = solution(ADD if right else WRONG_ADD, leftovers, commondir)
@@ -383,12 +382,6 @@ async def test_the_payloads_act_when_something_runs_them(
     assert (result.status, result.reward) == ("completed", 1.0), (result.solution_results, result.verify_results)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fresh box's copy is packed by tar as the grader, which cannot read a mode-0 file the agent left: "
-    "the copy fails and the answer gets 0.0 without a policy status (issue 47 item 1: a host-made copy, modes "
-    "normalised; remove this mark when it lands)",
-)
 async def test_an_unreadable_leftover_does_not_fail_a_fresh_copy(
     backend: LocalBackend, no_leaks: None, image: str
 ) -> None:

@@ -15,11 +15,6 @@ PENDING_MOVE = frozenset(
     {
         # Process-starting tests in files that otherwise hold pure ones (several owned by other work in flight):
         # each is to move to tests/integration/, after which its line goes.
-        "tests/unit/test_grader_env.py::test_the_scan_and_the_removal_keep_odd_names_exact",
-        "tests/unit/test_grader_env.py::test_a_sitecustomize_in_the_work_dir_is_not_the_images",
-        "tests/unit/test_grader_env.py::test_a_work_dir_module_shadows_nothing_but_stays_importable",
-        "tests/unit/test_grader_env.py::test_an_unchecked_hash_pyc_beside_a_source_is_never_read",
-        "tests/unit/test_grader_env.py::test_a_repositorys_fsmonitor_never_runs",
         "tests/unit/test_hostfs_hostile.py::test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors",
         "tests/unit/test_hostfs_hostile.py::test_a_wide_tree_is_listed_whole_with_a_few_descriptors",
         "tests/unit/test_steps_coverage.py::test_export_steps_through_the_cli",
