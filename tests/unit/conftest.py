@@ -6,20 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-PENDING_MOVE = frozenset(
-    {
-        # Process-starting tests in files that otherwise hold pure ones (several owned by other work in flight):
-        # each is to move to tests/integration/, after which its line goes.
-        "tests/unit/test_hostfs_hostile.py::test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors",
-        "tests/unit/test_hostfs_hostile.py::test_a_wide_tree_is_listed_whole_with_a_few_descriptors",
-        "tests/unit/test_steps_coverage.py::test_export_steps_through_the_cli",
-    }
-)
 
 
 class ProcessStarted(AssertionError):
@@ -34,14 +23,10 @@ def _refuse(what: str) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def no_process(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.nodeid.split("[")[0] in PENDING_MOVE:
-        yield
-        return
+def no_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("subprocess.Popen"))
     monkeypatch.setattr(os, "fork", _refuse("os.fork"))
     monkeypatch.setattr(os, "posix_spawn", _refuse("os.posix_spawn"))
     monkeypatch.setattr(os, "posix_spawnp", _refuse("os.posix_spawnp"))
     monkeypatch.setattr(asyncio, "create_subprocess_exec", _refuse("asyncio.create_subprocess_exec"))
     monkeypatch.setattr(asyncio, "create_subprocess_shell", _refuse("asyncio.create_subprocess_shell"))
-    yield
