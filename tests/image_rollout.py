@@ -70,7 +70,9 @@ def problems(result: RolloutResult) -> list[str]:
 async def rollout(server_url: str, token: str) -> RolloutResult:
     with ScriptedModelServer(demo_script(), port=MODEL_PORT) as model:
         async with Client(f"{server_url}/mcp/stream", auth=token) as client:
-            request = demo_request(model.base_url).model_dump(mode="json")
+            # Graded in the agent's box: a fake cloud of plain processes is one VM (this container), and the grader's
+            # box is a second VM (tested on the fakes in tests/integration/test_grader_box_cloud.py).
+            request = demo_request(model.base_url, verify_sandbox="same").model_dump(mode="json")
             answer = await client.call_tool("run_rollout", request)
     summary = RolloutAnswer.model_validate(answer.structured_content)
     if summary.result is not None:

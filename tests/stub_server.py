@@ -17,17 +17,24 @@ from tests.server_app import app_for
 
 
 class CountingBackend(StubBackend):
-    """The stub backend, remembering the most sandboxes it ever had open at once."""
+    """The stub backend, remembering the rollouts it started (their agents' boxes: each also opens a grader's box)
+    and the most of them it ever had open at once."""
 
     def __init__(self, *, command_s: float) -> None:
         super().__init__(command_s=command_s)
         self.peak = 0
         self.created = 0
+        self.graders_boxes = 0
+        self._agents: set[str] = set()
 
     async def create(self, spec: SandboxSpec) -> StubSandbox:
         sandbox = await super().create(spec)
+        if spec.grader_box == "this":
+            self.graders_boxes += 1
+            return sandbox
         self.created += 1
-        self.peak = max(self.peak, len(self.alive))
+        self._agents.add(sandbox.sandbox_id)
+        self.peak = max(self.peak, len(self._agents & set(self.alive)))
         return sandbox
 
 

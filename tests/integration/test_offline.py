@@ -39,8 +39,8 @@ async def test_a_full_rollout_contacts_nothing_but_its_model(sandbox_base: Path,
     assert outcome.result.status == "completed", outcome.result.error
     assert len(outcome.exchanges) == 3
     assert [r.exit_code for r in outcome.result.verify_results] == [0, 0, 0], "OpenCode left an npm cache behind"
-    [sandbox] = backend.made
-    assert sandbox.egress_attempts() == []
+    # the agent's box and the grader's box: neither tried to reach anything
+    assert [sandbox.egress_attempts() for sandbox in backend.made] == [[], []]
 
 
 async def test_the_config_directory_holds_the_plugin_opencode_would_fetch(backend: LocalBackend) -> None:

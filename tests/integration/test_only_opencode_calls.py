@@ -166,12 +166,21 @@ async def test_a_tool_with_opencodes_token_and_session_cannot_call_from_any_sock
 
 FAILING_STRANGER = """python3 - <<'EOF'
 import json, os, urllib.request, urllib.error
-config = json.load(open(os.environ.get("OPENCODE_CONFIG", "/run/opencode-env/opencode.json")))
+# OpenCode's environment, which the tools no longer inherit, read where its user can read it (E2B: one user)
+def environ(pid):
+    try:
+        raw = open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        return {}
+    return dict(item.decode().split("=", 1) for item in raw.split(b"\\0") if b"=" in item)
+environs = map(environ, filter(str.isdigit, os.listdir("/proc")))
+opencode = next(env for env in environs if "OPENCODE_ENV_UPSTREAM_KEY" in env)
+config = json.load(open(opencode["OPENCODE_CONFIG"]))
 base = next(iter(config["provider"].values()))["options"]["baseURL"]
 # no tools (it would pass as auxiliary) and a body the model server fails on (HTTP 500)
 body = json.dumps({"model": "policy", "stream": False, "messages": [1]}).encode()
 request = urllib.request.Request(base + "/chat/completions", data=body, headers={"content-type": "application/json",
-    "authorization": "Bearer " + os.environ["OPENCODE_ENV_UPSTREAM_KEY"]})
+    "authorization": "Bearer " + opencode["OPENCODE_ENV_UPSTREAM_KEY"]})
 try:
     print("STRANGER", urllib.request.urlopen(request, timeout=20).status)
 except urllib.error.HTTPError as error:

@@ -122,7 +122,8 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
 
             calls = [asyncio.ensure_future(through_websocket()), asyncio.ensure_future(through_standard_mcp())]
             assert await wait_for(lambda: len(model.exchanges) >= 2, budget.left())
-            assert len([p for p in sandboxes.iterdir() if p.name.startswith("opencode-env-")]) == 2
+            # each rollout's agent's box and its grader's box (set up while the agent works)
+            assert len([p for p in sandboxes.iterdir() if p.name.startswith("opencode-env-")]) == 4
             server.send_signal(signal.SIGTERM)
             results = await asyncio.wait_for(asyncio.gather(*calls), budget.left())
             exit_code = await asyncio.to_thread(server.wait, budget.left())

@@ -236,16 +236,24 @@ async def test_a_template_that_drops_reasoning_forks_at_the_right_turn(backend: 
 
 async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBackend, no_leaks: None) -> None:
     # The agent's own command calls the model it was configured with (with its token), without tools and without
-    # OpenCode's session: unattributed, not auxiliary. On E2B the tools run as OpenCode's user and hold its token;
-    # the local backend refuses such a call.
+    # OpenCode's session: unattributed, not auxiliary. On E2B the tools run as OpenCode's user and can read its
+    # token from its process (no longer from their own environment); the local backend refuses such a call.
     call = (
-        'python3 -c "import json,os,urllib.request as u; '
-        "c=json.load(open(os.environ.get('OPENCODE_CONFIG', '/run/opencode-env/opencode.json'))); "
-        "p=next(iter(c['provider'].values())); "
-        "b=json.dumps({'model':'m','stream':True,'messages':[{'role':'user','content':'title?'}]}).encode(); "
-        "print(u.urlopen(u.Request(p['options']['baseURL']+'/chat/completions',b,"
-        "{'content-type':'application/json',"
-        "'authorization':'Bearer '+os.environ['OPENCODE_ENV_UPSTREAM_KEY']})).read()[-30:])\""
+        "python3 - <<'EOF'\n"
+        "import json, os, urllib.request as u\n"
+        "def environ(pid):\n"
+        "    try:\n"
+        "        raw = open(f'/proc/{pid}/environ', 'rb').read()\n"
+        "    except OSError:\n"
+        "        return {}\n"
+        "    return dict(item.decode().split('=', 1) for item in raw.split(bytes(1)) if b'=' in item)\n"
+        "envs = map(environ, filter(str.isdigit, os.listdir('/proc')))\n"
+        "e = next(env for env in envs if 'OPENCODE_ENV_UPSTREAM_KEY' in env)\n"
+        "p = next(iter(json.load(open(e['OPENCODE_CONFIG']))['provider'].values()))\n"
+        "b = json.dumps({'model': 'm', 'stream': True, 'messages': [{'role': 'user', 'content': 'title?'}]}).encode()\n"
+        "h = {'content-type': 'application/json', 'authorization': 'Bearer ' + e['OPENCODE_ENV_UPSTREAM_KEY']}\n"
+        "print(u.urlopen(u.Request(p['options']['baseURL'] + '/chat/completions', b, h)).read()[-30:])\n"
+        "EOF\n"
     )
     outcome = await rollout(e2b_fake, Script(steps=[bash(call), say("done")]), verify=[])
     result = outcome.result

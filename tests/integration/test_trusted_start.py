@@ -325,11 +325,11 @@ async def test_no_task_command_reaches_our_root_or_our_launchers(backend: LocalB
     sandbox = await backend.create(SandboxSpec(image=build_base_image() if image == "base" else HOST_IMAGE))
     probe = (
         "ls /proc/1/root/ >/dev/null 2>&1 && echo ROOT_REACHED; "
-        'python3 -c "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); '
+        'python3 -c "import ctypes, os, signal; libc = ctypes.CDLL(None, use_errno=True); '
         "print('CHROOT', libc.chroot(b'/tmp'), ctypes.get_errno()); "
         "print('TRACE_INIT', libc.ptrace(16, 1, 0, 0)); "
         "child = os.fork(); "
-        "(os.pause() if child == 0 else print('TRACE_CHILD', libc.ptrace(16, child, 0, 0))); os.kill(child, 9)\""
+        "(signal.pause() if child == 0 else print('TRACE_CHILD', libc.ptrace(16, child, 0, 0))); os.kill(child, 9)\""
     )
     try:
         for identity in ("user", "root", "grader", "agent"):

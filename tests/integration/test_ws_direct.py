@@ -23,7 +23,7 @@ from opencode_env.wire.answer import RolloutAnswer, inline_result
 from tests.server_app import runtime_for
 from tests.stub_server import StubServer, stub_arguments, stub_server
 
-PER_RUN = {"sandbox_id", "wall_s", "timings", "provenance"}
+PER_RUN = {"sandbox_id", "wall_s", "timings", "provenance", "enforcement"}
 """What differs between two runs of one request: provenance holds the endpoint probe's own answer (or its error)."""
 
 
