@@ -99,15 +99,29 @@ def make_canaries(spec: GradedTests) -> Canaries:
 
 
 def _header(source: str) -> str:
-    """A test file's docstring and top-level imports as written (the solution's modules among them): what a canary
-    beside it starts with. Empty when it does not parse (its tests then fail to collect anyway)."""
+    """A test file without its tests: its docstring, imports (the solution's modules among them), constants,
+    helpers, fixtures and comments as written, what a canary beside it starts with. Empty when it does not parse
+    (its tests then fail to collect anyway)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return ""
-    docstring = tree.body[:1] if ast.get_docstring(tree, clean=False) is not None else []
-    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
-    return "\n".join(ast.get_source_segment(source, node) or "" for node in [*docstring, *imports])
+    lines = source.splitlines()
+    for node in reversed([node for node in tree.body if _is_test(node)]):
+        first = min([node.lineno, *(item.lineno for item in _decorators(node))])
+        del lines[first - 1 : node.end_lineno]
+    return re.sub(r"\n{4,}", "\n\n\n", "\n".join(lines)).strip("\n")
+
+
+def _is_test(node: ast.stmt) -> bool:
+    """What pytest collects by default: `test*` functions and `Test*` classes."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return node.name.startswith("test")
+    return isinstance(node, ast.ClassDef) and node.name.startswith("Test")
+
+
+def _decorators(node: ast.stmt) -> list[ast.expr]:
+    return node.decorator_list if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) else []
 
 
 def _fresh_module(taken: set[str], *, suffixed: bool) -> str:

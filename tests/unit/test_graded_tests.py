@@ -115,8 +115,8 @@ MIRRORED = GradedTests.model_validate(
 )
 
 
-def test_a_canary_starts_as_the_graded_file_beside_it_and_fails_on_constants_alone() -> None:
-    header = '"""Adding."""\nfrom __future__ import annotations\nimport pytest\nfrom add import (\n    add,\n)\n\n\n'
+def test_a_canary_is_the_graded_file_beside_it_with_tests_of_its_own() -> None:
+    header = MIRRORED.files["test_calc.py"].split("\n\n\ndef test_add")[0]
     for _ in range(30):
         canaries = make_canaries(MIRRORED)
         for path, source in canaries.files.items():
@@ -127,8 +127,8 @@ def test_a_canary_starts_as_the_graded_file_beside_it_and_fails_on_constants_alo
                 assert all(test_id.count("::") == 2 for test_id in ids)
             else:
                 assert posixpath.basename(path).startswith("test_")
-                assert source.startswith(header + "def test_")
-                assert "LIMIT" not in source
+                assert source.startswith(header + "\n\n\ndef test_")
+                assert "def test_add():" not in source
             compile(source, path, "exec")
             assert re.search(r"\badd\(", source) is None
 
