@@ -21,7 +21,7 @@ from opencode_env.rollout.state import GraderBox, PhaseFailure, RolloutState
 from opencode_env.sandbox.base import RolloutSandbox, SandboxError, task_path
 from opencode_env.sandbox.tree_carry import Limits, Report, Skipped
 from opencode_env.wire import RolloutResult
-from opencode_env.wire.grading import FindingKind, IntegrityFinding
+from opencode_env.wire.grading import FindingKind, IntegrityFinding, capped
 
 CARRY_LIMITS = Limits()
 """What the copy into the grader's box carries at most: bytes, entries, depth, path and name length. The grader's
@@ -86,16 +86,19 @@ async def _set_up(view: RolloutState) -> None:
 
 
 def findings(report: Report) -> list[IntegrityFinding]:
-    """Each entry of the agent's work dir the copy did not carry, and the cap it passed."""
-    found = [
-        IntegrityFinding(
-            path=_shown(item.path),
-            kind=_kind(item),
-            act="changed" if item.kind == "changed_git" else "created",
-            response="not_carried",
-        )
-        for item in report.skipped
-    ]
+    """Each entry of the agent's work dir the copy did not carry (within the findings' bound), and the cap it
+    passed."""
+    found = capped(
+        [
+            IntegrityFinding(
+                path=_shown(item.path),
+                kind=_kind(item),
+                act="changed" if item.kind == "changed_git" else "created",
+                response="not_carried",
+            )
+            for item in report.skipped
+        ]
+    )
     if report.over:
         found.append(IntegrityFinding(path=".", kind="over_limit", act="created", response="refused"))
     return found

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from opencode_env.sandbox.base import Identity, Sandbox
-from opencode_env.wire.grading import FindingKind, IntegrityFinding
+from opencode_env.wire.grading import FindingKind, IntegrityFinding, capped
 
 log = logging.getLogger("opencode_env.rollout.integrity")
 
@@ -236,7 +236,9 @@ async def check(
 ) -> Repair:
     """In a sandbox whose work dir the grader already holds: what the agent did, and what to put back."""
     after = await scan(sandbox, workdir, "grader", timeout_s)
-    return repair(before, after, solution_files)
+    plan = repair(before, after, solution_files)
+    plan.findings = capped(plan.findings)
+    return plan
 
 
 async def remove(sandbox: Sandbox, paths: list[str], *, workdir: str, timeout_s: float) -> None:

@@ -246,7 +246,9 @@ async def run_graded_tests(
         report: bytes | None = await sandbox.read_file(graded_tests.JUNIT)
     except FileNotFoundError:
         report = None
-    graded = graded_tests.grade(spec, report, canaries=canaries, exit_code=ran.exit_code, stdout=ran.stdout)
+    graded = await asyncio.to_thread(
+        graded_tests.grade, spec, report, canaries=canaries, exit_code=ran.exit_code, stdout=ran.stdout
+    )
     result.reward, result.reward_source = graded.reward, "tests"
     result.test_outcomes = graded.outcomes
     if graded.forged:

@@ -67,6 +67,32 @@ def tampering(findings: list[IntegrityFinding]) -> list[str]:
     return sorted({item.kind for item in findings if item.kind not in ROUTINE_KINDS and item.response != "kept"})
 
 
+MAX_FINDINGS = 200
+MAX_FINDING_PATH = 512
+"""What one step of the grader records at most: the first MAX_FINDINGS findings, paths cut to MAX_FINDING_PATH
+characters, and one finding per kind, act and response counting the rest (an agent can leave 100,000 entries with
+4 KB paths: 400 MB of result)."""
+
+
+def capped(findings: list[IntegrityFinding]) -> list[IntegrityFinding]:
+    """The findings within the bound; `tampering()` of the result is the same as of the input."""
+    kept = [item.model_copy(update={"path": _cut(item.path)}) for item in findings[:MAX_FINDINGS]]
+    rest: dict[tuple[FindingKind, AgentAct, GraderResponse], int] = {}
+    for item in findings[MAX_FINDINGS:]:
+        rest[(item.kind, item.act, item.response)] = rest.get((item.kind, item.act, item.response), 0) + 1
+    more = [
+        IntegrityFinding(path=f"({count} more not listed)", kind=kind, act=act, response=response)
+        for (kind, act, response), count in rest.items()
+    ]
+    return [*kept, *more]
+
+
+def _cut(path: str) -> str:
+    if len(path) <= MAX_FINDING_PATH:
+        return path
+    return f"{path[: MAX_FINDING_PATH - 40]}... ({len(path) - MAX_FINDING_PATH + 40} more characters)"
+
+
 def findings_summary(findings: list[IntegrityFinding]) -> str:
     """One line: `3 (conftest created->removed, ...)`, or '' when there are none."""
     if not findings:

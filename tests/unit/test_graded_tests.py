@@ -5,12 +5,13 @@ bytecode or module of a hostile work dir, and a forged report trips the canaries
 from __future__ import annotations
 
 import posixpath
+import re
 
 import pytest
 
 from opencode_env.rollout import graded_tests
 from opencode_env.rollout.graded_tests import Canaries, Report, junit_key, make_canaries, terminal_summary, tripwires
-from opencode_env.wire.grading import GradedTests
+from opencode_env.wire.grading import MAX_FINDING_PATH, MAX_FINDINGS, GradedTests, IntegrityFinding, capped, tampering
 
 SPEC = GradedTests.model_validate(
     {
@@ -100,3 +101,70 @@ def test_a_forged_grade_is_zero_and_names_why() -> None:
     findings = graded_tests.forged_findings(graded.forged)
     assert {(item.kind, item.act, item.response) for item in findings} == {("report_forged", "forged", "graded_zero")}
     assert graded_tests.grade(spec, junit).reward == 1.0
+
+
+MIRRORED = GradedTests.model_validate(
+    {
+        "files": {
+            "test_calc.py": '"""Adding."""\n\nfrom __future__ import annotations\n\nimport pytest\nfrom add import (\n'
+            "    add,\n)\n\nLIMIT = 3\n\n\ndef test_add():\n    assert add(1, 2) == LIMIT\n",
+            "sub/calc_test.py": "from add import add\n\n\nclass TestAdd:\n    def test_b(self):\n        pass\n",
+        },
+        "fail_to_pass": ["test_calc.py::test_add", "sub/calc_test.py::TestAdd::test_b"],
+    }
+)
+
+
+def test_a_canary_is_the_graded_file_beside_it_with_tests_of_its_own() -> None:
+    header = MIRRORED.files["test_calc.py"].split("\n\n\ndef test_add")[0]
+    for _ in range(30):
+        canaries = make_canaries(MIRRORED)
+        for path, source in canaries.files.items():
+            ids = [test_id for test_id in (*canaries.must_pass, *canaries.must_fail) if test_id.startswith(path)]
+            if posixpath.dirname(path) == "sub":
+                assert posixpath.basename(path).endswith("_test.py")
+                assert source.startswith("from add import add\n\n\nclass Test")
+                assert all(test_id.count("::") == 2 for test_id in ids)
+            else:
+                assert posixpath.basename(path).startswith("test_")
+                assert source.startswith(header + "\n\n\ndef test_")
+                assert "def test_add():" not in source
+            compile(source, path, "exec")
+            assert re.search(r"\badd\(", source) is None
+
+
+def test_a_canary_file_that_fails_to_import_excuses_its_missing_must_pass_canaries() -> None:
+    report = Report({**HONEST.outcomes, ("", "test_a_b"): "error"}, 1, 1)
+    del report.outcomes[junit_key("test_a_b.py::test_x")]
+    assert tripwires(CANARIES, report, 1, "1 failed, 1 passed, 1 error in 0.1s") == []
+    assert tripwires(CANARIES, Report({**report.outcomes, ("", "test_a_b"): "passed"}, 1, 2), 1, "") != []
+
+
+def test_a_report_that_is_not_plain_xml_is_forged() -> None:
+    spec = GradedTests.model_validate({"files": {"test_calc.py": ""}, "fail_to_pass": ["test_calc.py::test_add"]})
+    case = '<testsuites><testsuite><testcase classname="test_calc" name="test_add"/></testsuite></testsuites>'
+    assert graded_tests.grade(spec, case.encode()).reward == 1.0
+    for raw in (
+        f'<?xml version="1.0"?><!DOCTYPE t [<!ENTITY a "x">]>{case}',
+        case[:-5],
+        "\ufeff" + case.replace("/>", ">&a;</testcase>"),
+    ):
+        graded = graded_tests.grade(spec, raw.encode("utf-16"))
+        assert (graded.reward, graded.forged) == (0.0, ["the JUnit report is not the plain XML pytest writes"]), raw
+    assert graded_tests.grade(spec, case.encode("utf-16")).reward == 1.0
+
+
+def test_findings_are_bounded_and_keep_every_kind() -> None:
+    many = [
+        IntegrityFinding(path="d/" * 3000 + str(index), kind="link", act="created", response="not_carried")
+        for index in range(5000)
+    ]
+    many.append(IntegrityFinding(path="conftest.py", kind="conftest", act="created", response="removed"))
+    kept = capped(many)
+    assert len(kept) == MAX_FINDINGS + 2
+    assert all(len(item.path) <= MAX_FINDING_PATH for item in kept)
+    assert kept[0].path.startswith("d/d/")
+    assert kept[0].path.endswith("more characters)")
+    assert {item.path for item in kept[MAX_FINDINGS:]} == {"(4800 more not listed)", "(1 more not listed)"}
+    assert tampering(kept) == tampering(many) == ["conftest", "link"]
+    assert capped(many[-1:]) == many[-1:]
