@@ -1,0 +1,100 @@
+"""Red-team attacks on the grader that got through: each is a WRONG solution plus one trick, run through the real
+pipeline (oracle rollouts on the local backend), asserting what the design promises (0.0, a policy status, a
+finding). They fail until the hole is closed.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from opencode_env.rollout.graded_tests import MAX_JUNIT_BYTES, parse_junit
+from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.local.backend import LocalBackend
+from tests.integration.test_test_grader_isolation import WORKDIR, WRONG_ADD, graded_task, image, shell_file
+
+__all__ = ["image"]
+
+TELLS_CANARIES_APART = f"""\
+import gc
+
+import pytest
+from _pytest.config import Config
+
+
+def _imports_something(item):
+    try:
+        with open(item.module.__file__) as source:
+            return "import" in source.read()
+    except Exception:
+        return False
+
+
+class _PassTheGradedOnly:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.failed and _imports_something(item):
+            report.outcome, report.longrepr = "passed", None
+
+
+for _config in [obj for obj in gc.get_objects() if isinstance(obj, Config)]:
+    if not _config.pluginmanager.has_plugin("zz"):
+        _config.pluginmanager.register(_PassTheGradedOnly(), "zz")
+{WRONG_ADD}"""
+
+
+async def test_a_hook_that_spares_the_canaries_gets_no_reward(
+    backend: LocalBackend, no_leaks: None, image: str
+) -> None:
+    """Canaries never import anything, graded tests import the solution: a hook registered at import flips only
+    failures of test files that import something, so the canaries fail as they must, pytest exits 1, its summary
+    and the report agree, and a wrong add.py scores 1.0 with status `completed`."""
+    result = await run_rollout(graded_task(image, [shell_file(f"{WORKDIR}/add.py", TELLS_CANARIES_APART)]), backend)
+    assert result.reward == 0.0, (result.status, result.test_outcomes, result.integrity)
+
+
+async def test_a_package_marker_beside_the_handed_tests_does_not_shadow_their_helper(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    """The README-style task (tests handed over as verify_files under tests/, verify `python3 -m pytest -q tests`
+    from the work dir), graded in the grader's box. The agent adds `tests/__init__.py` (a regular file, on no list,
+    carried) and a no-op `helper.py` at the top of its work dir: pytest's prepend import mode then puts the work dir,
+    not tests/, on sys.path, so the handed `from helper import check` imports the agent's helper."""
+    from tests.integration.test_grader_integrity import base_image, task
+
+    wrong = [
+        shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
+        shell_file(f"{WORKDIR}/tests/__init__.py", ""),
+        shell_file(f"{WORKDIR}/helper.py", "def check(add):\n    pass\n"),
+    ]
+    result = await run_rollout(task(base_image(), wrong), backend)
+    assert result.grade_isolation == "fresh_box"
+    assert result.reward == 0.0, (result.status, result.verify_results, result.integrity)
+
+
+def entity_bomb(padding: int, copies: int) -> bytes:
+    """A JUnit report whose DTD expands to about 86 times its size, just under expat's amplification limit (100):
+    the padding raises the direct bytes the limit is measured against."""
+    entities = '<!ENTITY a "' + "A" * 1000 + '"><!ENTITY b "' + "&a;" * 10 + '"><!ENTITY c "' + "&b;" * 10 + '">'
+    case = '<testcase classname="test_calc" name="test_add">' + "&c;" * copies + "</testcase>"
+    return (
+        f'<?xml version="1.0"?><!DOCTYPE t [{entities}]><!--{"p" * padding}-->'
+        f"<testsuites><testsuite>{case}</testsuite></testsuites>"
+    ).encode()
+
+
+def test_a_report_with_an_entity_bomb_is_not_expanded_by_the_host() -> None:
+    """Code under test writes the JUnit report at exit (the grader's box lets it: the report is the tripwires' job),
+    and the host parses it with ElementTree, on the event loop, up to MAX_JUNIT_BYTES (64 MiB). Expat stops a billion
+    laughs only past 100x amplification, so a 64 MiB report expands to about 5.5 GB of text in the server's process
+    (a quarter-MiB one here: about 22 MB). pytest never writes a DTD: the host should refuse one."""
+    raw = entity_bomb(padding=256 * 1024, copies=220)
+    assert len(raw) < MAX_JUNIT_BYTES
+    tracemalloc.start()
+    try:
+        parse_junit(raw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * len(raw), f"{len(raw)} bytes of report took {peak} bytes to parse"
