@@ -98,3 +98,22 @@ def test_a_report_with_an_entity_bomb_is_not_expanded_by_the_host() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 8 * len(raw), f"{len(raw)} bytes of report took {peak} bytes to parse"
+
+
+MANY_DEEP_LINKS = (
+    "python3 -c \"import os; d = os.path.join(*['d' * 250] * 14); os.makedirs(d); "
+    "[os.symlink('x', os.path.join(d, str(i).zfill(245))) for i in range(8000)]\""
+)
+
+
+async def test_what_the_copy_leaves_out_is_recorded_within_a_bound(backend: LocalBackend, no_leaks: None) -> None:
+    """Every entry the copy does not carry becomes an IntegrityFinding with its whole path, with no cap on their
+    number: within the copy's own caps (100,000 entries, 4,096-byte paths) an agent makes the result about 400 MB,
+    held in the server's memory, stored and sent to the caller. Here 8,000 links 3.8 KB deep make it about 30 MB."""
+    from tests.integration.test_grader_integrity import base_image, task
+
+    wrong = [shell_file(f"{WORKDIR}/add.py", WRONG_ADD), f"cd {WORKDIR} && {MANY_DEEP_LINKS}"]
+    result = await run_rollout(task(base_image(), wrong), backend)
+    assert result.grade_isolation == "fresh_box", (result.status, result.error)
+    size = len(result.model_dump_json())
+    assert size < 4 * 2**20, f"{len(result.integrity)} findings, a result of {size} bytes"
