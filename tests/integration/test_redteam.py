@@ -117,3 +117,30 @@ async def test_what_the_copy_leaves_out_is_recorded_within_a_bound(backend: Loca
     assert result.grade_isolation == "fresh_box", (result.status, result.error)
     size = len(result.model_dump_json())
     assert size < 4 * 2**20, f"{len(result.integrity)} findings, a result of {size} bytes"
+
+
+TEST_CLI = (
+    "import subprocess, sys\n\n\ndef test_add():\n"
+    "    run = subprocess.run([sys.executable, 'add.py', '2', '3'], capture_output=True, text=True)\n"
+    "    assert run.stdout.strip() == '5'\n"
+)
+WRONG_CLI = "import sys\nprint(int(sys.argv[1]) - int(sys.argv[2]))\n"
+
+
+async def test_a_test_module_of_the_agents_beside_the_handed_tests_is_not_run(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    """A task whose tests never import the agent's code (they run add.py as a program), handed over in tests/ and
+    run as `python3 -m pytest -q tests`, graded in the grader's box. The agent adds `tests/test_zz.py`, a regular
+    file on no list, carried: pytest collects it with the handed tests, and its `os._exit(0)` at import ends the run
+    with status 0 before any test ran, so the wrong program scores 1.0."""
+    from tests.integration.test_grader_integrity import base_image, task
+
+    wrong = [
+        shell_file(f"{WORKDIR}/add.py", WRONG_CLI),
+        shell_file(f"{WORKDIR}/tests/test_zz.py", "import os\nos._exit(0)\n"),
+    ]
+    request = task(base_image(), wrong, verify_files={"tests/test_add.py": TEST_CLI})
+    result = await run_rollout(request, backend)
+    assert result.grade_isolation == "fresh_box"
+    assert result.reward == 0.0, (result.status, result.verify_results, result.integrity)
