@@ -144,3 +144,25 @@ async def test_a_test_module_of_the_agents_beside_the_handed_tests_is_not_run(
     result = await run_rollout(request, backend)
     assert result.grade_isolation == "fresh_box"
     assert result.reward == 0.0, (result.status, result.verify_results, result.integrity)
+
+
+async def test_a_declared_repository_runs_no_filter_of_the_agents(backend: LocalBackend, no_leaks: None) -> None:
+    """A task that grades the agent's repository declares `.git` in `solution_files`, so the copy carries it; its
+    `.git/config` and hooks are restored from the task's and the settings that run a program are pinned. But
+    `.git/commondir` is neither: it names a directory of the work dir (carried as plain files) whose `config` holds a
+    `filter.x.clean`, and `.gitattributes` applies it. verify's `git status` re-reads the carried add.py (its stat
+    changed in the copy) through the filter, which runs as the grader and writes reward.txt."""
+    from tests.integration.test_grader_integrity import REWARD, base_image, task
+
+    hostile = f"[filter \"x\"]\n\tclean = sh -c 'echo 1 > {REWARD} && cat'\n\tsmudge = cat\n"
+    git = "git -c user.name=a -c user.email=a@a"
+    wrong = [
+        shell_file(f"{WORKDIR}/add.py", WRONG_ADD),
+        f"cd {WORKDIR} && echo '* filter=x' > .gitattributes && {git} add add.py .gitattributes && {git} commit -qm x",
+        f"cd {WORKDIR} && cp -r .git common && rm -rf common/hooks",
+        shell_file(f"{WORKDIR}/common/config", "[core]\n\trepositoryformatversion = 0\n" + hostile),
+        f"cd {WORKDIR} && echo ../common > .git/commondir",
+    ]
+    result = await run_rollout(task(base_image(), wrong, solution_files=[".git"]), backend)
+    assert result.grade_isolation == "fresh_box"
+    assert result.reward == 0.0, (result.status, result.reward_source, result.verify_results, result.integrity)
