@@ -166,3 +166,15 @@ async def test_a_declared_repository_runs_no_filter_of_the_agents(backend: Local
     result = await run_rollout(task(base_image(), wrong, solution_files=[".git"]), backend)
     assert result.grade_isolation == "fresh_box"
     assert result.reward == 0.0, (result.status, result.reward_source, result.verify_results, result.integrity)
+
+
+async def test_code_under_test_cannot_write_the_reward_file(backend: LocalBackend, no_leaks: None) -> None:
+    """The README-style task graded by verify's pass rate (its verify writes no reward file). Code under test runs
+    as the grader, which owns the verifier directory, so a wrong add.py that writes reward.txt when the tests import
+    it scores 1.0 although pytest failed: the reward file beats the pass rate."""
+    from tests.integration.test_grader_integrity import REWARD, base_image, task
+
+    wrong = [shell_file(f"{WORKDIR}/add.py", f"open({REWARD!r}, 'w').write('1')\n{WRONG_ADD}")]
+    result = await run_rollout(task(base_image(), wrong), backend)
+    assert result.grade_isolation == "fresh_box"
+    assert result.reward == 0.0, (result.status, result.reward_source, result.integrity)
