@@ -10,7 +10,8 @@ import tracemalloc
 from opencode_env.rollout.graded_tests import MAX_JUNIT_BYTES, parse_junit
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from tests.integration.test_test_grader_isolation import WORKDIR, WRONG_ADD, graded_task, image, shell_file
+from tests.integration.test_grader_integrity import shell_file
+from tests.integration.test_test_grader_isolation import WORKDIR, WRONG_ADD, graded_task, image
 
 __all__ = ["image"]
 
