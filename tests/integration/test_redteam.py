@@ -179,3 +179,33 @@ async def test_code_under_test_cannot_write_the_reward_file(backend: LocalBacken
     result = await run_rollout(task(base_image(), wrong), backend)
     assert result.grade_isolation == "fresh_box"
     assert result.reward == 0.0, (result.status, result.reward_source, result.integrity)
+
+
+VERIFIER_REWARD = "/home/user/logs/verifier/reward.txt"
+TEST_SH = f"""#!/bin/bash
+cd {WORKDIR}
+python3 -m pytest -q /tests/test_cli.py
+if [ $? -eq 0 ]; then echo 1 > {VERIFIER_REWARD}; else echo 0 > {VERIFIER_REWARD}; fi
+"""
+REWRITES_TEST_SH = """import sys
+with open('/tests/test.sh', 'r+b') as script:
+    text = script.read()
+    script.seek(text.index(b'if ['))
+    script.write(b'echo 1 > /home/user/logs/verifier/reward.txt; exit 0\\n')
+    script.truncate()
+print(int(sys.argv[1]) - int(sys.argv[2]))
+"""
+
+
+async def test_code_under_test_cannot_rewrite_the_running_test_script(backend: LocalBackend, no_leaks: None) -> None:
+    """A Harbor-style task (verify `bash /tests/test.sh`, which runs pytest and then writes the reward from its
+    status), graded in the grader's box. The handed files are the grader's, and the program the tests run is run as
+    the grader, so it rewrites test.sh in place past the line bash is running: bash reads on from its offset, and
+    the wrong program's run ends `echo 1 > reward.txt; exit 0`."""
+    from tests.integration.test_grader_integrity import base_image, task
+
+    files = {"/tests/test.sh": TEST_SH, "/tests/test_cli.py": TEST_CLI}
+    wrong = [shell_file(f"{WORKDIR}/add.py", REWRITES_TEST_SH)]
+    result = await run_rollout(task(base_image(), wrong, verify=["bash /tests/test.sh"], verify_files=files), backend)
+    assert result.grade_isolation == "fresh_box", (result.status, result.error)
+    assert result.reward == 0.0, (result.status, result.reward_source, result.verify_results)
