@@ -209,3 +209,23 @@ async def test_code_under_test_cannot_rewrite_the_running_test_script(backend: L
     result = await run_rollout(task(base_image(), wrong, verify=["bash /tests/test.sh"], verify_files=files), backend)
     assert result.grade_isolation == "fresh_box", (result.status, result.error)
     assert result.reward == 0.0, (result.status, result.reward_source, result.verify_results)
+
+
+WRITES_REWARD_JSON = """import sys
+open('/home/user/logs/verifier/reward.json', 'w').write('{"reward": 1}')
+print(int(sys.argv[1]) - int(sys.argv[2]))
+"""
+
+
+async def test_a_reward_json_of_the_code_under_test_does_not_beat_the_scripts_reward_txt(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    """The same Harbor-style test.sh, which always writes reward.txt after pytest (0 here: the program is wrong).
+    The program the tests run, as the grader, writes reward.json beside it, and the host reads reward.json first."""
+    from tests.integration.test_grader_integrity import base_image, task
+
+    files = {"/tests/test.sh": TEST_SH, "/tests/test_cli.py": TEST_CLI}
+    wrong = [shell_file(f"{WORKDIR}/add.py", WRITES_REWARD_JSON)]
+    result = await run_rollout(task(base_image(), wrong, verify=["bash /tests/test.sh"], verify_files=files), backend)
+    assert result.grade_isolation == "fresh_box", (result.status, result.error)
+    assert result.reward == 0.0, (result.status, result.reward_source, result.verify_results)
