@@ -7,7 +7,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from opencode_env.rollout import graded_tests, grader_box, integrity
 from opencode_env.rollout.commands import run_commands
@@ -19,7 +19,7 @@ from opencode_env.sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from opencode_env.wire.grading import GradedTests, GradeIsolation
+from opencode_env.wire.grading import GradedTests, GradeIsolation, IntegrityFinding
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
@@ -215,10 +215,18 @@ async def grade(rollout: RolloutState, sandbox: RolloutSandbox, isolation: Grade
     if request.tests is not None:
         await run_graded_tests(rollout, sandbox, request.tests, env)
         return
-    reward = await read_reward(sandbox, result.verify_results)
+    reward = await read_reward(sandbox, result.verify_results, request.declared_reward_files())
     result.reward, result.reward_source = reward.value, reward.source
-    if reward.problem:
+    if reward.conflict:
+        result.integrity = [*result.integrity, *reward_conflict_findings(reward.conflict)]
+        result.status, result.failed_phase = "agent_error", "verify"
+        result.error = f"more than one reward file was written, a script writes one (graded 0): {reward.problem}"
+    elif reward.problem:
         log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+
+
+def reward_conflict_findings(paths: Sequence[str]) -> list[IntegrityFinding]:
+    return [IntegrityFinding(path=path, kind="reward_file", act="created", response="graded_zero") for path in paths]
 
 
 async def run_graded_tests(
