@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
-from opencode_env.rollout import graded_tests, grader_box, integrity
+from opencode_env.rollout import graded_tests, grader_box, integrity, task_dirs
 from opencode_env.rollout.commands import run_commands
 from opencode_env.rollout.grader_env import declares_repository, verify_environment
 from opencode_env.rollout.reward import read_reward
@@ -37,6 +37,8 @@ async def verify(rollout: RolloutState) -> None:
     if rollout.request.verify_sandbox == "fresh":
         await fresh_verify(rollout)
         return
+    if not await clear_task_dirs(rollout, rollout.sandbox):
+        return
     if not await hand_over(rollout, rollout.sandbox, rollout.request.verify_files):
         return
     if await put_grader_files_back(rollout, rollout.sandbox):
@@ -58,6 +60,24 @@ async def hand_over(rollout: RolloutState, sandbox: RolloutSandbox, protected: M
             raise
         refuse(rollout, str(error)[-300:])
         return False
+    return True
+
+
+async def clear_task_dirs(rollout: RolloutState, sandbox: RolloutSandbox) -> bool:
+    """The work dir's directories that hold the task's handed files are the task's alone (task_dirs.py): the
+    agent's entries there removed, each a finding; False (graded 0, a policy status) when that failed."""
+    request = rollout.request
+    cleared = await task_dirs.clear(
+        sandbox,
+        request.verify_files,
+        request.files,
+        workdir=rollout.workdir,
+        timeout_s=rollout.budget("verify", integrity.SCAN_TIMEOUT_S),
+    )
+    if isinstance(cleared, str):
+        refuse(rollout, cleared)
+        return False
+    rollout.result.integrity += cleared
     return True
 
 
@@ -159,6 +179,8 @@ async def fresh_verify(rollout: RolloutState) -> None:
     try:
         result.enforcement["verify"] = f"grader's sandbox {box.sandbox_id}"
         if not await carry_work(rollout, box):
+            return
+        if not await clear_task_dirs(rollout, box):
             return
         if not await hand_over(rollout, box, request.verify_files):
             return
