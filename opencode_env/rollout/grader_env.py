@@ -10,8 +10,9 @@
   (`.git/config`, a `commondir` pointing at another config, `info/attributes` plus a `filter.*.clean`), and no
   list of settings closes that. A declared repository is read with every setting that runs a program pinned at the
   command-line level (GIT_CONFIG_COUNT, which beats any repository's `.git/config`), no system or global config,
-  none above the work dir and no bare repository it was not told of; its config and hooks are restored from before
-  the agent ran besides (integrity.py).
+  none above the work dir and no bare repository it was not told of; it is the work dir's `.git` itself (GIT_DIR,
+  and GIT_COMMON_DIR so a `commondir` naming another directory with another config is never followed, GIT_WORK_TREE
+  the work dir); its config and hooks are restored from before the agent ran besides (integrity.py).
 - The task's own variables come first and these win: a task cannot need the agent's bytecode or git hooks.
 """
 
@@ -77,7 +78,10 @@ def verify_environment(
         GIT_CONFIG_NOSYSTEM="1",
         GIT_CONFIG_GLOBAL="/dev/null",
     )
-    if not agent_repository:
+    if agent_repository:
+        repository = posixpath.join(workdir, ".git")
+        env.update(GIT_DIR=repository, GIT_COMMON_DIR=repository, GIT_WORK_TREE=workdir)
+    else:
         env["GIT_DIR"] = NO_REPOSITORY
     env["GIT_CONFIG_COUNT"] = str(len(GIT_OVERRIDES))
     for index, (key, value) in enumerate(GIT_OVERRIDES):

@@ -43,7 +43,7 @@ SHADOW_NAMES = ("pytest", "_pytest", "pluggy", "iniconfig", "unittest", "doctest
 BYTECODE_DIR = "__pycache__"
 GRADER_CONFIG_NAMES = frozenset({*CONFIG_NAMES, *STARTUP_NAMES})
 METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
-GIT_FILES = (".git/config", ".git/config.worktree", ".git/info/attributes", ".git/hooks")
+GIT_FILES = (".git/config", ".git/config.worktree", ".git/commondir", ".git/info/attributes", ".git/hooks")
 
 
 def _name_tests() -> list[str]:

@@ -7,9 +7,9 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from opencode_env.rollout import graded_tests, grader_box, integrity
+from opencode_env.rollout import graded_tests, grader_box, integrity, task_dirs
 from opencode_env.rollout.commands import run_commands
 from opencode_env.rollout.grader_env import declares_repository, verify_environment
 from opencode_env.rollout.reward import read_reward
@@ -19,7 +19,7 @@ from opencode_env.sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from opencode_env.wire.grading import GradedTests, GradeIsolation
+from opencode_env.wire.grading import GradedTests, GradeIsolation, IntegrityFinding
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
@@ -36,6 +36,8 @@ async def verify(rollout: RolloutState) -> None:
     the protected files written in from outside, with a fresh HOME and /tmp."""
     if rollout.request.verify_sandbox == "fresh":
         await fresh_verify(rollout)
+        return
+    if not await clear_task_dirs(rollout, rollout.sandbox):
         return
     if not await hand_over(rollout, rollout.sandbox, rollout.request.verify_files):
         return
@@ -58,6 +60,24 @@ async def hand_over(rollout: RolloutState, sandbox: RolloutSandbox, protected: M
             raise
         refuse(rollout, str(error)[-300:])
         return False
+    return True
+
+
+async def clear_task_dirs(rollout: RolloutState, sandbox: RolloutSandbox) -> bool:
+    """The work dir's directories that hold the task's handed files are the task's alone (task_dirs.py): the
+    agent's entries there removed, each a finding; False (graded 0, a policy status) when that failed."""
+    request = rollout.request
+    cleared = await task_dirs.clear(
+        sandbox,
+        request.verify_files,
+        request.files,
+        workdir=rollout.workdir,
+        timeout_s=rollout.budget("verify", integrity.SCAN_TIMEOUT_S),
+    )
+    if isinstance(cleared, str):
+        refuse(rollout, cleared)
+        return False
+    rollout.result.integrity += cleared
     return True
 
 
@@ -160,6 +180,8 @@ async def fresh_verify(rollout: RolloutState) -> None:
         result.enforcement["verify"] = f"grader's sandbox {box.sandbox_id}"
         if not await carry_work(rollout, box):
             return
+        if not await clear_task_dirs(rollout, box):
+            return
         if not await hand_over(rollout, box, request.verify_files):
             return
         if await put_grader_files_back(rollout, box):
@@ -215,10 +237,18 @@ async def grade(rollout: RolloutState, sandbox: RolloutSandbox, isolation: Grade
     if request.tests is not None:
         await run_graded_tests(rollout, sandbox, request.tests, env)
         return
-    reward = await read_reward(sandbox, result.verify_results)
+    reward = await read_reward(sandbox, result.verify_results, request.declared_reward_files())
     result.reward, result.reward_source = reward.value, reward.source
-    if reward.problem:
+    if reward.conflict:
+        result.integrity = [*result.integrity, *reward_conflict_findings(reward.conflict)]
+        result.status, result.failed_phase = "agent_error", "verify"
+        result.error = f"more than one reward file was written, a script writes one (graded 0): {reward.problem}"
+    elif reward.problem:
         log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+
+
+def reward_conflict_findings(paths: Sequence[str]) -> list[IntegrityFinding]:
+    return [IntegrityFinding(path=path, kind="reward_file", act="created", response="graded_zero") for path in paths]
 
 
 async def run_graded_tests(

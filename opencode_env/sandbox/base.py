@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -40,6 +41,30 @@ its tools, the tools never see them (the proxy's token travels in one)."""
 def task_path(path: str, workdir: str) -> str:
     """Where a task file (`files`, `verify_files`) goes in the sandbox: its own absolute path, or under the work dir."""
     return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
+
+
+HANDED_FILE_MODE = 0o444
+"""The task's handed files (verify_files, restored grader files) are the sandbox root's and read-only, in directories
+only root writes (`sealed_dirs`): code under test running as the grader cannot rewrite a test, a helper or a running
+test.sh, nor swap one. A root grader (verify_as='root', Harbor's default) can: such a task trusts its tests' run."""
+UNSEALED_DIRS = frozenset({"/", HOME, LOGS_DIR, VERIFIER_DIR, "/tmp"})
+
+
+def sealed_dirs(path: str, workdir: str) -> list[str]:
+    """The directories above a handed file (a `task_path`) that become the sandbox root's: those below the work dir
+    for a file in it (the work dir stays the grader's: tests write there); for a file elsewhere (Harbor's /tests)
+    its own directory, unless that is the root, HOME, /tmp, the logs or the work dir or one above it."""
+    normal, top = posixpath.normpath(path), posixpath.normpath(workdir)
+    parent = posixpath.dirname(normal)
+    if normal.startswith(top.rstrip("/") + "/"):
+        found = []
+        while parent != top:
+            found.append(parent)
+            parent = posixpath.dirname(parent)
+        return found[::-1]
+    if parent in UNSEALED_DIRS or top == parent or top.startswith(parent.rstrip("/") + "/"):
+        return []
+    return [parent]
 
 
 class SandboxError(Exception):

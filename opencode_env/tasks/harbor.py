@@ -103,6 +103,7 @@ class HarborTask(BaseModel):
             "workdir": agent_workdir(workdir),
             "verify": [VERIFY_COMMAND],
             "verify_files": dict(self.verify_files),
+            "reward_files": ["reward.txt", "reward.json"],
             "verify_as": config.verify_as,
             "verify_timeout_s": config.verifier.timeout_sec,
             "env": dict(config.verifier.env),

@@ -34,6 +34,8 @@ FindingKind = Literal[
     "over_limit",
     "outside_work_dir",
     "report_forged",
+    "reward_file",
+    "task_directory",
 ]
 AgentAct = Literal["created", "changed", "deleted", "forged"]
 GraderResponse = Literal["removed", "restored", "kept", "not_carried", "refused", "graded_zero"]
@@ -46,11 +48,14 @@ dir the host made (regular files only); agent_box, the agent's own box, hardened
 class IntegrityFinding(BaseModel):
     path: str = Field(
         description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes); for `report_forged`, "
-        "what disagreed with pytest's own run (a canary test id, its exit status, its summary)."
+        "what disagreed with pytest's own run (a canary test id, its exit status, its summary); for `reward_file`, "
+        "the reward file's path."
     )
     kind: FindingKind = Field(
         description="What the file configures in the grader; `report_forged`: the test report contradicts the "
-        "canary tests or pytest's own exit status and summary (code under test rewrote it)."
+        "canary tests or pytest's own exit status and summary (code under test rewrote it); `reward_file`: more than "
+        "one reward file written where a script writes one; `task_directory`: an entry the agent left in a directory "
+        "that holds the task's handed files (the task's alone when verify runs)."
     )
     act: AgentAct = Field(description="What the agent did to it, against the snapshot taken before the agent ran.")
     response: GraderResponse = Field(description="What the grader did before verify ran.")

@@ -33,6 +33,7 @@ VerifyAs = Literal["grader", "root"]
 ResultText = Literal["summary", "json"]
 SetupAs = Literal["root", "user"]
 TokenIn = Literal["off", "auto", "require"]
+RewardFile = Literal["reward.txt", "reward.json"]
 
 MAX_INSTRUCTION_CHARS = 200_000
 MAX_COMMANDS = 64
@@ -226,6 +227,16 @@ class RolloutRequest(BaseModel):
         "a directory the agent never wrote, the work dir last on sys.path, a JUnit report read by the host); the "
         "reward comes from which expected ids passed, never from an exit code. `verify` commands still run first.",
     )
+    reward_files: list[RewardFile] | None = Field(
+        None,
+        max_length=2,
+        description="Which reward files of the verifier directory (/home/user/logs/verifier, Harbor's /logs/verifier) "
+        "verify writes: only those are read, and the reward is theirs; any other is ignored (code under test runs "
+        "as the grader and could write one). With both declared and both written, the grade is 0.0 (agent_error: "
+        "a script writes one). [] reads none: the reward is verify's pass rate. None (the default): the files the "
+        "task's own `verify` commands or `verify_files` name (`reward.txt`, `reward.json` in their text); Harbor "
+        "tasks declare both. Ignored with `tests` (the reward is the tests').",
+    )
     verify_sandbox: VerifySandbox = Field(
         "fresh",
         description="fresh: verify runs in a new sandbox made from the task's image with setup run again, fed a copy "
@@ -311,6 +322,13 @@ class RolloutRequest(BaseModel):
                 raise ValueError(f"solution_files: {path[:80]!r} must be relative to the work dir, with no '..'")
         return [path.strip("/") for path in paths]
 
+    @field_validator("reward_files")
+    @classmethod
+    def _reward_files_once_each(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and len(set(names)) != len(names):
+            raise ValueError(f"reward_files: {names} names a file twice")
+        return names
+
     @field_validator("env")
     @classmethod
     def _env_leaves_reserved_names_alone(cls, env: dict[str, str]) -> dict[str, str]:
@@ -333,6 +351,15 @@ class RolloutRequest(BaseModel):
         if self.token_in != "off" and self.mode == "black_box":
             raise ValueError("token_in: done by the capture proxy, so transparent_proxy mode only (mode='black_box')")
         return self
+
+    def declared_reward_files(self) -> tuple[RewardFile, ...]:
+        """The reward files verify writes: `reward_files`, or those the task's own verify commands and files name.
+        Only the task's text counts, never anything of the agent's."""
+        if self.reward_files is not None:
+            return tuple(self.reward_files)
+        texts = [*self.verify, *self.verify_files.values()]
+        names: tuple[RewardFile, ...] = ("reward.txt", "reward.json")
+        return tuple(name for name in names if any(name in text for text in texts))
 
     def wanted_capture(self) -> Capture:
         """The capture this rollout needs: `capture`, or by default tokens through the proxy and text without it."""

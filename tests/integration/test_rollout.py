@@ -75,13 +75,18 @@ async def test_one_of_two_verify_commands_failing_gives_half(shared: SharedRollo
     assert [r.cmd for r in result.verify_results] == HALF_VERIFY
 
 
-async def test_reward_file_overrides_pass_rate(backend: LocalBackend, no_leaks: None) -> None:
+async def test_a_declared_reward_file_overrides_pass_rate_and_two_written_grade_zero(
+    backend: LocalBackend, no_leaks: None
+) -> None:
     verify = ["exit 1", "echo 0.25 > /home/user/logs/verifier/reward.txt"]
     result = (await rollout(backend, Script(steps=[say("ok")]), verify=verify)).result
     assert (result.reward, result.reward_source) == (0.25, "reward_txt")
     json_verify = [*verify, "echo '{\"reward\": 0.75}' > /home/user/logs/verifier/reward.json"]
+    declared = await rollout(backend, Script(steps=[say("ok")]), verify=json_verify, reward_files=["reward.json"])
+    assert (declared.result.reward, declared.result.reward_source) == (0.75, "reward_json")
     result = (await rollout(backend, Script(steps=[say("ok")]), verify=json_verify)).result
-    assert (result.reward, result.reward_source) == (0.75, "reward_json")
+    assert (result.reward, result.status, result.failed_phase) == (0.0, "agent_error", "verify"), result.error
+    assert {(finding.kind, finding.response) for finding in result.integrity} == {("reward_file", "graded_zero")}
 
 
 async def test_failing_setup_stops_the_rollout(backend: LocalBackend, no_leaks: None) -> None:

@@ -4,8 +4,9 @@ script that hands the agent's work over to it before verify.
 The script runs as the VM's or container's root, over a tree the agent may have filled with links and odd names, so
 it never lets root follow one: a path component that is a link or not a directory is removed (the link itself)
 before anything is made there; ownership changes use `chown -h` (the link, not its target); protected files are then
-written by the grader, never by root. Processes the agent left behind still run as `user`: once the work dir and
-the verifier directory are the grader's they can no longer change either.
+written by the grader, never by root, then made root's and read-only (`seal_script`). Processes the agent left
+behind still run as `user`: once the work dir and the verifier directory are the grader's they can no longer
+change either.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import posixpath
 import shlex
 from collections.abc import Iterable
 
-from opencode_env.sandbox.base import HOME, LOGS_DIR, VERIFIER_DIR, WORKDIR, task_path
+from opencode_env.sandbox.base import (
+    HANDED_FILE_MODE,
+    HOME,
+    LOGS_DIR,
+    VERIFIER_DIR,
+    WORKDIR,
+    sealed_dirs,
+    task_path,
+)
 from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
 
 GRADER_USER = "grader"
@@ -65,6 +74,21 @@ def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
     lines += [f"chown {grader} -- {shlex.quote(VERIFIER_DIR)}"]
     for path in protected:
         lines += _clear_path(task_path(path, workdir), grader, workdir)
+    return "\n".join(lines) + "\n"
+
+
+def seal_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
+    """Root's part after the grader wrote the protected files: each the root's and read-only, the directories above
+    it that `sealed_dirs` names root's (no process of the grader's or the agent's runs meanwhile, and root never
+    follows a link: the files and directories are the grader's fresh ones)."""
+    lines = ["set -eu"]
+    for path in protected:
+        target = task_path(path, workdir)
+        for directory in sealed_dirs(target, workdir):
+            quoted = shlex.quote(directory)
+            lines += [f"chown -h root:root -- {quoted}", f"[ -L {quoted} ] || chmod 0755 -- {quoted}"]
+        quoted = shlex.quote(target)
+        lines += [f"chown -h root:root -- {quoted}", f"[ -L {quoted} ] || chmod {HANDED_FILE_MODE:o} -- {quoted}"]
     return "\n".join(lines) + "\n"
 
 

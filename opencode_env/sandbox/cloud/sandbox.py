@@ -34,7 +34,7 @@ from opencode_env.sandbox.cloud.agent_env import (
     tool_shell,
 )
 from opencode_env.sandbox.cloud.carry import carry_between
-from opencode_env.sandbox.cloud.grader import handoff_script
+from opencode_env.sandbox.cloud.grader import handoff_script, seal_script
 from opencode_env.sandbox.cloud.lifecycle import kill_quietly
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
@@ -188,6 +188,11 @@ class CloudSandbox(ABC):
             raise SandboxError(f"could not hand the work dir to the grader in {self.sandbox_id}: {output[-500:]}")
         for path, text in protected.items():
             await self._write_as("grader", task_path(path, workdir), text)
+        if not protected:
+            return
+        exit_code, output = await self.run_root(seal_script(protected, workdir), HANDOFF_TIMEOUT_S)
+        if exit_code != 0:
+            raise SandboxError(f"could not seal the handed files in {self.sandbox_id}: {output[-500:]}")
 
     async def carry_workdir_to(
         self, target: RolloutSandbox, *, keep: tuple[str, ...], limits: CarryLimits

@@ -69,14 +69,18 @@ def reset_dir(base: Path, relative: str, *, owner: Owner, mode: int = DIR_MODE) 
         os.close(_make_dir(parent, parts[-1], owner, mode))
 
 
-def place_file(base: Path, relative: str, data: bytes, *, owner: Owner, mode: int = 0o644) -> None:
+def place_file(
+    base: Path, relative: str, data: bytes, *, owner: Owner, mode: int = 0o644, sealed_from: int | None = None
+) -> None:
     """base/relative becomes a new regular file holding exactly `data`, of owner's with `mode`. Whatever was at the
     path (a symlink, a directory tree, a fifo, a hard link to another name) is removed first, never followed or
-    written through; the components above it are made real directories as in `reset_dir`."""
+    written through; the components above it are made real directories as in `reset_dir`. `sealed_from`: the
+    directories above it from that component on become owner's too, DIR_MODE (only owner adds, renames or removes
+    entries in them), whoever had them."""
     parts = components(relative)
     if not parts:
         raise IsADirectoryError(relative)
-    with _real_dirs(base, parts[:-1], owner) as parent:
+    with _real_dirs(base, parts[:-1], owner, seal_from=sealed_from) as parent:
         _remove_entry(parent, parts[-1])
         try:
             fd = os.open(
@@ -142,17 +146,20 @@ def _make_dir(parent: int, name: str, owner: Owner, mode: int) -> int:
 
 
 @contextlib.contextmanager
-def _real_dirs(base: Path, parts: list[str], owner: Owner) -> Iterator[int]:
-    """A descriptor of base/parts..., each component that is not a real directory replaced by a new one."""
+def _real_dirs(base: Path, parts: list[str], owner: Owner, *, seal_from: int | None = None) -> Iterator[int]:
+    """A descriptor of base/parts..., each component that is not a real directory replaced by a new one; those from
+    index `seal_from` on made owner's, DIR_MODE."""
     fd = os.open(base, DIR_FLAGS)
     try:
-        for part in parts:
+        for index, part in enumerate(parts):
             child = _open_subdir(fd, part)
             if child is None:
                 _remove_entry(fd, part)
                 child = _make_dir(fd, part, owner, DIR_MODE)
             os.close(fd)
             fd = child
+            if seal_from is not None and index >= seal_from:
+                _own(fd, owner, DIR_MODE)
         yield fd
     finally:
         os.close(fd)

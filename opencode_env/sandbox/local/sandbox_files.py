@@ -12,6 +12,7 @@ from pathlib import Path
 
 from opencode_env.sandbox import tree_carry
 from opencode_env.sandbox.base import (
+    HANDED_FILE_MODE,
     HOME,
     VERIFIER_DIR,
     WORKDIR,
@@ -20,6 +21,7 @@ from opencode_env.sandbox.base import (
     FileEntry,
     Identity,
     SandboxError,
+    sealed_dirs,
     task_path,
 )
 from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
@@ -104,9 +106,20 @@ class SandboxFiles:
         startup = posixpath.join(posixpath.relpath(GRADER_PYTHON_DIR, GRADER_DIR), SITECUSTOMIZE)
         source = SITECUSTOMIZE_SOURCE.encode("utf-8")
         await asyncio.to_thread(hostfs_write.place_file, self._layout.grader_dir, startup, source, owner=grader)
+        task = (self._ids.root, self._ids.root)
         for path, text in protected.items():
-            base, relative = self._relative(task_path(path, workdir))
-            await asyncio.to_thread(hostfs_write.place_file, base, relative, text.encode("utf-8"), owner=grader)
+            target = task_path(path, workdir)
+            base, relative = self._relative(target)
+            sealed_from = len(hostfs.components(relative)) - 1 - len(sealed_dirs(target, workdir))
+            await asyncio.to_thread(
+                hostfs_write.place_file,
+                base,
+                relative,
+                text.encode("utf-8"),
+                owner=task,
+                mode=HANDED_FILE_MODE,
+                sealed_from=sealed_from,
+            )
 
     def workdir_on_host(self) -> tuple[Path, str]:
         """The host directory and the path under it where this sandbox's work dir lives (its home, or the image's
