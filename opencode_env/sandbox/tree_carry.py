@@ -3,7 +3,9 @@ following a link, with normalised modes and no owners, xattrs or capabilities, w
 
 This module imports nothing but the standard library: the local backend runs it in the server (the host reads the
 agent's tree from outside its namespaces, writes the grader box's tree), the cloud backends upload it and run it as
-root in the VM (`python3 -I tree_carry.py pack|unpack ...`), so one walker decides what crosses everywhere.
+root in the VM (`python3 -I -c SOURCE survey|pack|unpack ...`), so one walker decides what crosses everywhere. What
+the grader box already holds (setup's `.git`, links, bytecode) is no finding: the local route asks the grader box's
+tree, the cloud route a survey of it made there (`survey`), and both answer alike.
 
 What is not carried, each recorded as a `Skipped` (the pipeline turns each into an integrity finding): symlinks,
 FIFOs, sockets, devices, files with more than one hard link, entries that cannot be read, and repository and
@@ -23,6 +25,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -44,6 +47,10 @@ GIT_CODE_FILES = ("config", "config.worktree", "commondir", "info/attributes")
 """What in a repository makes git run a command (with `hooks/`): compared where the grader box has its own `.git`."""
 GIT_CODE_LIMIT = 1 << 20
 MAX_HOOKS = 64
+SURVEY_MAX_BYTES = 4 * 2**20
+Survey = dict[str, dict[str, str]]
+"""A relative path in the grader box's work dir -> what stands there: {"link": target} for a link, {"git": digest}
+for a `.git`, {} for other metadata."""
 
 
 @dataclass(frozen=True)
@@ -204,33 +211,99 @@ def _unlink_unless_dir(parent: int, name: str) -> None:
 
 
 class TarSink:
-    """Writes an uncompressed tar of what crosses: directories and regular files, owner 0, normalised modes."""
+    """Writes an uncompressed tar of what crosses: directories and regular files, owner 0, normalised modes. The grader
+    box's survey (made there, see `survey`) answers for its tree what that tree itself answers for a DirSink."""
 
-    def __init__(self, tar: tarfile.TarFile) -> None:
+    def __init__(self, tar: tarfile.TarFile, grader_survey: Survey | None = None) -> None:
         self._tar = tar
+        self._survey = grader_survey or {}
+        self._entered: list[str] = []
+
+    def _path(self, name: str) -> str:
+        return f"{self._entered[-1]}/{name}" if self._entered else name
 
     def enter(self, relative: str) -> None:
         info = tarfile.TarInfo(relative)
         info.type, info.mode = tarfile.DIRTYPE, DIR_MODE
         self._tar.addfile(info)
+        self._entered.append(relative)
 
     def leave(self) -> None:
-        pass
+        self._entered.pop()
 
     def has(self, name: str) -> bool:
-        return False
+        return self._path(name) in self._survey
 
     def git_differs(self, source_parent: int, name: str) -> bool:
-        return True
+        return self._survey.get(self._path(name), {}).get("git") != git_digest(source_parent, name)
 
     def same_link(self, name: str, target: str) -> bool:
-        return False
+        return self._survey.get(self._path(name), {}).get("link") == target
 
     def file(self, relative: str, data: bytes, executable: bool) -> bool:
         info = tarfile.TarInfo(relative)
         info.size, info.mode = len(data), EXEC_MODE if executable else FILE_MODE
         self._tar.addfile(info, io.BytesIO(data))
         return True
+
+
+def survey(root_fd: int, limits: Limits, keep: tuple[str, ...] = ()) -> Survey:
+    """What a copy meets in the grader box's work dir and leaves in place, by relative path, as `clear` leaves it: each
+    link (with its target), each metadata entry (a `.git` with its git_code's digest) and, where `keep` leads into
+    one, everything on the way; each directory left holding any of them. Made in the grader's box for a copy packed
+    in another (the cloud's route). It stops at max_entries, max_depth or SURVEY_MAX_BYTES of JSON: what it missed
+    can only add findings, never carry a file."""
+    found: Survey = {}
+    size = entries = 0
+    stack = [_SurveyLevel(os.dup(root_fd), os.scandir(root_fd), "", intact=False, recorded=0)]
+    try:
+        while stack:
+            level = stack[-1]
+            entry = next(level.listing, None)
+            if entry is None:
+                stack.pop().close()
+                if level.prefix and not level.intact and len(found) > level.recorded:
+                    found[level.prefix[:-1]] = {}
+                continue
+            entries += 1
+            if entries > limits.max_entries:
+                break
+            relative = level.prefix + entry.name
+            is_link = entry.is_symlink()
+            kept = level.intact or is_link or metadata_kind(entry.name) is not None
+            if kept:
+                mark = {"link": os.readlink(entry.name, dir_fd=level.fd)} if is_link else {}
+                if entry.name.casefold() == ".git":
+                    mark["git"] = git_digest(level.fd, entry.name)
+                size += len(json.dumps(relative)) + len(json.dumps(mark)) + 2
+                if size > SURVEY_MAX_BYTES:
+                    break
+                found[relative] = mark
+            descend = not kept or any(
+                wanted == relative or wanted.startswith(relative + "/") or relative.startswith(wanted + "/")
+                for wanted in keep
+            )
+            if descend and not is_link and entry.is_dir(follow_symlinks=False) and len(stack) < limits.max_depth:
+                child = os.open(entry.name, DIR_FLAGS, dir_fd=level.fd)
+                stack.append(_SurveyLevel(child, os.scandir(child), relative + "/", kept, len(found)))
+    finally:
+        for level in stack:
+            level.close()
+    return found
+
+
+@dataclass
+class _SurveyLevel:
+    fd: int
+    listing: Iterator[os.DirEntry[str]]
+    prefix: str
+    intact: bool
+    """Under a metadata directory, which `clear` leaves whole."""
+    recorded: int
+
+    def close(self) -> None:
+        self.listing.close()  # type: ignore[attr-defined]
+        os.close(self.fd)
 
 
 @dataclass
@@ -353,6 +426,12 @@ def git_code(parent: int, name: str) -> tuple[object, ...]:
         return (*files, hooks)
     finally:
         os.close(fd)
+
+
+def git_digest(parent: int, name: str) -> str:
+    """git_code as a short text: what a survey carries across hosts."""
+    code = repr(git_code(parent, name)).encode("utf-8", "backslashreplace")
+    return hashlib.sha256(code).hexdigest()
 
 
 def _small_file(parent: int, path: str) -> bytes | str | None:
@@ -505,14 +584,21 @@ def unpack(archive: io.BufferedIOBase, sink: Sink, limits: Limits) -> Report:
 
 
 def main(argv: list[str]) -> int:
-    """`pack SOURCE LIMITS_JSON KEEP_JSON`: prints the tar's base64, then the report, one line each.
+    """`survey TARGET LIMITS_JSON KEEP_JSON`: prints the grader box's survey, one line.
+    `pack SOURCE LIMITS_JSON KEEP_JSON [SURVEY_FILE]`: prints the tar's base64, then the report, one line each.
     `unpack ARCHIVE TARGET LIMITS_JSON UID`: empties TARGET (its metadata kept), unpacks, prints the report."""
     command, first, second, third, *rest = argv
+    if command == "survey":
+        target = os.open(first, DIR_FLAGS)
+        sys.stdout.write(json.dumps(survey(target, Limits(**json.loads(second)), tuple(json.loads(third)))) + "\n")
+        return 0
     if command == "pack":
         packed = io.BytesIO()
         source = os.open(first, DIR_FLAGS)
+        grader_survey = _read_survey(rest[0]) if rest else {}
         with tarfile.open(fileobj=packed, mode="w|", format=tarfile.PAX_FORMAT, errors="surrogateescape") as tar:
-            report = carry(source, TarSink(tar), Limits(**json.loads(second)), tuple(json.loads(third)))
+            sink = TarSink(tar, grader_survey)
+            report = carry(source, sink, Limits(**json.loads(second)), tuple(json.loads(third)))
         encoded = b"" if report.over else base64.b64encode(packed.getvalue())
         sys.stdout.write(encoded.decode("ascii") + "\n")
     elif command == "unpack":
@@ -530,6 +616,18 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown command {command!r}")
     sys.stdout.write(report.to_json() + "\n")
     return 0
+
+
+def _read_survey(path: str) -> Survey:
+    fd = os.open(path, FILE_FLAGS)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SystemExit(f"the survey at {path} is not a regular file")
+        data = handle.read(2 * SURVEY_MAX_BYTES + 1)
+    if len(data) > 2 * SURVEY_MAX_BYTES:
+        raise SystemExit(f"the survey at {path} is over {2 * SURVEY_MAX_BYTES} bytes")
+    loaded = json.loads(data)
+    return {str(path): {str(key): str(value) for key, value in mark.items()} for path, mark in loaded.items()}
 
 
 if __name__ == "__main__":

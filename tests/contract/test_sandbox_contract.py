@@ -254,3 +254,30 @@ async def test_the_work_dir_crosses_into_another_sandbox_as_regular_files_only(
         ("Evil.DIST-INFO", "metadata"),
     }
     assert report.over == ""
+
+
+async def test_what_setup_made_in_both_boxes_is_no_finding_and_a_changed_git_is_one(
+    sandbox: Sandbox, any_backend: SandboxBackend
+) -> None:
+    """Every backend reports alike (the cloud's from the grader box's survey, the local from its tree): setup's own
+    `.git`, bytecode and links, present in both boxes, are no finding; the agent's changed `.git` config is one, and
+    the grader keeps its own."""
+    setup = (
+        "mkdir -p workdir/.git/hooks workdir/pkg/__pycache__ && printf '[core]\\n' > workdir/.git/config "
+        "&& echo x > workdir/pkg/__pycache__/mod.pyc && ln -s pkg workdir/alias && echo 'x = 1' > workdir/pkg/mod.py"
+    )
+    assert (await sandbox.run(setup, timeout_s=10, cwd=HOME)).exit_code == 0
+    grader = await any_backend.create(SandboxSpec(task_id="contract"))
+    try:
+        assert (await grader.run(setup, timeout_s=10, cwd=HOME)).exit_code == 0
+        agent = cast(RolloutSandbox, sandbox)
+        alike = await agent.carry_workdir_to(grader, keep=(), limits=CarryLimits())
+        hostile = "printf '[core]\\n\\tfsmonitor = touch /tmp/owned\\n' > workdir/.git/config"
+        assert (await sandbox.run(hostile, timeout_s=10, cwd=HOME, identity="root")).exit_code == 0
+        changed = await agent.carry_workdir_to(grader, keep=(), limits=CarryLimits())
+        config = await grader.read_file(f"{WORKDIR}/.git/config")
+    finally:
+        await grader.close()
+    assert (alike.skipped, alike.files) == ([], 1)
+    assert [(item.path, item.kind) for item in changed.skipped] == [(".git", "changed_git")]
+    assert config == b"[core]\n"

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from opencode_env.sandbox import tree_carry
 from opencode_env.sandbox.tree_carry import DirSink, Limits, Report, TarSink
@@ -193,3 +195,86 @@ def test_the_tar_route_carries_the_same_tree_and_refuses_what_it_never_packs(tmp
     (tmp_path / "again").mkdir()
     with opened(tmp_path / "again") as dst, pytest.raises(ValueError, match="never pack"):
         tree_carry.unpack(io.BytesIO(hostile.getvalue()), DirSink(dst, None), Limits())
+
+
+NAMES = (".git", ".Git", "__pycache__", "m.egg-info", "site.pth", "pkg", "mod.py", "link")
+Node = tuple[str, object]
+"""("file", text) | ("dir", {name: Node}) | ("link", target) | ("git", config)."""
+
+
+def _nodes(depth: int) -> st.SearchStrategy[dict[str, Node]]:
+    leaf = st.one_of(
+        st.tuples(st.just("file"), st.sampled_from(["a", "b"])),
+        st.tuples(st.just("link"), st.sampled_from(["/etc", "pkg", "../x"])),
+        st.tuples(st.just("git"), st.sampled_from(["[core]\n", '[filter "x"]\n\tclean = evil\n'])),
+    )
+    node = leaf if depth == 0 else st.one_of(leaf, st.tuples(st.just("dir"), st.deferred(lambda: _nodes(depth - 1))))
+    return st.dictionaries(st.sampled_from(NAMES), node, max_size=4)
+
+
+def _build(root: Path, nodes: dict[str, Node]) -> None:
+    root.mkdir(exist_ok=True)
+    for name, (kind, value) in nodes.items():
+        path = root / name
+        if kind == "file":
+            path.write_text(str(value))
+        elif kind == "link":
+            path.symlink_to(str(value))
+        elif kind == "git":
+            (path / "hooks").mkdir(parents=True)
+            (path / "config").write_text(str(value))
+        else:
+            _build(path, value)  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    agent=_nodes(2),
+    grader=_nodes(2),
+    keep=st.sampled_from([(), (".git/config",), ("pkg/__pycache__",), ("site.pth",)]),
+)
+def test_the_cloud_route_reports_what_the_local_route_reports(
+    tmp_path_factory: pytest.TempPathFactory, agent: dict[str, Node], grader: dict[str, Node], keep: tuple[str, ...]
+) -> None:
+    """Any two trees: the tar route (packed in the agent's box against the grader box's survey, unpacked in the
+    grader's, as the cloud backends carry it) leaves the same tree and records the same entries not carried as the
+    local route, which sees the grader's tree itself: setup's `.git`, links and bytecode in both boxes are no
+    finding on either."""
+    root = tmp_path_factory.mktemp("trees")
+    source, local_target, cloud_target = root / "agent", root / "local", root / "cloud"
+    _build(source, agent)
+    _build(local_target, grader)
+    _build(cloud_target, grader)
+    with opened(local_target) as dst:
+        tree_carry.clear(dst)
+    local = carry(source, local_target, keep=keep)
+    packed = io.BytesIO()
+    with opened(cloud_target) as dst:
+        surveyed = tree_carry.survey(dst, Limits(), keep)
+    with opened(source) as src, tarfile.open(fileobj=packed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        cloud = tree_carry.carry(src, TarSink(tar, surveyed), Limits(), keep)
+    with opened(cloud_target) as dst:
+        tree_carry.clear(dst)
+        sink = DirSink(dst, None)
+        landed = tree_carry.unpack(io.BytesIO(packed.getvalue()), sink, Limits())
+        sink.close()
+    assert {**skipped(cloud), **skipped(landed)} == skipped(local)
+    assert landed.files == local.files
+    assert tree(cloud_target) == tree(local_target)
+
+
+def test_a_survey_holds_links_metadata_and_the_directories_holding_them_and_nothing_under_them(tmp_path: Path) -> None:
+    _build(
+        tmp_path / "grader",
+        {
+            ".git": ("git", "[core]\n"),
+            "pkg": ("dir", {"__pycache__": ("dir", {"mod.pyc": ("file", "a")}), "mod.py": ("file", "a")}),
+            "link": ("link", "/etc"),
+        },
+    )
+    with opened(tmp_path / "grader") as dst:
+        surveyed = tree_carry.survey(dst, Limits())
+        git = tree_carry.git_digest(dst, ".git")
+    assert surveyed == {".git": {"git": git}, "pkg": {}, "pkg/__pycache__": {}, "link": {"link": "/etc"}}
+    with opened(tmp_path / "grader") as dst:
+        assert tree_carry.survey(dst, Limits(max_entries=1)).keys() <= {".git", "pkg", "link"}

@@ -5,7 +5,9 @@ our own walker (tree_carry.py, its source on the command line of `python3 -I -c`
 never follows a link and packs regular files and directories alone into a tar, printed as base64, which the host
 carries to the grader's box (written under a random name in its /tmp, root's), where the same walker, as root there,
 empties the work dir (setup's metadata kept) and unpacks it, entry by entry under directory descriptors, owned by
-`user`.
+`user`. Before the pack, the walker surveys the grader's box (its links and metadata, what the unpack keeps) and the
+pack reads that survey: what the agent's box holds just as the grader's does (setup's `.git`, its links, its
+bytecode) is then no finding, as on the local backend, where the walker sees both trees.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class CloudSandbox(Protocol):
 CARRY_TIMEOUT_S = 300.0
 TAR_HEADER_BYTES = 1536
 """A PAX tar's worst case per entry (its header and an extended header), for the archive's size bound."""
+SURVEY_OUTPUT_BYTES = tree_carry.SURVEY_MAX_BYTES + 2**16
+"""The survey's JSON line at most (the walker stops adding paths past SURVEY_MAX_BYTES)."""
 WALKER_SOURCE = Path(tree_carry.__file__).read_text(encoding="utf-8")
 
 
@@ -66,12 +70,27 @@ def _walker(sandbox: CloudSandbox, *args: str) -> str:
 async def carry_between(
     source: CloudSandbox, target: CloudSandbox, *, workdir: str, keep: tuple[str, ...], limits: CarryLimits
 ) -> CarryReport:
-    """Two commands in the agent's VM (the hand-over, done by the caller, and the pack, whose output is the archive)
-    and two in the grader's (the archive written, the unpack)."""
-    limits_json = json.dumps(asdict(limits))
+    """The survey in the grader's VM; two commands in the agent's VM (the hand-over, done by the caller, and the pack,
+    whose output is the archive); the archive written into the grader's VM and unpacked there."""
+    limits_json, keep_json = json.dumps(asdict(limits)), json.dumps(list(keep))
+    surveyed = await target.run(
+        _walker(target, "survey", workdir, limits_json, keep_json),
+        timeout_s=CARRY_TIMEOUT_S,
+        identity="root",
+        cwd="/",
+        max_output_bytes=SURVEY_OUTPUT_BYTES,
+    )
+    if surveyed.exit_code != 0 or surveyed.output_truncated:
+        raise SandboxError(
+            f"surveying the grader's work dir failed in {target.sandbox_id} (exit {surveyed.exit_code}): "
+            f"{surveyed.stderr[-500:]}"
+        )
+    survey = f"/tmp/opencode-env-survey-{secrets.token_hex(16)}.json"
+    await source.write_root_bytes(survey, surveyed.stdout.encode("ascii"))
     bound = (limits.max_bytes + TAR_HEADER_BYTES * (limits.max_entries + 2)) * 4 // 3 + 2**20
+    pack = _walker(source, "pack", workdir, limits_json, keep_json, survey)
     packed = await source.run(
-        _walker(source, "pack", workdir, limits_json, json.dumps(list(keep))),
+        f"{pack}; status=$?; rm -f {survey}; exit $status",
         timeout_s=CARRY_TIMEOUT_S,
         identity="root",
         cwd="/",
