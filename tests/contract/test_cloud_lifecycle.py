@@ -83,6 +83,7 @@ class Cloud:
     """The provider: `gate` holds creations back until it is set; the failure switches stop a step."""
 
     label: str = "Memory"
+    cap_setting: str = "MEMORY_MAX_SANDBOXES"
     tags: Tags = field(default_factory=lambda: MEMORY_TAGS)
     start_timeout_s: float | None = None
     key: str = "key"
@@ -155,6 +156,26 @@ async def test_a_sandbox_holds_its_slot_until_it_closes() -> None:
     assert cloud.alive == {second.result().sandbox_id}
     assert await backend.close_all() == 1
     assert (cloud.alive, await backend.close_all()) == (set(), 0)
+
+
+async def test_a_rollout_and_its_grader_box_hold_two_slots_and_a_cap_of_one_is_refused_naming_it() -> None:
+    """The agent's VM takes room for the grader's too (admitted together, so two rollouts never each hold one and
+    wait for the other): under a cap of 2 a second such rollout waits until the first closes; a cap of 1 cannot
+    hold both, and is refused before any VM exists, naming the setting and what to do."""
+    cloud = Cloud()
+    backend = Lifecycle(cloud, limit=2)
+    agent = await backend.create(SandboxSpec(grader_box="planned"), "image")
+    grader = await backend.create(SandboxSpec(grader_box="this"), "image")
+    second = asyncio.ensure_future(backend.create(SandboxSpec(grader_box="planned"), "image"))
+    await asyncio.sleep(0.3)
+    assert (len(cloud.alive), second.done()) == (2, False)
+    await grader.close()
+    await agent.close()
+    await (await asyncio.wait_for(second, timeout=5)).close()
+    small = Cloud()
+    with pytest.raises(SandboxError, match=r"MEMORY_MAX_SANDBOXES=1 .*\(2: .*raise it to 2 or more, or ask for verify"):
+        await Lifecycle(small, limit=1).create(SandboxSpec(grader_box="planned"), "image")
+    assert small.created == []
 
 
 async def test_a_creation_cancelled_midway_kills_its_vm_once_it_exists() -> None:

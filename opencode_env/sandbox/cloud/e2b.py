@@ -243,6 +243,7 @@ class E2BBackend:
         risk="starts sandboxes billed to the server owner's E2B account",
     )
     label = "E2B"
+    cap_setting = variable("e2b_max_sandboxes")
     tags = Tags(TAG, server="server", task="task_id", created="created", clean=lambda text: text[:100])
     start_timeout_s: float | None = None
 

@@ -41,6 +41,7 @@ from opencode_env.sandbox.cloud.admission import DEFAULT_LIMIT
 from opencode_env.sandbox.cloud.hf_sdk import CALL_TIMEOUT_S, TAG, Calls, reap, sdk_error
 from opencode_env.sandbox.cloud.lifecycle import LIFETIME_MARGIN_S, Lifecycle, Tags, provided_tools
 from opencode_env.sandbox.cloud.sandbox import Capture, CloudSandbox
+from opencode_env.settings import variable
 from opencode_env.wire import CommandResult
 
 log = logging.getLogger("opencode_env.hf")
@@ -245,6 +246,7 @@ class HFBackend:
         risk="starts sandboxes billed to the server owner's Hugging Face account",
     )
     label = "HF"
+    cap_setting = variable("hf_max_sandboxes")
     tags = Tags(TAG, server=f"{TAG}-server", task=f"{TAG}-task", created=f"{TAG}-created", clean=label_value)
     start_timeout_s: float | None = START_TIMEOUT_S
 

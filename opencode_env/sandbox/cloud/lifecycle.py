@@ -54,6 +54,8 @@ class Provider(Protocol[S_co]):
 
     label: str
     """The cloud's name in messages: "E2B", "HF"."""
+    cap_setting: str
+    """The setting that caps its VMs alive at once (its variable's name), for the message that says to raise it."""
     tags: Tags
     start_timeout_s: float | None
     """How long a VM may take to start before its rollout stops waiting (None: as long as the SDK takes)."""
@@ -131,6 +133,12 @@ class Lifecycle(Generic[S_co]):
         """A prepared sandbox on a new VM running `image`; it holds its slot until it closes."""
         credential = self._provider.credential()
         slots = {"none": 1, "planned": 2, "this": 0}[spec.grader_box]
+        if slots > self._admission.limit:
+            raise SandboxError(
+                f"{self._provider.cap_setting}={self._admission.limit} holds fewer {self._provider.label} sandboxes "
+                f"than a rollout graded in the grader's box needs ({slots}: the agent's VM and the grader's): raise it "
+                "to 2 or more, or ask for verify_sandbox='same'"
+            )
         if slots:
             await self._admission.acquire(slots)
         try:
