@@ -58,11 +58,27 @@ class Settings(BaseSettings):
         "server",
         "Without a token: host names the server answers to besides localhost, this machine's names and IP addresses.",
     )
+    revoked_callers: str = _setting(
+        "",
+        "OPENCODE_ENV_REVOKED_CALLERS",
+        "server",
+        "Caller names, comma-separated, whose tokens the server refuses and will not issue again (changing "
+        "OPENCODE_ENV_TOKEN withdraws every caller token at once).",
+        pattern=r"^[A-Za-z0-9_,\s-]*$",
+    )
     mcp_sessions: int = _setting(
         256,
         "OPENCODE_ENV_MCP_SESSIONS",
         "server",
         "Standard MCP sessions open at once (more get 503).",
+        ge=1,
+        le=100_000,
+    )
+    mcp_sessions_per_caller: int = _setting(
+        32,
+        "OPENCODE_ENV_MCP_SESSIONS_PER_CALLER",
+        "server",
+        "Standard MCP sessions one caller token may hold open at once (more get 503; the operator's is not counted).",
         ge=1,
         le=100_000,
     )

@@ -57,6 +57,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     from opencode_env.server.metadata import metadata_router
     from opencode_env.server.result_route import results_router
     from opencode_env.server.served_ports import NoteServedPorts
+    from opencode_env.server.session_quota import SessionQuota
     from opencode_env.server.shutdown import answer_before_exit
     from opencode_env.viewer.web import web_router
 
@@ -74,8 +75,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     one_shot = runtime.mcp.http_app(path="/mcp", stateless_http=True)
     streams_closing = asyncio.Event()
     replies = PendingReplies()
+    quota = SessionQuota(runtime.settings.mcp_sessions_per_caller, functools.partial(_session_owners, standard))
     endpoint = McpEndpoint(
-        standard=standard, stateless=one_shot, openenv=openenv, closing=streams_closing, replies=replies
+        standard=standard, stateless=one_shot, openenv=openenv, closing=streams_closing, replies=replies, quota=quota
     )
 
     @contextlib.asynccontextmanager
@@ -121,6 +123,16 @@ def _session_manager(app: Any) -> Any:
         if manager is not None:
             return manager
     raise RuntimeError("FastMCP's streamable HTTP app has no session manager where this server looks for it")
+
+
+def _session_owners(app: Any) -> list[str]:
+    """The caller id of each open session's owner, as the SDK's session manager keeps them (the principal
+    mcp_endpoint hands it); none before the manager exists."""
+    try:
+        owners = _session_manager(app)._session_owners
+    except RuntimeError:
+        return []
+    return [owner["client_id"] for owner in owners.values()]
 
 
 def _start_run(rollouts: Rollouts, request: RolloutRequest, caller: Caller) -> RunView:

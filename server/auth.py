@@ -56,6 +56,18 @@ def caller_token(operator_token: str, name: str) -> str:
     return f"{CALLER_TOKEN_PREFIX}.{name}.{_mac(operator_token, name)}"
 
 
+def withdrawn(name: str) -> str:
+    return (
+        f"the token of caller {name!r} is withdrawn ({variable('revoked_callers')}); the operator can issue one "
+        "under another name"
+    )
+
+
+def revoked_names(listed: str) -> frozenset[str]:
+    """The names of OPENCODE_ENV_REVOKED_CALLERS (comma-separated)."""
+    return frozenset(name.strip() for name in listed.split(",") if name.strip())
+
+
 def _mac(operator_token: str, name: str) -> str:
     digest = hmac.new(operator_token.encode(), f"opencode-env caller {name}".encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
@@ -154,6 +166,8 @@ class AccessPolicy:
     """What the backend does for whoever reaches the server (the sandbox registry's words)."""
     browsers: BrowserRule = field(default_factory=lambda: BrowserRule(host_names=LOOPBACK_NAMES))
     """Applied without a token (with one, no browser sends the credential on its own)."""
+    revoked: frozenset[str] = frozenset()
+    """Callers refused (OPENCODE_ENV_REVOKED_CALLERS): a derived token is never deleted, only refused."""
 
     def admit(
         self, headers: list[tuple[bytes, bytes]], client_host: str | None, method: str = "GET"
@@ -198,6 +212,8 @@ class AccessPolicy:
         name, _, mac = rest.rpartition(".")
         ours = prefix == CALLER_TOKEN_PREFIX and CALLER_NAME.match(name)
         if ours and hmac.compare_digest(mac.encode(), _mac(self.token, name).encode()):
+            if name in self.revoked:
+                return Refusal(401, withdrawn(name))
             return Caller(id=f"caller:{name}")
         return Refusal(
             401,

@@ -1,14 +1,16 @@
 """`POST /callers`: the operator issues a caller its token (`server.auth.caller_token`). A caller token passes the
 server's access rule like the operator's, and whoever holds it sees only the runs it started on /web; the operator's
 token sees every run. The same name always gets the same token (it is derived, not stored): a caller who lost its
-token asks again; to withdraw every caller token at once, change OPENCODE_ENV_TOKEN."""
+token asks again. A name in OPENCODE_ENV_REVOKED_CALLERS is refused and never issued again; changing
+OPENCODE_ENV_TOKEN withdraws every caller token at once. `opencode-env caller-token NAME` derives the same token
+offline, from the operator's token in the environment."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from opencode_env.server.auth import AccessPolicy, caller_token
+from opencode_env.server.auth import AccessPolicy, caller_token, withdrawn
 from opencode_env.server.gate import caller_of
 from opencode_env.settings import variable
 
@@ -35,6 +37,8 @@ def callers_router(policy: AccessPolicy) -> APIRouter:
             )
         if not caller_of(request).operator:
             raise HTTPException(403, f"only the operator's {variable('token')} issues caller tokens")
+        if body.name in policy.revoked:
+            raise HTTPException(409, withdrawn(body.name))
         return CallerToken(name=body.name, token=caller_token(policy.token, body.name))
 
     return router

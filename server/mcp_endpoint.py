@@ -30,7 +30,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opencode_env.server.disconnect import PendingReplies
 from opencode_env.server.gate import CALLER_KEY
+from opencode_env.server.session_quota import SessionQuota
 from opencode_env.server.tool import invalid_arguments
+from opencode_env.settings import variable
 from opencode_env.wire import TOOL_NAME, RolloutRequest
 
 INVALID_PARAMS = -32602
@@ -58,12 +60,14 @@ class McpEndpoint:
         openenv: ASGIApp,
         closing: asyncio.Event,
         replies: PendingReplies,
+        quota: SessionQuota,
     ) -> None:
         self.standard = standard
         self.stateless = stateless
         self.openenv = openenv
         self.closing = closing
         self.replies = replies
+        self.quota = quota
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The transports are mounted at /mcp; /mcp/stream (an alias) and a trailing slash reach them there too. The
@@ -88,7 +92,14 @@ class McpEndpoint:
                 await _answer_json(scope, receive, send, JsonAnswer(_too_large(), 413))
                 return
             target = route("POST", headers, body)
-        await self._to(target, scope, receive, send)
+        if target != "standard" or b"mcp-session-id" in headers:
+            await self._to(target, scope, receive, send)
+            return
+        with self.quota.opening(scope.get(CALLER_KEY)) as admitted:
+            if admitted:
+                await self._to(target, scope, receive, send)
+            else:
+                await _answer_json(scope, receive, send, JsonAnswer(_over_quota(self.quota.per_caller), 503))
 
     async def _to(self, target: Routed, scope: Scope, receive: Receive, send: Send) -> None:
         if isinstance(target, JsonAnswer):
@@ -165,6 +176,15 @@ def _json_object(body: bytes) -> dict[str, object] | None:
 
 def _too_large() -> bytes:
     error = {"code": INVALID_PARAMS, "message": f"the request body is over {MAX_READ_BODY_BYTES} bytes"}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+def _over_quota(per_caller: int) -> bytes:
+    message = (
+        f"this caller holds {per_caller} open MCP sessions, its share ({variable('mcp_sessions_per_caller')}): end "
+        f"one (DELETE /mcp with its Mcp-Session-Id) or let it idle out ({variable('mcp_session_idle_s')})"
+    )
+    error = {"code": -32000, "message": message}
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 

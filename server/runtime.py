@@ -13,7 +13,7 @@ from fastmcp import FastMCP
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.server.auth import AccessPolicy, BrowserRule
+from opencode_env.server.auth import AccessPolicy, BrowserRule, revoked_names
 from opencode_env.server.result_store import ResultStore
 from opencode_env.server.rollouts import CANCEL_GRACE_S, Rollouts
 from opencode_env.server.runs import ResultsDir, Runs, ServerOrigin
@@ -60,6 +60,7 @@ class Runtime:
             allow_unauthenticated=settings.allow_unauthenticated,
             risk=backend.capabilities.risk,
             browsers=BrowserRule.of_this_machine(f"{settings.allowed_hosts},{settings.space_host}"),
+            revoked=revoked_names(settings.revoked_callers),
         )
         callers_are_local = not access.token and not access.allow_unauthenticated
         served_ports = ServedPorts(settings.port)

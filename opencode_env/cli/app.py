@@ -114,6 +114,29 @@ def _cmd_reap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_caller_token(args: argparse.Namespace) -> int:
+    from opencode_env.server.auth import caller_token, revoked_names, withdrawn
+    from opencode_env.settings import variable
+
+    settings = settings_or_exit()
+    operator = settings.token.get_secret_value()
+    if not operator:
+        print(
+            f"set the server's {variable('token')} in this environment: a caller token is derived from it",
+            file=sys.stderr,
+        )
+        return 2
+    if args.name in revoked_names(settings.revoked_callers):
+        print(withdrawn(args.name), file=sys.stderr)
+        return 2
+    try:
+        print(caller_token(operator, args.name))
+    except ValueError as error:
+        print(f"name: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_install(_: argparse.Namespace) -> int:
     from opencode_env.sandbox.local.tools import install_cached, install_config_deps
     from opencode_env.wire import PLUGIN_PACKAGE
@@ -165,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     reapers = reapable_names()
     reap.add_argument("--backend", choices=reapers, default=reapers[0], help=f"whose sandboxes ({needs(reapers)})")
     reap.set_defaults(handler=_cmd_reap)
+    caller = commands.add_parser(
+        "caller-token",
+        help="print caller NAME's token for the server whose OPENCODE_ENV_TOKEN is in this environment",
+        description="Derive caller NAME's token offline, as the server's POST /callers issues it: the caller sees only "
+        "its own runs. Withdraw one by adding NAME to OPENCODE_ENV_REVOKED_CALLERS on the server.",
+    )
+    caller.add_argument("name", help="1-64 letters, digits, '_' or '-'")
+    caller.set_defaults(handler=_cmd_caller_token)
     install = commands.add_parser("install", help="install the pinned OpenCode into this machine's cache")
     install.set_defaults(handler=_cmd_install)
     settings = commands.add_parser(

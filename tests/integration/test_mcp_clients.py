@@ -18,6 +18,7 @@ from openenv.core.mcp_client import MCPToolClient
 
 from opencode_env.server.disconnect import PendingReplies
 from opencode_env.server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
+from opencode_env.server.session_quota import SessionQuota
 from opencode_env.wire import VERSION
 from opencode_env.wire.answer import inline_result
 from tests.stub_server import StubServer, stub_arguments, stub_server
@@ -195,7 +196,12 @@ async def test_the_text_block_is_a_summary_unless_the_json_is_asked_for(server: 
 
 async def test_a_body_read_at_mcp_is_bounded() -> None:
     endpoint = McpEndpoint(
-        standard=refuse, stateless=refuse, openenv=refuse, closing=asyncio.Event(), replies=PendingReplies()
+        standard=refuse,
+        stateless=refuse,
+        openenv=refuse,
+        closing=asyncio.Event(),
+        replies=PendingReplies(),
+        quota=SessionQuota(1, list),
     )
     chunk = b"x" * 2**20
     parts = [{"type": "http.request", "body": chunk, "more_body": True}] * (MAX_READ_BODY_BYTES // len(chunk) + 2)

@@ -7,6 +7,7 @@ Each test tries the attack against a real server on loopback (the stub backend's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import time
@@ -15,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from opencode_env.cli.app import main as cli_main
 from opencode_env.client.by_reference import ResultFetchError, fetch_result
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.server.app import create_app
@@ -127,6 +130,28 @@ def test_only_the_operator_issues_caller_tokens_and_a_forged_one_is_refused(shar
         answer = httpx.get(f"{shared.url}/web/api/runs", headers=bearer(forged))
         assert answer.status_code == 401, forged
         assert "OPENCODE_ENV_TOKEN" in answer.json()["error"]
+
+
+def test_a_withdrawn_caller_is_refused_and_never_issued_again_while_the_others_stay(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A caller token cannot be deleted (it is derived, not stored): naming the caller in
+    OPENCODE_ENV_REVOKED_CALLERS refuses its valid token everywhere and stops POST /callers and the CLI issuing it
+    again; another caller's token, derived offline by `opencode-env caller-token`, still serves."""
+    monkeypatch.setenv("OPENCODE_ENV_REVOKED_CALLERS", "mallory, eve")
+    with stub_server(command_s=0, token=TOKEN) as running:
+        for path in ("/web/api/runs", "/mcp"):
+            answer = httpx.get(f"{running.url}{path}", headers=bearer(caller_token(TOKEN, "mallory")))
+            assert answer.status_code == 401, path
+            assert "withdrawn (OPENCODE_ENV_REVOKED_CALLERS)" in answer.text
+        reissued = httpx.post(f"{running.url}/callers", json={"name": "eve"}, headers=bearer(TOKEN))
+        assert (reissued.status_code, "withdrawn" in reissued.text) == (409, True)
+        monkeypatch.setenv("OPENCODE_ENV_TOKEN", TOKEN)
+        assert cli_main(["caller-token", "mallory"]) == 2
+        assert cli_main(["caller-token", "alice"]) == 0
+        derived = capsys.readouterr().out.strip()
+        assert derived == issued(running.url, "alice")
+        assert httpx.get(f"{running.url}/web/api/runs", headers=bearer(derived)).status_code == 200
 
 
 def test_an_mcp_session_serves_only_the_caller_that_opened_it(shared: StubServer) -> None:
@@ -240,6 +265,36 @@ def test_mcp_sessions_are_bounded_in_number_and_in_what_each_keeps(few_sessions:
         session = {"mcp-session-id": opened[0].headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
         assert http.delete("/mcp", headers=session).status_code in (200, 204)
         assert wait_until_sync(lambda: http.post("/mcp", json=initialize(), headers=STREAM).status_code == 200)
+
+
+def test_one_caller_cannot_take_every_mcp_session_from_the_others() -> None:
+    """A caller token holds at most its share of sessions, concurrent openings counted: past it 503 naming the
+    setting; another caller and the operator still open theirs; ending one makes room again."""
+    settings = Settings.load().model_copy(
+        update={"mcp_sessions": 10, "mcp_sessions_per_caller": 2, "token": SecretStr(TOKEN)}
+    )
+    server = ThreadedServer(create_app(Runtime.build(settings, backend=StubBackend(command_s=0))))
+    server.start()
+    try:
+        alice, bob = caller_token(TOKEN, "alice"), caller_token(TOKEN, "bob")
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+
+            def opening(token: str) -> httpx.Response:
+                return http.post("/mcp", json=initialize(), headers={**STREAM, **bearer(token)})
+
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                burst = list(pool.map(opening, [alice] * 6))
+            assert sorted(answer.status_code for answer in burst) == [200, 200, 503, 503, 503, 503]
+            refused = next(answer for answer in burst if answer.status_code == 503)
+            assert "OPENCODE_ENV_MCP_SESSIONS_PER_CALLER" in refused.json()["error"]["message"]
+            assert [opening(bob).status_code, opening(TOKEN).status_code, opening(TOKEN).status_code] == [200] * 3
+            assert opening(alice).status_code == 503
+            first = next(answer for answer in burst if answer.status_code == 200)
+            session = {"mcp-session-id": first.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+            assert http.delete("/mcp", headers={**session, **bearer(alice)}).status_code in (200, 204)
+            assert wait_until_sync(lambda: opening(alice).status_code == 200)
+    finally:
+        server.stop()
 
 
 def wait_until_sync(condition: Any, tries: int = 50) -> bool:
