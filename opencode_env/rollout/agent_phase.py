@@ -27,7 +27,9 @@ from opencode_env.wire import (
 log = logging.getLogger("opencode_env.rollout.agent_phase")
 
 PROGRESS_EVENTS_BYTES = 16 * 1024
-PROXY_START_S = 30.0
+PROXY_START_S = 120.0
+"""How long the proxy may take to listen: a start that fails ends at once, so this bounds only a slow one, and a
+machine at load ~15 took over 20 s to start the proxy's Python."""
 VERIFY_COLLECT_RESERVE_S = 10.0
 
 
@@ -82,9 +84,16 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
     timeout_s = rollout.budget("agent", min(request.agent_timeout_s, _after_verify_reserve(rollout)))
     agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env, identity="agent"))
     if proxy is not None:
-        await _proxy_healthy_or_stop(rollout, proxy, agent)
-        watcher = asyncio.ensure_future(_report_model_calls(rollout, proxy, agent))
+        await _proxy_healthy_or_stop(rollout, proxy, agent, timeout_s)
+        watcher = asyncio.ensure_future(_watch_proxy(rollout, proxy, agent))
         try:
+            await asyncio.wait({agent, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not agent.done() and watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+                agent.cancel()
+                await asyncio.gather(agent, return_exceptions=True)
+                raise PhaseFailure(
+                    "proxy_error", "agent", "the capture proxy died while the agent ran: the agent was stopped then"
+                )
             outcome = await agent
         finally:
             if not agent.done() or agent.cancelled() or cancelling():
@@ -99,13 +108,17 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
         raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
 
 
-async def _report_model_calls(rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
+async def _watch_proxy(rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
     """Progress inside the agent phase: each time the proxy has recorded another model call, how many and how many
-    tokens the model sampled so far (read from the proxy's health answer, off its hot path)."""
+    tokens the model sampled so far (read from the proxy's health answer, off its hot path). Returns before the
+    agent is done only when the proxy has exited: from then on every call of the agent's can only fail, and the
+    agent would otherwise wait out its whole budget retrying them."""
     reported, every_s = 0, proxy.status_interval_s
     while not agent.done():
         await asyncio.wait({agent}, timeout=every_s)
         health = await proxy.call("/healthz", "GET", 1.0)
+        if health is None and not agent.done() and not await proxy.running():
+            return
         calls = int(health.get("turns_written", 0)) if health else 0
         if calls > reported:
             reported = calls
@@ -133,12 +146,13 @@ def _after_verify_reserve(rollout: RolloutState) -> float:
 
 
 async def _proxy_healthy_or_stop(
-    rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]
+    rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult], budget_s: float
 ) -> None:
-    """The agent boots while the proxy finishes starting (its socket already listens); a proxy that never becomes
-    healthy stops the agent and the rollout."""
+    """The agent boots while the proxy finishes starting (its socket already listens), within the agent's budget (the
+    agent can do nothing without it); a proxy that exits, or never becomes healthy in that time, stops the agent
+    and the rollout."""
     try:
-        await wait_healthy(proxy, PROXY_START_S)
+        await wait_healthy(proxy, budget_s)
     except BaseException as error:
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)

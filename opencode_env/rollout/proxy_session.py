@@ -16,7 +16,6 @@ from opencode_env.wire.trace import Trace, parse_trace
 
 TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
-HEALTH_WAIT_S = 20.0
 DRAIN_WAIT_S = 15.0
 
 
@@ -87,7 +86,7 @@ async def start_proxy(
     """Start the proxy; returns once it listens, before it is fully up (see wait_healthy)."""
     launch = proxy_launch(sandbox.tools.python or "python3", upstream, request, settings)
     try:
-        return await asyncio.wait_for(sandbox.start_proxy(launch), timeout=min(budget_s, HEALTH_WAIT_S))
+        return await asyncio.wait_for(sandbox.start_proxy(launch), timeout=budget_s)
     except TimeoutError as error:
         raise ProxyStartError("the capture proxy did not listen in time") from error
     except SandboxError as error:
@@ -95,8 +94,9 @@ async def start_proxy(
 
 
 async def wait_healthy(proxy: ProxyHandle, budget_s: float) -> None:
-    """Raise ProxyStartError unless the proxy answers /healthz within the budget."""
-    answer = await proxy.call("/healthz", "GET", min(budget_s, HEALTH_WAIT_S))
+    """Raise ProxyStartError unless the proxy answers /healthz within the budget; at once when it has exited (a
+    proxy that is alive but slow, on a busy machine, is waited for: that is no failure of the infrastructure)."""
+    answer = await proxy.call("/healthz", "GET", budget_s)
     if answer is None or answer.get("ok") is not True:
         log_tail = await proxy_log_tail(proxy)
         exited = not await proxy.running()

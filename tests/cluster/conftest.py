@@ -28,11 +28,19 @@ NICE = 0
 WORKDIR = "/home/user/workdir"
 
 
+CLUSTER_TEST_S = 600
+"""Each test's time limit unless it sets its own: every one drives rollouts through Ray's processes and a simulated
+cluster sharing this machine's cores, and at load ~15 an eval of a few oracle rollouts outlasted the suite's
+default of 120 s (a quiet machine's)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.cluster)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(CLUSTER_TEST_S))
 
 
 def add_node(cluster: Cluster, slots: int = SLOTS_PER_NODE) -> object:

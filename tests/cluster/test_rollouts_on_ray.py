@@ -52,7 +52,8 @@ async def test_ray_runs_its_workers_at_15_and_the_runner_undoes_it(rollouts: Ray
 
 
 async def test_stream_yields_each_result_as_it_finishes_or_in_order_when_asked(rollouts: RayRollouts) -> None:
-    slow, quick = oracle("slow", seconds=6), oracle("quick")
+    # The slow one's head start must outlast a whole quick rollout on a busy machine (6 s did not, at load ~15).
+    slow, quick = oracle("slow", seconds=20), oracle("quick")
     finished = [index async for index, _ in rollouts.stream([slow, quick])]
     assert finished == [1, 0]
     ordered = [(index, result.task_id) async for index, result in rollouts.stream([slow, quick], ordered=True)]

@@ -23,6 +23,7 @@ from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.server.disconnect import PendingReplies
 from opencode_env.server.mcp_endpoint import McpEndpoint
+from opencode_env.server.session_quota import SessionQuota
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import Script, stall
 from opencode_env.testing.scripted_model import ScriptedModelServer
@@ -117,6 +118,9 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
 
             async def through_standard_mcp() -> RolloutResult:
                 async with SdkClient(f"{url}/mcp", mode="legacy") as client:
+                    # Listed first, as an MCP client does: otherwise the SDK lists the tools after the answer (to
+                    # check it against the output schema), and that request races the server's exit.
+                    await client.list_tools()
                     answer = await client.call_tool("run_rollout", request.model_dump(mode="json"))
                     return inline_result(answer.structured_content)
 
@@ -191,7 +195,12 @@ async def test_a_shutdown_waits_for_an_mcp_post_s_answer_before_uvicorn_hears_th
         raise AssertionError("a standard MCP POST went elsewhere")
 
     router = McpEndpoint(
-        standard=standard, stateless=elsewhere, openenv=elsewhere, closing=asyncio.Event(), replies=replies
+        standard=standard,
+        stateless=elsewhere,
+        openenv=elsewhere,
+        closing=asyncio.Event(),
+        replies=replies,
+        quota=SessionQuota(1, list),
     )
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}).encode()
     incoming = [{"type": "http.request", "body": body, "more_body": False}]

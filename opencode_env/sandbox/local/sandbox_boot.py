@@ -21,7 +21,10 @@ from opencode_env.sandbox.local.host_view import sandbox_runtime_paths
 from opencode_env.sandbox.local.isolation import holder_argv
 from opencode_env.wire import LimitHit
 
-HOLDER_START_S = 10.0
+HOLDER_START_S = 120.0
+"""How long the sandbox's holder (bubblewrap and our init) may take to say it is ready. One that fails says so at
+once (its stdout closes), so this bounds only a slow start: at load ~15 on two cores the 10 s it was turned healthy
+sandboxes into `sandbox_error`s. The sandbox phase's share of a rollout's deadline is 120 s (SANDBOX_MARGIN_S)."""
 EGRESS_PORT = 3128
 
 
@@ -89,15 +92,18 @@ class SandboxBoot:
             start_new_session=True,
         )
         assert self._holder.stdout is not None
+        timed_out = False
         try:
             line = await asyncio.wait_for(self._holder.stdout.readline(), HOLDER_START_S)
         except TimeoutError:
-            line = b""
+            line, timed_out = b"", True
         if line.strip() != b"ready":
             assert self._holder.stderr is not None
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._holder.pid, signal.SIGKILL)
             stderr = (await self._holder.stderr.read(4096)).decode(errors="replace").strip()
+            if timed_out:
+                raise SandboxError(f"the sandbox did not start within {HOLDER_START_S:.0f} s: {stderr or 'no message'}")
             raise SandboxError(f"the sandbox could not start: {stderr or 'no message from bubblewrap'}")
         self._holder_pid = _sandbox_init_pid(self._holder.pid)
         if compartment.share_host_network:
