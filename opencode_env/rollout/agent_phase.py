@@ -113,18 +113,22 @@ async def _watch_proxy(rollout: RolloutState, proxy: ProxyHandle, agent: asyncio
     tokens the model sampled so far (read from the proxy's health answer, off its hot path). Returns before the
     agent is done only when the proxy has exited: from then on every call of the agent's can only fail, and the
     agent would otherwise wait out its whole budget retrying them."""
-    reported, every_s = 0, proxy.status_interval_s
+    reported, tool, every_s = 0, "", proxy.status_interval_s
     while not agent.done():
         await asyncio.wait({agent}, timeout=every_s)
         health = await proxy.call("/healthz", "GET", 1.0)
         if health is None and not agent.done() and not await proxy.running():
             return
         calls = int(health.get("turns_written", 0)) if health else 0
-        if calls > reported:
-            reported = calls
-            tokens = int(health.get("completion_tokens_written", 0)) if health else 0
-            text = f"{calls} model call{'s' * (calls != 1)} recorded, {tokens} tokens sampled"
-            await rollout.report("agent", text + await _last_tool(rollout.sandbox))
+        # OpenCode may write a tool's end to its event stream after it sent the next call: until a report names a
+        # tool, each poll looks again, and the first tool seen is reported with the same count.
+        if calls > reported or (calls and not tool):
+            latest = await _last_tool(rollout.sandbox)
+            if calls > reported or latest:
+                reported, tool = calls, latest
+                tokens = int(health.get("completion_tokens_written", 0)) if health else 0
+                text = f"{calls} model call{'s' * (calls != 1)} recorded, {tokens} tokens sampled"
+                await rollout.report("agent", text + latest)
 
 
 async def _last_tool(sandbox: Sandbox) -> str:

@@ -78,6 +78,8 @@ class FakeCloud:
     command_failure: bool = False
     alive: dict[str, FakeAsyncSandbox] = field(default_factory=dict)
     created: int = 0
+    creating: int = 0
+    """Creations begun (counted before `create_delay_s`): a test cancels one in flight once this counts it."""
 
     def sandbox_class(self) -> type[FakeAsyncSandbox]:
         return type("BoundFakeAsyncSandbox", (FakeAsyncSandbox,), {"cloud": self})
@@ -351,6 +353,7 @@ class FakeAsyncSandbox:
             raise SandboxException(f"template '{name}' not found", status_code=404)
         if len(cloud.alive) >= cloud.max_sandboxes:
             raise RateLimitException("rate limit exceeded: too many concurrent sandboxes")  # type: ignore[no-untyped-call]
+        cloud.creating += 1
         if cloud.create_delay_s:
             await asyncio.sleep(cloud.create_delay_s)
         local = await cloud.local_sandbox(

@@ -96,6 +96,8 @@ class FakeHfCloud:
     alive: dict[str, FakeSandbox] = field(default_factory=dict)
     jobs: dict[str, JobInfo] = field(default_factory=dict)
     created: int = 0
+    creating: int = 0
+    """Creations begun (counted before `create_delay_s`): a test cancels one in flight once this counts it."""
     _loop: asyncio.AbstractEventLoop | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -242,6 +244,7 @@ class FakeSandbox:
             raise SandboxError(
                 f"Sandbox job {job_id} terminated during startup (status: ERROR, message: image {image} not found)."
             )
+        cloud.creating += 1
         if cloud.create_delay_s:
             time.sleep(cloud.create_delay_s)
         machine = cloud.remote(cloud.machine(with_opencode=cloud.images[image], user_image=image in cloud.user_images))

@@ -24,6 +24,7 @@ from opencode_env.testing.script import demo_script
 from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
 from tests.helpers import idle_model_url
+from tests.stub_server import wait_until
 
 
 @dataclass(frozen=True)
@@ -122,14 +123,11 @@ async def test_a_cancelled_creation_still_kills_the_sandbox(
 ) -> None:
     cloud = provider.cloud(sandbox_base, create_delay_s=1.0)
     rollout = asyncio.ensure_future(run_rollout(demo_request(idle_model_url()), provider.backend(cloud)))
-    await asyncio.sleep(0.3)
+    assert await wait_until(lambda: cloud.creating == 1 or rollout.done(), 120), "no creation began"
     rollout.cancel()
     with pytest.raises(asyncio.CancelledError):
         await rollout
-    for _ in range(100):
-        if cloud.created and not cloud.alive:
-            break
-        await asyncio.sleep(0.05)
+    assert await wait_until(lambda: cloud.created == 1 and not cloud.alive, 120)
     assert cloud.created == 1
     assert cloud.alive == {}
 
