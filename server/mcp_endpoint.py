@@ -95,11 +95,8 @@ class McpEndpoint:
         if target != "standard" or b"mcp-session-id" in headers:
             await self._to(target, scope, receive, send)
             return
-        with self.quota.opening(scope.get(CALLER_KEY)) as admitted:
-            if admitted:
-                await self._to(target, scope, receive, send)
-            else:
-                await _answer_json(scope, receive, send, JsonAnswer(_over_quota(self.quota.per_caller), 503))
+        if not await self.quota.open(scope.get(CALLER_KEY), lambda: self._to(target, scope, receive, send)):
+            await _answer_json(scope, receive, send, JsonAnswer(_over_quota(self.quota.per_caller), 503))
 
     async def _to(self, target: Routed, scope: Scope, receive: Receive, send: Send) -> None:
         if isinstance(target, JsonAnswer):
