@@ -20,6 +20,7 @@ import json
 import os
 import signal
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -47,22 +48,28 @@ def any_backend(request: pytest.FixtureRequest, backend: LocalBackend, e2b_fake:
 
 def rollout_proxy_pids(sandbox_base: Path) -> list[str]:
     """Capture proxies of this test's rollouts: their command line or their cgroup names a sandbox under the base.
-    The proxy itself only: not `python -m opencode_env.proxy.ping`, the backend's short-lived call to its admin."""
+    The proxy itself only, a Python run as `-m opencode_env.proxy`: not the launchers around it on the fake cloud
+    (nsenter, unshare, the shells, whose argv holds the proxy's command as one string), and not
+    `python -m opencode_env.proxy.ping`, the backend's short-lived call to its admin."""
     rollouts = {path.name for path in sandbox_base.iterdir()}
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
             cgroups = (proc / "cgroup").read_text()
         except OSError:
             continue
-        if "-m opencode_env.proxy " not in cmdline or "bwrap" in cmdline:
+        if not Path(argv[0]).name.startswith("python") or not runs_module(argv, "opencode_env.proxy"):
             continue
-        if str(sandbox_base) in cmdline or any(f"/{name}\n" in cgroups for name in rollouts):
+        if any(str(sandbox_base) in arg for arg in argv) or any(f"/{name}\n" in cgroups for name in rollouts):
             found.append(proc.name)
     return found
+
+
+def runs_module(argv: list[str], module: str) -> bool:
+    return any(flag == "-m" and name == module for flag, name in pairwise(argv))
 
 
 async def test_upstream_down_after_its_probe(backend: LocalBackend, no_leaks: None) -> None:
@@ -125,13 +132,14 @@ async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_b
     with ScriptedModelServer(script) as model:
         task = run_rollout(demo_request(model.base_url, agent_timeout_s=PROXY_DEATH_AGENT_S), any_backend)
         running = asyncio.ensure_future(task)
-        await wait_until(lambda: len(model.exchanges) >= 2 or running.done(), PROXY_DEATH_AGENT_S)
-        assert len(model.exchanges) >= 2, running.result().error if running.done() else "no second call in time"
-        proxies = rollout_proxy_pids(sandbox_base)
-        assert proxies
-        for pid in proxies:
-            os.kill(int(pid), signal.SIGKILL)
-        result = await running
+        try:
+            await wait_until(lambda: len(model.exchanges) >= 2 or running.done(), PROXY_DEATH_AGENT_S)
+            assert len(model.exchanges) >= 2, running.result().error if running.done() else "no second call in time"
+            proxies = rollout_proxy_pids(sandbox_base)
+            assert len(proxies) == 1, proxies
+            os.kill(int(proxies[0]), signal.SIGKILL)
+        finally:
+            result = await running
     assert (result.status, result.failed_phase) == ("proxy_error", "agent")
     assert "the agent was stopped then" in (result.error or ""), "stopped once the proxy was gone, not by its deadline"
     assert result.proxy_turns[0].outcome == "complete"
