@@ -7,7 +7,7 @@ The garbage collector and uvicorn are set as the server sets them (server.heap, 
 BENCH_PROFILE=FILE in its environment, the server runs under cProfile and writes its stats there at exit. To compare
 with what the server does not do (bench.server_load --compare): BENCH_GC=defaults leaves CPython's collector settings
 as they are, BENCH_GC=frozen also freezes the heap alive once the app is built (`gc.freeze`), and BENCH_WS_DEFLATE=1
-turns per-message deflate on.
+turns per-message deflate on, and BENCH_LOOP=uvloop runs it on uvloop.
 
 GET /bench/lag answers what was seen since the previous GET (see Watch): the ticks, each as [seconds late, CPU
 seconds the loop's own thread used during the tick, CPU seconds the whole process used] (a late tick whose loop
@@ -138,8 +138,13 @@ def main() -> None:
 
 
 def uvicorn_options() -> dict[str, object]:
-    """The server's own uvicorn options; BENCH_WS_DEFLATE=1 turns per-message deflate back on, to compare."""
-    return {**UVICORN_OPTIONS, "ws_per_message_deflate": os.environ.get("BENCH_WS_DEFLATE") == "1"}
+    """The server's own uvicorn options; to compare, BENCH_WS_DEFLATE=1 turns per-message deflate back on and
+    BENCH_LOOP names another event loop (uvloop)."""
+    return {
+        **UVICORN_OPTIONS,
+        "ws_per_message_deflate": os.environ.get("BENCH_WS_DEFLATE") == "1",
+        "loop": os.environ.get("BENCH_LOOP", UVICORN_OPTIONS["loop"]),
+    }
 
 
 def exit_on_signal(sig: int, frame: FrameType | None) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
+from bench.rollout_measure import cpu_s, load_line, oracle
 from bench.stats import mean_ci
 from opencode_env.cluster import SLOT_RESOURCE, NodeConfig, RayRollouts
 from opencode_env.cluster.node import LEAN_NODE_ARGS, LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG
@@ -42,21 +43,6 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.local.images import BASE_IMAGE
 from opencode_env.wire import RolloutRequest, RolloutResult
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-WORKDIR = "/home/user/workdir"
-
-
-def oracle(task_id: str) -> RolloutRequest:
-    return RolloutRequest.model_validate(
-        {
-            "instruction": "Write 42 to answer.txt",
-            "task_id": task_id,
-            "verify": [f'cd {WORKDIR} && test "$(cat answer.txt)" = 42'],
-            "solution": [f"echo 42 > {WORKDIR}/answer.txt"],
-        }
-    )
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -78,16 +64,6 @@ def add_node(cluster: Cluster, slots: int, *, head: bool = False, lean: bool = T
         if head:
             args["_system_config"] = dict(LEAN_SYSTEM_CONFIG)
     cluster.add_node(**args)
-
-
-def cpu_s(pid: int, *, children: bool) -> float:
-    """A process's CPU seconds from /proc (user + system, and its waited-for children's with `children`)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
-    return ticks / TICK
 
 
 def descendants(root: int) -> set[int]:
@@ -167,11 +143,6 @@ def local_worker(base: str) -> None:
             print(json.dumps({"result": result.model_dump_json(), "wall_s": wall_s, "cpu_s": spent}), flush=True)
 
     asyncio.run(serve())
-
-
-def load_line() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 async def paired(driver: RayRollouts, local: LocalWorker, pairs: int) -> dict[str, list[float]]:

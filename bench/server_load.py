@@ -56,6 +56,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "served": {},
     "gc-defaults": {"BENCH_GC": "defaults"},
     "gc-frozen": {"BENCH_GC": "frozen"},
+    "uvloop": {"BENCH_LOOP": "uvloop"},
 }
 
 
