@@ -37,8 +37,9 @@ log = logging.getLogger("opencode_env.server")
 MCP_PATHS = ("/mcp", "/mcp/", "/mcp/stream", "/mcp/stream/")
 # No per-message deflate on /ws: compressing one rollout's result (~550 KB of JSON) cost ~15 ms of the event loop's
 # CPU per call, more than the rest of the call's handling (bench.server_load); the bytes saved are a small part of
-# a rollout's time on any network.
-UVICORN_OPTIONS: dict[str, Any] = {"timeout_graceful_shutdown": 30, "ws_per_message_deflate": False}
+# a rollout's time on any network. The standard library's event loop, not uvloop (uvicorn's choice where installed):
+# the server starts its rollouts' subprocesses, and uvloop forks the whole server for each (bench.event_loop_spawn).
+UVICORN_OPTIONS: dict[str, Any] = {"timeout_graceful_shutdown": 30, "ws_per_message_deflate": False, "loop": "asyncio"}
 
 
 def create_app(runtime: Runtime) -> FastAPI:

@@ -27,7 +27,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from opencode_env.cluster.capacity import SLOT_RESOURCE
 from opencode_env.cluster.faults import NodeFault, failed_on_cluster, marked_as_retry
-from opencode_env.cluster.node import LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG, NodeConfig, NodeReport, NodeRunner
+from opencode_env.cluster.node import (
+    LEAN_RAY_ENV,
+    LEAN_SYSTEM_CONFIG,
+    RUNNER_ENV,
+    NodeConfig,
+    NodeReport,
+    NodeRunner,
+)
 from opencode_env.wire import RolloutRequest, RolloutResult, RunnerCapabilities, total_budget_s
 
 log = logging.getLogger("opencode_env.cluster")
@@ -152,6 +159,7 @@ class RayRollouts:
                     max_restarts=0,
                     max_task_retries=0,
                     max_concurrency=slots + 4,
+                    runtime_env={"env_vars": dict(RUNNER_ENV)},
                 ).remote(self._config, node_id)
                 fresh.append(_Node(node_id, slots, runner, free=0))
         reports = await asyncio.gather(*(self._prepare(node) for node in fresh), return_exceptions=True)

@@ -41,6 +41,11 @@ LEAN_NODE_ARGS = {"include_dashboard": False, "include_log_monitor": False}
 """The flags above as `ray.cluster_utils.Cluster.add_node` takes them (a simulated cluster: the tests, the bench)."""
 LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False}
 """The metrics switch as a head node's `_system_config` (a local or simulated cluster started from Python)."""
+RUNNER_ENV = {"RAY_USE_UVLOOP": "0"}
+"""The runner's own worker environment (its actor's runtime_env): its event loop is the standard library's. Ray runs
+async actors on uvloop where it is installed (the server extra installs it), and uvloop starts each subprocess with a
+fork of the whole runner, which costs with the runner's size; the standard loop's spawn does not
+(bench/ray_overhead.py, docs/cluster.md)."""
 
 
 class NodeConfig(BaseModel):
@@ -61,6 +66,7 @@ class NodeReport(BaseModel):
     in_flight: int
     prepared_s: float
     opencode: str
+    event_loop: str = Field("", description="The package of the event loop its rollouts run on (asyncio or uvloop).")
     images: dict[str, str] = Field(default_factory=dict, description="Each image prepared: its id, or why not.")
     reaped: list[str] = Field(default_factory=list, description="Leftover trees this runner reaped, oldest first.")
     cpu_s: float = Field(
@@ -116,6 +122,7 @@ class NodeRunner:
             await self.reap()
             tools = await cached_tools(self._cache)
             self._report.opencode = tools.opencode or ""
+            self._report.event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
             self._reaper = asyncio.get_running_loop().create_task(self._reap_periodically())
         default = await asyncio.to_thread(default_image, self._settings.local_image)
         for ref in dict.fromkeys([default, *images]):

@@ -51,6 +51,16 @@ async def test_ray_runs_its_workers_at_15_and_the_runner_undoes_it(rollouts: Ray
     assert {report.nice for report in await rollouts.nodes()} == {NICE}
 
 
+async def test_ray_runs_async_actors_on_uvloop_and_the_runner_on_the_standard_loop(rollouts: RayRollouts) -> None:
+    @ray.remote(num_cpus=0)
+    class LoopProbe:
+        async def event_loop(self) -> str:
+            return type(asyncio.get_running_loop()).__module__
+
+    assert (await LoopProbe.remote().event_loop.remote()).startswith("uvloop")  # type: ignore[attr-defined]
+    assert {report.event_loop for report in await rollouts.nodes()} == {"asyncio"}
+
+
 async def test_stream_yields_each_result_as_it_finishes_or_in_order_when_asked(rollouts: RayRollouts) -> None:
     # The slow one's head start must outlast a whole quick rollout on a busy machine (6 s did not, at load ~15).
     slow, quick = oracle("slow", seconds=20), oracle("quick")

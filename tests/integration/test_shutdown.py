@@ -128,6 +128,9 @@ async def test_sigterm_answers_calls_in_flight_with_a_cancelled_result_and_close
             assert await wait_for(lambda: len(model.exchanges) >= 2, budget.left())
             # each rollout's agent's box and its grader's box (set up while the agent works)
             assert len([p for p in sandboxes.iterdir() if p.name.startswith("opencode-env-")]) == 4
+            # ...started from the standard library's event loop: uvicorn would pick uvloop, which forks the server
+            # for each of the sandboxes' subprocesses (bench.event_loop_spawn), and a loaded uvloop is mapped
+            assert "uvloop" not in Path(f"/proc/{server.pid}/maps").read_text()
             server.send_signal(signal.SIGTERM)
             results = await asyncio.wait_for(asyncio.gather(*calls), budget.left())
             exit_code = await asyncio.to_thread(server.wait, budget.left())
