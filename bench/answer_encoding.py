@@ -24,6 +24,8 @@ from bench.latency_backend import LatencyBackend
 from bench.wire_format import synthetic
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
 
 
@@ -47,7 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
-    latency = asyncio.run(run_rollout(demo_request("http://127.0.0.1:9/v1"), LatencyBackend()))
+    with ScriptedModelServer(demo_script()) as model:  # probed before the rollout; the latency sandbox never calls it
+        latency = asyncio.run(run_rollout(demo_request(model.base_url), LatencyBackend()))
     results = {"latency backend": latency, "100 turns": synthetic(100, start=10_000, growth=60, completion=40)}
     for name, result in results.items():
         work = cases(result)

@@ -43,6 +43,8 @@ import httpx
 from bench.serving import free_port, running_server
 from opencode_env.client.ws_session import OpenEnvSession
 from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import TOOL_NAME
 
 TARGET_HEALTH_P99_S = 0.100
@@ -50,7 +52,6 @@ TARGET_MAX_LAG_S = 0.050
 IDLE_WINDOW_S = 4.0
 CALL_TIMEOUT_S = 600.0
 PROTOCOL_VERSION = "2025-11-25"
-ARGUMENTS = demo_request("http://127.0.0.1:9/v1").model_dump(mode="json")
 # The server as served, with CPython's collector settings, and with its heap frozen too (bench.load_server).
 VARIANTS: dict[str, dict[str, str]] = {
     "served": {},
@@ -216,7 +217,9 @@ def call_of(result: Any, started: float) -> Call:
     return Call(str(result.get("status")), time.perf_counter() - started - float(result.get("wall_s", 0.0)))
 
 
-async def mcp_calls(url: str, calls: int, calls_per_session: int, rounds: int = 1) -> list[Call]:
+async def mcp_calls(
+    url: str, arguments: dict[str, Any], calls: int, calls_per_session: int, rounds: int = 1
+) -> list[Call]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=60, limits=limits) as http:
 
@@ -226,7 +229,7 @@ async def mcp_calls(url: str, calls: int, calls_per_session: int, rounds: int = 
 
             async def one() -> Call:
                 started = time.perf_counter()
-                result = await client.call_tool(TOOL_NAME, ARGUMENTS)
+                result = await client.call_tool(TOOL_NAME, arguments)
                 return call_of(result.get("structuredContent"), started)
 
             return flat(await asyncio.gather(*(in_rounds(one, rounds) for _ in range(count))))
@@ -235,11 +238,11 @@ async def mcp_calls(url: str, calls: int, calls_per_session: int, rounds: int = 
         return flat(await asyncio.gather(*(guarded_many(session(size), size * rounds) for size in sizes)))
 
 
-async def ws_calls(url: str, calls: int, rounds: int = 1) -> list[Call]:
+async def ws_calls(url: str, arguments: dict[str, Any], calls: int, rounds: int = 1) -> list[Call]:
     async def one() -> Call:
         started = time.perf_counter()
         async with OpenEnvSession(url, message_timeout_s=CALL_TIMEOUT_S) as session:
-            return call_of(await session.call_tool(TOOL_NAME, **ARGUMENTS), started)
+            return call_of(await session.call_tool(TOOL_NAME, **arguments), started)
 
     return flat(await asyncio.gather(*(in_rounds(one, rounds) for _ in range(calls))))
 
@@ -268,12 +271,15 @@ async def guarded_many(calls: Awaitable[list[Call]], count: int) -> list[Call]:
         return [Call(f"session {outcome_of(error)}")] * count
 
 
-async def measure(url: str, pid: int, transport: str, calls: int, calls_per_session: int, rounds: int = 1) -> Measured:
+async def measure(
+    url: str, pid: int, transport: str, calls: int, calls_per_session: int, rounds: int = 1, *, model_url: str
+) -> Measured:
+    arguments = demo_request(model_url).model_dump(mode="json")
     run: Callable[[int, int], Awaitable[list[Call]]]
     if transport == "mcp":
-        run = lambda count, rounds: mcp_calls(url, count, calls_per_session, rounds)  # noqa: E731
+        run = lambda count, rounds: mcp_calls(url, arguments, count, calls_per_session, rounds)  # noqa: E731
     else:
-        run = lambda count, rounds: ws_calls(url, count, rounds)  # noqa: E731
+        run = lambda count, rounds: ws_calls(url, arguments, count, rounds)  # noqa: E731
     measured = Measured(transport, calls * rounds)
     async with httpx.AsyncClient(timeout=300) as http:
         warm_up = [call.outcome for call in await run(1, 1)]  # imports, first-call paths, schema caches: paid first
@@ -370,14 +376,16 @@ class Figures:
 FIGURES = ("cpu_ms", "added_p50_ms", "added_p99_ms", "peak_rss_mb", "gc_ms")
 
 
-def compare(transports: list[str], levels: list[int], variants: list[str], repeats: int, **how: int) -> None:
+def compare(
+    transports: list[str], levels: list[int], variants: list[str], repeats: int, model_url: str, **how: int
+) -> None:
     runs: dict[tuple[str, int, str], list[Measured]] = {}
     for repeat in range(repeats):
         for transport, level in itertools.product(transports, levels):
             shift = repeat % len(variants)  # each variant runs first as often as the others
             for variant in variants[shift:] + variants[:shift]:
                 with variant_server(variant, level) as (url, pid):
-                    measured = asyncio.run(measure(url, pid, transport, level, **how))
+                    measured = asyncio.run(measure(url, pid, transport, level, **how, model_url=model_url))
                 runs.setdefault((transport, level, variant), []).append(measured)
                 print(
                     f"  run {repeat + 1}/{repeats} {transport} x{level} {variant}: {measured.completed}/"
@@ -418,17 +426,20 @@ def main() -> None:
     levels = [int(level) for level in args.levels.split(",")]
     transports = args.transports.split(",")
     print(f"load1 at start {load_1m():.2f} on {os.cpu_count()} cores")
-    if args.compare:
-        variants = args.compare.split(",")
-        compare(
-            transports, levels, variants, args.repeats, calls_per_session=args.calls_per_session, rounds=args.rounds
-        )
-        return
-    for transport in transports:
-        for calls in levels:
-            with server_process(max_rollouts=calls) as (url, pid):
-                report(asyncio.run(measure(url, pid, transport, calls, args.calls_per_session, args.rounds)))
-            sys.stdout.flush()
+    # the model each request names: each server probes it once before its first rollout (the latency backend's
+    # sandboxes never call it)
+    with ScriptedModelServer(demo_script()) as model:
+        if args.compare:
+            variants = args.compare.split(",")
+            how = {"calls_per_session": args.calls_per_session, "rounds": args.rounds}
+            compare(transports, levels, variants, args.repeats, model.base_url, **how)
+            return
+        for transport in transports:
+            for calls in levels:
+                with server_process(max_rollouts=calls) as (url, pid):
+                    how = {"calls_per_session": args.calls_per_session, "rounds": args.rounds}
+                    report(asyncio.run(measure(url, pid, transport, calls, **how, model_url=model.base_url)))
+                sys.stdout.flush()
 
 
 if __name__ == "__main__":
