@@ -114,29 +114,35 @@ async def _sessions(sessions: int, sdk_defaults: bool) -> list[str]:
 
 async def _rollouts(count: int) -> str:
     from opencode_env.client.client import OpenCodeEnv
+    from opencode_env.testing.script import demo_script
+    from opencode_env.testing.scripted_model import ScriptedModelServer
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "bench.session_memory", "--serve", str(port), "ours"]
     server = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL)
-    arguments = {
-        "instruction": "x",
-        "base_url": "http://127.0.0.1:9/v1",
-        "model": "m",
-        "mode": "black_box",
-        "setup": ["sleep"],
-    }
     marks: dict[int, float] = {}
-    try:
-        await _ready(url)
-        marks[0] = _rss_mb(server.pid)
-        async with OpenCodeEnv(url) as env:
-            for done in range(1, count + 1):
-                await env.run_rollout(**arguments, task_id=f"r{done}")
-                marks[done] = _rss_mb(server.pid)
-    finally:
-        server.terminate()
-        await server.wait()
+    # the model each request names: the server probes it before its first rollout (the stub's sandboxes never call it)
+    with ScriptedModelServer(demo_script()) as model:
+        arguments = {
+            "instruction": "x",
+            "base_url": model.base_url,
+            "model": "m",
+            "mode": "black_box",
+            "setup": ["sleep"],
+        }
+        try:
+            await _ready(url)
+            marks[0] = _rss_mb(server.pid)
+            async with OpenCodeEnv(url) as env:
+                for done in range(1, count + 1):
+                    result = await env.run_rollout(**arguments, task_id=f"r{done}")
+                    if not result.sandbox_id:
+                        raise RuntimeError(f"a rollout ended before its sandbox: {result.status} {result.error}")
+                    marks[done] = _rss_mb(server.pid)
+        finally:
+            server.terminate()
+            await server.wait()
     half = count // 2
     return (
         f"{count} rollouts (stub backend, over /ws, each result read back by reference): RSS "
