@@ -53,12 +53,18 @@ async def refused_client(url: str, connect_timeout_s: float) -> None:
     raise AssertionError(f"{url} answered")
 
 
+async def refused_rollout(dead_model: str) -> None:
+    result = await run_rollout(demo_request(dead_model, endpoint=""), StubBackend())
+    if result.status != "upstream_error":
+        raise SystemExit(f"a rollout whose model URL is refused ended {result.status}, not upstream_error")
+
+
 async def main(rounds: int) -> None:
     dead_model = f"http://127.0.0.1:{closed_port()}/v1"
     with ScriptedModelServer(demo_script()) as model:
         healthy = Upstream("", model.base_url, "sk-bench", "scripted-policy", disable_thinking=False)
         probe_s = await timed(rounds, lambda: probe_endpoint(healthy, top_logprobs=5))
-        refused_s = await timed(rounds, lambda: run_rollout(demo_request(dead_model, endpoint=""), StubBackend()))
+        refused_s = await timed(rounds, lambda: refused_rollout(dead_model))
     other_host_s = await timed(rounds, lambda: refused_client(f"http://127.0.0.2:{closed_port()}", 10.0))
     this_host_s = await timed(max(rounds // 5, 1), lambda: refused_client(f"http://127.0.0.1:{closed_port()}", 1.0))
     print(f"healthy probe (uncached), scripted model:      {probe_s * 1000:9.1f} ms")

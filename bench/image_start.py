@@ -26,7 +26,7 @@ from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.base_image import build_base_image
 from opencode_env.sandbox.local.build.builder import containers_conf
 from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore
-from opencode_env.sandbox.local.tools import cache_root, cached_tools
+from opencode_env.sandbox.local.tools import cached_tools
 
 
 async def lifetime(backend: LocalBackend, image: str) -> float:
@@ -59,10 +59,10 @@ async def podman_run(image: str) -> float:
 async def main(runs: int) -> None:
     await cached_tools()
     image = build_base_image()
-    store = ImageStore(cache_root() / "images")
-    unpacked = store.prepare(image).rootfs.parent
-    with tempfile.TemporaryDirectory() as base:
-        backend = LocalBackend(cached_tools, base_dir=Path(base))
+    # an image cache of its own: the first use removes the unpacked image, which the shared cache's users may hold
+    with tempfile.TemporaryDirectory() as base, tempfile.TemporaryDirectory() as cache:
+        unpacked = ImageStore(Path(cache) / "images").prepare(image).rootfs.parent
+        backend = LocalBackend(cached_tools, base_dir=Path(base), cache_dir=Path(cache))
         host, cached, first, podman = [], [], [], []
         for _ in range(runs):
             host.append(await lifetime(backend, HOST_IMAGE))

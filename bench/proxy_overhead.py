@@ -3,11 +3,12 @@ model on loopback.
 
     uv run python -m bench.proxy_overhead [--runs 30] [--concurrency 8,32]
 
-The request body is a real one: OpenCode's first request of the demo task (~31 KB, 10 tools), captured at start.
-The direct and relay paths send it with the same logprob / token-id parameters the proxy adds, so all three streams
-are the same. The byte relay (bench/byte_relay.py) copies bytes and does nothing else: its CPU per token is what any
-relay pays on this machine (a wakeup, a read and a write per token that arrives alone), so the proxy's own cost is
-the difference. CPU is the relay's or the proxy's process only, from the scheduler's exact runtime.
+The request body is a real one: OpenCode's first request of the demo task (26 KB and 8 tools with OpenCode 1.18.33),
+captured at start. The direct and relay paths send it with the same logprob / token-id parameters the proxy adds, so
+all three streams are the same. The byte relay (bench/byte_relay.py) copies bytes and does nothing else: its CPU per
+token is what any relay pays on this machine (a wakeup, a read and a write per token that arrives alone), so the
+proxy's own cost is the difference. CPU is the relay's or the proxy's process only, from the scheduler's exact
+runtime.
 """
 
 from __future__ import annotations

@@ -110,8 +110,12 @@ def _serve(dump: str) -> None:
 
 
 async def _run(count: int, trace: bool) -> dict[int, float]:
+    with tempfile.TemporaryDirectory() as scratch:
+        return await _measure(count, trace, Path(scratch) / "growth.txt")
+
+
+async def _measure(count: int, trace: bool, dump: Path) -> dict[int, float]:
     port = _free_port()
-    dump = Path(tempfile.mkdtemp()) / "growth.txt"
     script = Script(steps=[bash("echo hello > hello.txt", "write a file"), say("done")])
     with ScriptedModelServer(script) as model:
         env = {
@@ -136,7 +140,8 @@ async def _run(count: int, trace: bool) -> dict[int, float]:
                         instruction="Write hello.txt.", base_url=model.base_url, model="scripted", endpoint="vllm"
                     )
                     if result.status != "completed":
-                        print(f"rollout {done}: {result.status} {result.error}", file=sys.stderr)
+                        why = f"{result.status} {result.error}"
+                        raise SystemExit(f"rollout {done} did not complete, nothing to measure: {why}")
                     if trace and done in (count // 2, count):
                         server.send_signal(signal.SIGUSR1)
                         await asyncio.sleep(2)
@@ -156,9 +161,10 @@ async def _run(count: int, trace: bool) -> dict[int, float]:
     )
     malloc = await asyncio.to_thread(_lines, Path(str(dump) + ".malloc"))
     print(f"    malloc after each: {'; '.join(malloc)}")
-    if trace and dump.exists():
+    growth = await asyncio.to_thread(_lines, dump) if trace else []
+    if growth:
         print("largest growth between N/2 and N (tracemalloc):")
-        print(dump.read_text())
+        print("\n".join(growth))
     return marks
 
 

@@ -30,7 +30,11 @@ async def _timed(sandbox: object, command: str, identity: str) -> float:
 
 
 async def main() -> None:
-    backend = LocalBackend(cached_tools, base_dir=Path(tempfile.mkdtemp(prefix="bench-trusted-")))
+    with tempfile.TemporaryDirectory(prefix="bench-trusted-") as base:
+        await measure(LocalBackend(cached_tools, base_dir=Path(base)))
+
+
+async def measure(backend: LocalBackend) -> None:
     sandbox = await backend.create(SandboxSpec(image=build_base_image()))
     try:
         cases = {

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shutil
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -77,19 +78,26 @@ def e2b_fake() -> tuple[SandboxBackend, Callable[[], None]]:
     from opencode_env.sandbox.cloud.e2b import E2BBackend
     from opencode_env.testing.fake_e2b import FakeCloud
 
-    cloud = FakeCloud(base_dir=Path(tempfile.mkdtemp(prefix="verify-bench-")))
-    return E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key), lambda: None
+    base = Path(tempfile.mkdtemp(prefix="verify-bench-"))
+    cloud = FakeCloud(base_dir=base)
+    return E2BBackend(sandbox_class=cloud.sandbox_class(), api_key=cloud.api_key), lambda: shutil.rmtree(base)
 
 
 def hf_fake() -> tuple[SandboxBackend, Callable[[], None]]:
     from opencode_env.sandbox.cloud.hf import HFBackend
     from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
 
-    cloud = FakeHfCloud(base_dir=Path(tempfile.mkdtemp(prefix="verify-bench-")))
+    base = Path(tempfile.mkdtemp(prefix="verify-bench-"))
+    cloud = FakeHfCloud(base_dir=base)
     backend = HFBackend(
         sandbox_class=cloud.sandbox_class(), token=cloud.token, image="opencode-env", tools_dir=FAKE_TOOLS_DIR
     )
-    return backend, cloud.kill_all
+
+    def done() -> None:
+        cloud.kill_all()
+        shutil.rmtree(base)
+
+    return backend, done
 
 
 BACKENDS = {"local": local, "e2b-fake": e2b_fake, "hf-fake": hf_fake}
