@@ -1,6 +1,6 @@
 """What Ray adds to a rollout, in CPU-seconds and wall time, against the same rollout run locally, in one run.
 
-    RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 uv run --frozen --extra ray python -m bench.ray_overhead [--pairs 20]
+    RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 uv run --frozen --extra ray python -m bench.ray_overhead [--pairs 20] [--real 10]
 
 A simulated one-node cluster (`ray.cluster_utils.Cluster`, started lean: node.py's LEAN_* switches; `--ray-defaults`
 starts it with Ray's own defaults instead). `--pairs` oracle rollouts each way, interleaved one by one (local, Ray,
@@ -9,7 +9,10 @@ local, Ray...), after one warm-up of each:
   its waited-for children's: the sandboxes) read from /proc around each rollout;
 - Ray: the same request through `RayRollouts` to the node's long-lived runner; CPU split three ways, read around each
   rollout: the runner actor (its process and its sandboxes), the driver (this process), and Ray's own processes
-  (every other descendant of this process: GCS, raylet, agents, idle workers).
+  (every other descendant of this process: GCS, raylet, agents, idle workers); the local path's CPU counts what
+  this process did meanwhile too.
+`--real N` adds N pairs of the demo task run by the real OpenCode, each against a scripted model of its own served
+from this process (its serving counts on both paths).
 Printed: per-rollout means with 95% bootstrap confidence intervals, the paired difference, the wall-time ratio, what
 Ray's own processes cost while idle (per second, during the local rollouts) and hold (RSS), and the fixed costs (the
 cluster's start, a driver's start: connect, place and prepare a runner per node) that a driver pays once, not per
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -29,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +48,12 @@ from opencode_env.cluster.node import LEAN_NODE_ARGS, LEAN_RAY_ENV, LEAN_SYSTEM_
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.local.images import BASE_IMAGE
+from opencode_env.testing.demo import demo_request
+from opencode_env.testing.script import demo_script
+from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutRequest, RolloutResult
+
+RequestMaker = Callable[[str], AbstractContextManager[RolloutRequest]]
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -145,7 +156,21 @@ def local_worker(base: str) -> None:
     asyncio.run(serve())
 
 
-async def paired(driver: RayRollouts, local: LocalWorker, pairs: int) -> dict[str, list[float]]:
+@contextlib.contextmanager
+def oracle_request(task_id: str) -> Iterator[RolloutRequest]:
+    yield oracle(task_id)
+
+
+@contextlib.contextmanager
+def real_request(task_id: str) -> Iterator[RolloutRequest]:
+    """The demo task run by the real OpenCode, against a scripted model of its own served from this process."""
+    with ScriptedModelServer(demo_script()) as model:
+        yield demo_request(model.base_url, task_id=task_id)
+
+
+async def paired(
+    driver: RayRollouts, local: LocalWorker, pairs: int, requests: RequestMaker = oracle_request
+) -> dict[str, list[float]]:
     """`pairs` rollouts each way, interleaved, after a warm-up of each; every figure per rollout."""
     [report] = await driver.nodes()
     runner = report.pid
@@ -155,6 +180,7 @@ async def paired(driver: RayRollouts, local: LocalWorker, pairs: int) -> dict[st
         for name in (
             "local wall s",
             "local cpu s",
+            "local driver cpu s",
             "ray wall s",
             "ray runner cpu s",
             "ray driver cpu s",
@@ -164,16 +190,21 @@ async def paired(driver: RayRollouts, local: LocalWorker, pairs: int) -> dict[st
     }
     for index in range(pairs + 1):
         idle_before, idle_started = ray_processes.cpu_s(), time.monotonic()
-        result, wall_s, spent = await asyncio.to_thread(local.run, oracle(f"local-{index}"))
+        with requests(f"local-{index}") as request:
+            local_driver_before = cpu_s(os.getpid(), children=False)
+            result, wall_s, spent = await asyncio.to_thread(local.run, request)
+            local_driver_cpu = cpu_s(os.getpid(), children=False) - local_driver_before
         idle_rate = (ray_processes.cpu_s() - idle_before) / (time.monotonic() - idle_started)
         check(result)
-        runner_before, driver_before = cpu_s(runner, children=True), cpu_s(os.getpid(), children=False)
-        own_before, started = ray_processes.cpu_s(), time.monotonic()
-        check(await driver.run_rollout(oracle(f"ray-{index}")))
-        ray_wall_s = time.monotonic() - started
+        with requests(f"ray-{index}") as request:
+            runner_before, driver_before = cpu_s(runner, children=True), cpu_s(os.getpid(), children=False)
+            own_before, started = ray_processes.cpu_s(), time.monotonic()
+            check(await driver.run_rollout(request))
+            ray_wall_s = time.monotonic() - started
         row = {
             "local wall s": wall_s,
             "local cpu s": spent,
+            "local driver cpu s": local_driver_cpu,
             "ray wall s": ray_wall_s,
             "ray runner cpu s": cpu_s(runner, children=True) - runner_before,
             "ray driver cpu s": cpu_s(os.getpid(), children=False) - driver_before,
@@ -186,18 +217,23 @@ async def paired(driver: RayRollouts, local: LocalWorker, pairs: int) -> dict[st
     return figures
 
 
-def print_paired(figures: dict[str, list[float]], pairs: int) -> None:
+def print_paired(figures: dict[str, list[float]], pairs: int, kind: str) -> None:
+    """Each path's CPU counts this process's too: the driver's work on the Ray path; on the local path, what this
+    process did meanwhile (a real rollout's scripted model is served from here on both paths)."""
+    local_cpu = [w + d for w, d in zip(figures["local cpu s"], figures["local driver cpu s"], strict=True)]
     ray_cpu = [
         sum(values)
         for values in zip(
             figures["ray runner cpu s"], figures["ray driver cpu s"], figures["ray own processes cpu s"], strict=True
         )
     ]
-    added_cpu = [r - local for r, local in zip(ray_cpu, figures["local cpu s"], strict=True)]
+    added_cpu = [r - local for r, local in zip(ray_cpu, local_cpu, strict=True)]
     added_wall = [r - local for r, local in zip(figures["ray wall s"], figures["local wall s"], strict=True)]
-    print(f"\nper rollout, {pairs} interleaved pairs of oracle rollouts (mean [95% bootstrap CI])")
+    print(f"\nper rollout, {pairs} interleaved pairs of {kind} rollouts (mean [95% bootstrap CI])")
     rows = [
-        ("local: CPU s (process + sandboxes)", figures["local cpu s"]),
+        ("local: CPU s, all", local_cpu),
+        ("  local worker (process + sandboxes)", figures["local cpu s"]),
+        ("  this process meanwhile", figures["local driver cpu s"]),
         ("ray: CPU s, all", ray_cpu),
         ("  runner actor (process + sandboxes)", figures["ray runner cpu s"]),
         ("  driver (this process)", figures["ray driver cpu s"]),
@@ -235,7 +271,9 @@ async def bench(args: argparse.Namespace) -> None:
         ray_pids = RayProcesses({local.process.pid}).pids()
         print(f"Ray's processes hold {rss_mib(ray_pids):.0f} MiB RSS ({len(ray_pids)} processes, the runner included)")
         figures = await paired(driver, local, args.pairs)
-        print_paired(figures, args.pairs)
+        print_paired(figures, args.pairs, "oracle")
+        if args.real:
+            print_paired(await paired(driver, local, args.real, real_request), args.real, "real OpenCode")
         await driver.close()
         if args.tasks:
             await tasks_section(base, args)
@@ -341,6 +379,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20, help="interleaved rollouts each way (default 20)")
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--ray-defaults", action="store_true", help="start the cluster with Ray's own defaults")
+    parser.add_argument("--real", type=int, default=0, help="add: this many pairs of real OpenCode rollouts")
     parser.add_argument("--tasks", action="store_true", help="add: one Ray task per rollout")
     parser.add_argument("--scaling", action="store_true", help="add: one node against two (one machine's cores)")
     parser.add_argument("--batch", type=int, default=8, help="--scaling's batch")
