@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,12 +39,11 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
-from bench.rollout_measure import cpu_s, load_line, oracle
+from bench.rollout_measure import RolloutWorker, check, cpu_s, load_line, oracle
 from bench.stats import mean_ci
 from opencode_env.cluster import SLOT_RESOURCE, NodeConfig, RayRollouts
 from opencode_env.cluster.node import LEAN_NODE_ARGS, LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.local.images import BASE_IMAGE
 from opencode_env.testing.demo import demo_request
 from opencode_env.testing.script import demo_script
@@ -120,42 +117,6 @@ class RayProcesses:
         return sum(cpu_s(pid, children=False) for pid in self.pids())
 
 
-class LocalWorker:
-    """The local path in a plain Python process of its own (no Ray in it): `python -m bench.ray_overhead --local`."""
-
-    def __init__(self, base: str) -> None:
-        command = [sys.executable, "-m", "bench.ray_overhead", "--local-worker", base]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def run(self, request: RolloutRequest) -> tuple[RolloutResult, float, float]:
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
-        self.process.stdin.write(request.model_dump_json() + "\n")
-        self.process.stdin.flush()
-        answer = json.loads(self.process.stdout.readline())
-        return RolloutResult.model_validate_json(answer["result"]), answer["wall_s"], answer["cpu_s"]
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
-
-
-def local_worker(base: str) -> None:
-    """Each request line: the rollout, run here; its result, wall time and CPU (this process and its sandboxes)."""
-    backend = make_backend("local")
-
-    async def serve() -> None:
-        for line in sys.stdin:
-            before, started = cpu_s(os.getpid(), children=True), time.monotonic()
-            result = await run_rollout(RolloutRequest.model_validate_json(line), backend)
-            wall_s = time.monotonic() - started
-            spent = cpu_s(os.getpid(), children=True) - before
-            print(json.dumps({"result": result.model_dump_json(), "wall_s": wall_s, "cpu_s": spent}), flush=True)
-
-    asyncio.run(serve())
-
-
 @contextlib.contextmanager
 def oracle_request(task_id: str) -> Iterator[RolloutRequest]:
     yield oracle(task_id)
@@ -169,7 +130,7 @@ def real_request(task_id: str) -> Iterator[RolloutRequest]:
 
 
 async def paired(
-    driver: RayRollouts, local: LocalWorker, pairs: int, requests: RequestMaker = oracle_request
+    driver: RayRollouts, local: RolloutWorker, pairs: int, requests: RequestMaker = oracle_request
 ) -> dict[str, list[float]]:
     """`pairs` rollouts each way, interleaved, after a warm-up of each; every figure per rollout."""
     [report] = await driver.nodes()
@@ -192,7 +153,7 @@ async def paired(
         idle_before, idle_started = ray_processes.cpu_s(), time.monotonic()
         with requests(f"local-{index}") as request:
             local_driver_before = cpu_s(os.getpid(), children=False)
-            result, wall_s, spent = await asyncio.to_thread(local.run, request)
+            result, wall_s, spent = await asyncio.to_thread(local.rollout, request)
             local_driver_cpu = cpu_s(os.getpid(), children=False) - local_driver_before
         idle_rate = (ray_processes.cpu_s() - idle_before) / (time.monotonic() - idle_started)
         check(result)
@@ -261,7 +222,7 @@ async def bench(args: argparse.Namespace) -> None:
     add_node(cluster, args.slots, head=True, lean=lean)
     ray.init(address=cluster.address, log_to_driver=False)
     print(f"a one-node cluster ({'lean' if lean else 'Ray defaults'}) up in {time.monotonic() - started:.1f} s")
-    local = LocalWorker(base)
+    local = RolloutWorker()
     try:
         config = NodeConfig(base_dir=base)
         driver = RayRollouts(cluster.address, node_config=config)
@@ -317,11 +278,6 @@ async def scaling_section(cluster: Cluster, config: NodeConfig, args: argparse.N
     print(f"1 node: {one_node:6.1f}\n2 nodes: {two_nodes:5.1f}   ratio {two_nodes / one_node:.2f}")
 
 
-def check(result: RolloutResult) -> None:
-    if (result.status, result.reward) != ("completed", 1.0):
-        raise SystemExit(f"a bench rollout failed: {result.status} {result.error}")
-
-
 async def throughput(driver: RayRollouts, batch: int) -> float:
     requests = [oracle(f"batch-{index}") for index in range(batch)]
     started = time.monotonic()
@@ -372,9 +328,6 @@ def _size_of(data: bytes) -> int:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--local-worker"]:
-        local_worker(sys.argv[2])
-        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=20, help="interleaved rollouts each way (default 20)")
     parser.add_argument("--slots", type=int, default=2)
