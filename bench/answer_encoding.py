@@ -23,9 +23,9 @@ import orjson
 from bench.latency_backend import LatencyBackend
 from bench.wire_format import synthetic
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import RolloutResult
 
 

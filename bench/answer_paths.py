@@ -23,12 +23,12 @@ import orjson
 from websockets.asyncio.client import connect
 
 from bench.wire_format import sampled
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.app import create_app
 from opencode_env.server.rollouts import Progress, Rollouts
 from opencode_env.server.runtime import Runtime
 from opencode_env.server.tool import build_mcp
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
 
 STREAM = {"accept": "application/json, text/event-stream"}
@@ -141,8 +141,9 @@ async def measure(url: str, tokens: int) -> dict[str, tuple[int, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=100_000)
+    parser.add_argument("--float64", action="store_true", help="float64 logprobs (the scripted model's default)")
     args = parser.parse_args()
-    result = sampled(args.tokens, by_text=True)
+    result = sampled(args.tokens, by_text=True, float32=not args.float64)
     tokens = sum(len(turn.completion_token_ids) for turn in result.proxy_turns)
     runtime = Runtime.build(backend=StubBackend(command_s=0), keep_results=False)
     runtime.rollouts = Recorded(result)
@@ -154,7 +155,8 @@ def main() -> None:
     finally:
         server.stop()
     json_bytes = len(result.model_dump_json())
-    print(f"{tokens:,} sampled tokens, top-5 by text, float32; the result's JSON {json_bytes / tokens:.1f} B/token")
+    width = "float64" if args.float64 else "float32"
+    print(f"{tokens:,} sampled tokens, top-5 by text, {width}; the result's JSON {json_bytes / tokens:.1f} B/token")
     print(f"{'path':<42} {'answer B':>10} {'result B':>12} {'B/token':>8}  vs before")
     before = old_websocket_frame(result)
     print(f"{'/ws before (whole result x3, one frame)':<42} {before:>10,} {0:>12,} {before / tokens:>8.1f}  1.00x")

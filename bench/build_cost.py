@@ -12,9 +12,9 @@ import time
 import uuid
 from pathlib import Path
 
-from opencode_env.sandbox.local.build.box import DEFAULT_ROOT, BuildBox
-from opencode_env.sandbox.local.build.builder import ImageBuilder, containers_conf
-from opencode_env.sandbox.local.images import BASE_IMAGE
+from opencode_env.sandbox.local.images.build.box import DEFAULT_ROOT, BuildBox
+from opencode_env.sandbox.local.images.build.builder import ImageBuilder, containers_conf
+from opencode_env.sandbox.local.images.store import BASE_IMAGE
 
 ROUNDS = 3
 

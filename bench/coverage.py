@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.probe import forget_probes
+from opencode_env.rollout.preflight.probe import forget_probes
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, ToolCallStep
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, ToolCallStep
 from opencode_env.training.sequences import training_summary
 from opencode_env.wire import TokenIn
 

@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 from opencode_env import OpenCodeEnv
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.probe import forget_probes, probe_endpoint
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.rollout.preflight.probe import forget_probes, probe_endpoint
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.testing.stub_backend import StubBackend
 
 

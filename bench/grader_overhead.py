@@ -25,7 +25,7 @@ import asyncio, json, sys
 sys.path.insert(0, sys.argv[1])
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.images.base_image import build_base_image
 from opencode_env.sandbox.local.tools import cached_tools
 from opencode_env.wire import RolloutRequest
 

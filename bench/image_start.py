@@ -23,9 +23,9 @@ from pathlib import Path
 from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.build.builder import containers_conf
-from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.images.build.builder import containers_conf
+from opencode_env.sandbox.local.images.store import HOST_IMAGE, ImageStore
 from opencode_env.sandbox.local.tools import cached_tools
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from opencode_env.rollout import opencode
 from opencode_env.sandbox.local.tools import install_cached
-from opencode_env.testing.demo import DEMO_INSTRUCTION
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import DEMO_INSTRUCTION
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 
 
 def bare_opencode_run(base_url: str, model_id: str = "scripted-policy") -> float:

@@ -20,9 +20,9 @@ import httpx
 
 from opencode_env.proxy.fingerprint import PROBE_HEADER, tokenize_body
 from opencode_env.rollout.endpoints import Upstream
-from opencode_env.rollout.probe import forget_probes, probe_endpoint
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.rollout.preflight.probe import forget_probes, probe_endpoint
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 
 
 async def timed(rounds: int, work: Callable[[], Awaitable[None]]) -> list[float]:

@@ -30,8 +30,8 @@ import httpx
 
 from bench.opencode_body import capture_opencode_request
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
+from opencode_env.scripted.script import Script, Step
 from opencode_env.testing.proxy_process import running_proxy
-from opencode_env.testing.script import Script, Step
 
 REWRITE = RewriteConfig(endpoint_kind="vllm", model_override="scripted-policy", top_logprobs=5, max_tokens_cap=4096)
 
@@ -58,7 +58,7 @@ def model_process(script: Script, directory: Path) -> Iterator[str]:
     script_file, port_file = directory / "script.json", directory / "model.port"
     script_file.write_text(script.model_dump_json())
     process = subprocess.Popen(
-        [sys.executable, "-m", "opencode_env.testing", "--script", str(script_file), "--port-file", str(port_file)]
+        [sys.executable, "-m", "opencode_env.scripted", "--script", str(script_file), "--port-file", str(port_file)]
     )
     try:
         while not port_file.exists():

@@ -44,10 +44,10 @@ from bench.stats import mean_ci
 from opencode_env.cluster import SLOT_RESOURCE, NodeConfig, RayRollouts
 from opencode_env.cluster.node import LEAN_NODE_ARGS, LEAN_RAY_ENV, LEAN_SYSTEM_CONFIG
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox.local.images import BASE_IMAGE
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.sandbox.local.images.store import BASE_IMAGE
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import RolloutRequest, RolloutResult
 
 RequestMaker = Callable[[str], AbstractContextManager[RolloutRequest]]

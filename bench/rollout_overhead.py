@@ -20,9 +20,9 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools, install_cached
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import Mode, RolloutResult
 
 PHASES = ("sandbox_s", "install_s", "prepare_s", "setup_s", "proxy_s", "agent_s", "verify_s", "collect_s", "close_s")

@@ -42,9 +42,9 @@ import httpx
 
 from bench.serving import free_port, running_server
 from opencode_env.client.ws_session import OpenEnvSession
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import TOOL_NAME
 
 TARGET_HEALTH_P99_S = 0.100

@@ -20,8 +20,8 @@ import tracemalloc
 from pathlib import Path
 
 from opencode_env import OpenCodeEnv
-from opencode_env.testing.script import Script, bash, say
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, bash, say
 
 TRACE_FRAMES = 8
 

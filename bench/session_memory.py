@@ -114,8 +114,8 @@ async def _sessions(sessions: int, sdk_defaults: bool) -> list[str]:
 
 async def _rollouts(count: int) -> str:
     from opencode_env.client.client import OpenCodeEnv
-    from opencode_env.testing.script import demo_script
-    from opencode_env.testing.scripted_model import ScriptedModelServer
+    from opencode_env.scripted.model import ScriptedModelServer
+    from opencode_env.scripted.script import demo_script
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -20,9 +20,9 @@ from pathlib import Path
 from bench.stats import spread
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.images import HOST_IMAGE
-from opencode_env.sandbox.local.isolation import CONTROL_MOUNT, SECCOMP_EXEC, SYSCALL_FILTER
-from opencode_env.sandbox.local.syscall_filter import filter_program
+from opencode_env.sandbox.local.images.store import HOST_IMAGE
+from opencode_env.sandbox.local.isolation.bubblewrap import CONTROL_MOUNT, SECCOMP_EXEC, SYSCALL_FILTER
+from opencode_env.sandbox.local.isolation.syscall_filter import filter_program
 from opencode_env.sandbox.local.tools import cached_tools
 
 LOADER_ALONE = (

@@ -32,9 +32,9 @@ from opencode_env.client.client import OpenCodeEnv
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools, install_cached
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import RolloutRequest, RolloutResult
 
 PHASES = ("sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect", "close")

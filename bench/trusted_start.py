@@ -15,8 +15,8 @@ from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.command_argv import TOOL_SHELL
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.isolation.command_argv import TOOL_SHELL
 from opencode_env.sandbox.local.tools import cached_tools
 
 ROUNDS = 15

@@ -28,7 +28,7 @@ import uvloop
 from bench.proxy_overhead import Scenario, model_process
 from opencode_env.proxy.request import RewriteConfig, rewrite_request
 from opencode_env.proxy.upstream import Origin, UpstreamPool
-from opencode_env.testing.script import Script
+from opencode_env.scripted.script import Script
 
 REWRITE = RewriteConfig(endpoint_kind="vllm", model_override="scripted-policy", top_logprobs=5, max_tokens_cap=4096)
 BODY = {

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
+from opencode_env.scripted.demo import DEMO_INSTRUCTION, DEMO_VERIFY
 from opencode_env.wire import RolloutRequest, VerifySandbox
 
 COPY_TIME = re.compile(r"not carried, ([0-9.]+) s\)")

@@ -50,7 +50,7 @@ from bench.tiny_model import CHAT_TEMPLATE
 from opencode_env.proxy.capture import Fold, fold_stream
 from opencode_env.proxy.dechunk import ChunkedDecoder
 from opencode_env.rollout.endpoints import Upstream
-from opencode_env.rollout.probe import forget_probes, probe_endpoint
+from opencode_env.rollout.preflight.probe import forget_probes, probe_endpoint
 from opencode_env.rollout.proxy_session import Trace
 from opencode_env.testing.proxy_process import running_proxy
 from opencode_env.training.sequences import training_sequences, training_summary

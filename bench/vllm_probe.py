@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 from opencode_env.rollout.endpoints import Upstream
-from opencode_env.rollout.probe import decide, forget_probes, probe_endpoint
+from opencode_env.rollout.preflight.probe import decide, forget_probes, probe_endpoint
 from opencode_env.wire.provenance import Capture, EndpointProbe
 
 BENCH = Path(__file__).resolve().parent

@@ -60,26 +60,29 @@ def sampled(
     per_turn: int = 1000,
     top_k: int = 5,
     seed: int = 7,
+    float32: bool = True,
 ) -> RolloutResult:
     """`tokens` sampled tokens over turns of `per_turn`, as vLLM gives them: float32 logprobs, texts one per id; ids
     log-uniform over the vocabulary (text is Zipfian: a few ids recur, most are rare). At a share `in_top` of the
     positions the sampled token is one of its own alternatives with the same logprob (first of them four times in
     five: greedy decoding puts it first every time); elsewhere all k alternatives are other tokens, more likely than
-    it. `by_text`: the alternatives carry their text and no id, as an OpenAI-compatible server sends them."""
+    it. `by_text`: the alternatives carry their text and no id, as an OpenAI-compatible server sends them.
+    `float32` False: float64 logprobs, as the scripted model sends by default (no float32 holds them)."""
+    width = "f" if float32 else "d"
     rng = random.Random(seed)
     texts = {token_id: f"t{token_id}" for token_id in range(152_000)}
     turns = []
     for number in range((tokens + per_turn - 1) // per_turn):
         count = min(per_turn, tokens - number * per_turn)
         ids = [int(151_000 ** rng.random()) for _ in range(count)]
-        logprobs = array("f", [-rng.expovariate(2.0) for _ in range(count)]).tolist()
+        logprobs = array(width, [-rng.expovariate(2.0) for _ in range(count)]).tolist()
         top = []
         for token_id, logprob in zip(ids, logprobs, strict=True):
             ranked = rng.random() < in_top
             rank = (0 if rng.random() < 0.8 else rng.randrange(1, top_k)) if ranked else top_k
             above = [logprob + rng.expovariate(0.8) for _ in range(rank)]
             below = [logprob - rng.expovariate(0.8) for _ in range(top_k - 1 - rank)] if ranked else []
-            others = array("f", sorted(above + below, reverse=True)).tolist()
+            others = array(width, sorted(above + below, reverse=True)).tolist()
             alternatives: list[tuple[str, float, int | None]] = [
                 (texts[i], lp, None if by_text else i)
                 for i, lp in zip(rng.sample(range(5000), len(others)), others, strict=True)

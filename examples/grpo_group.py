@@ -22,9 +22,8 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from opencode_env import InProcess, OpenCodeEnv, RolloutRequest, RolloutResult
-from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
-from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import DEMO_INSTRUCTION, DEMO_VERIFY
+from opencode_env.scripted.script import Script, Step, ToolCallStep, bash, say
 from opencode_env.training.formats import rollout_reward, trl_batch
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import Runner
@@ -48,6 +47,8 @@ def model_endpoint(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     if not args.scripted:
         yield args.base_url, args.model
         return
+    from opencode_env.scripted.model import ScriptedModelServer  # the server extra's web stack: only here
+
     with ScriptedModelServer(thinking_script()) as scripted:
         yield scripted.base_url, "scripted-policy"
 

@@ -16,9 +16,8 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from opencode_env import OpenCodeEnv
-from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import DEMO_INSTRUCTION, DEMO_VERIFY
+from opencode_env.scripted.script import demo_script
 from opencode_env.training.sequences import training_summary
 
 
@@ -28,6 +27,14 @@ def model_endpoint(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     if not args.scripted:
         yield args.base_url, args.model
         return
+    try:
+        from opencode_env.scripted.model import ScriptedModelServer  # the server extra's web stack
+    except ModuleNotFoundError as missing:
+        raise SystemExit(
+            f"quickstart: --scripted serves the scripted model from this process, which needs the server extra "
+            f"({missing.name} is not installed): pip install 'opencode-env[server]'"
+        ) from missing
+
     with ScriptedModelServer(demo_script()) as scripted:
         yield scripted.base_url, "scripted-policy"
 

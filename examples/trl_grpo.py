@@ -2,8 +2,13 @@
 
     uv sync --group trl && uv run python examples/trl_grpo.py
 
+The `trl` group downloads about 2.4 GB of wheels on Linux x86-64 (uv.lock's sizes): PyPI's torch (0.54 GB) brings
+1.8 GB of NVIDIA CUDA libraries and Triton that this CPU step never uses. PyPI has no CPU-only torch; to skip them,
+install torch from PyTorch's CPU index into an environment of your own (`pip install torch --index-url
+https://download.pytorch.org/whl/cpu`, then `pip install trl datasets` and this package with its server extra).
+
 The policy is a tiny causal LM built here with random weights and a vocabulary that covers the scripted model's
-token ids, so nothing is downloaded. TRL (1.16.0) calls `rollout_func` on its own path whether or not vLLM is used:
+token ids, so no model is downloaded. TRL (1.16.0) calls `rollout_func` on its own path whether or not vLLM is used:
 no trainer subclass is needed. Each row's prompt and completion ids are the engine's (the scripted model's), with
 the env mask marking tool output between turns.
 
@@ -32,10 +37,10 @@ from opencode_env.evals.trl_rollout import make_rollout_func
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
-from opencode_env.testing.chat_template import EOS, SPECIAL_IDS
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.chat_template import EOS, SPECIAL_IDS
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.training.coverage import percent
 from opencode_env.training.formats import rollout_reward
 from opencode_env.wire import RolloutRequest

@@ -1,31 +1,25 @@
-"""`opencode-env` (and `python -m opencode_env`): the command line, or, where only the thin client is installed,
-which extra to install for it."""
+"""`opencode-env` (and `python -m opencode_env`): the command line. Where only the thin client is installed, the
+commands that need no sandbox run (every `--help`, `view`, `export`, `settings`, ...) and the others say which extra
+to install."""
 
 from __future__ import annotations
 
 import sys
 
-SERVER_EXTRA = "pip install 'opencode-env[server]'"
-SERVER_MODULES = frozenset(
-    {"fastapi", "uvicorn", "uvloop", "httptools", "orjson", "openenv", "e2b", "huggingface_hub", "fastmcp"}
-    | {"starlette", "pyseccomp"}
-)
-"""What the server extra installs, as imported: another missing module is a fault, not a choice of install."""
+from opencode_env.cli.extras import SERVER_MODULES, server_extra_refusal
 
 
 def main() -> int:
     try:
         from opencode_env.cli.app import main as command_line
+
+        return command_line()
     except ModuleNotFoundError as missing:
-        if (missing.name or "").split(".")[0] not in SERVER_MODULES:
+        if (missing.name or "").split(".")[0] not in SERVER_MODULES | {"uvloop"}:
             raise
-        print(
-            f"opencode-env: the command line runs rollouts, which needs the server extra ({missing.name} is not "
-            f"installed; this install has the client only): {SERVER_EXTRA}",
-            file=sys.stderr,
-        )
+        command = next((word for word in sys.argv[1:] if not word.startswith("-")), "")
+        print(server_extra_refusal(command, missing.name or ""), file=sys.stderr)
         return 2
-    return command_line()
 
 
 if __name__ == "__main__":

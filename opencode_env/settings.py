@@ -70,7 +70,7 @@ class Settings(BaseSettings):
         256,
         "OPENCODE_ENV_MCP_SESSIONS",
         "server",
-        "Standard MCP sessions open at once (more get 503).",
+        "Sessions open at once on each session transport: standard MCP (more get 503) and OpenEnv's WebSocket.",
         ge=1,
         le=100_000,
     )
@@ -78,9 +78,45 @@ class Settings(BaseSettings):
         32,
         "OPENCODE_ENV_MCP_SESSIONS_PER_CALLER",
         "server",
-        "Standard MCP sessions one caller token may hold open at once (more get 503; the operator's is not counted).",
+        "Sessions one caller token may hold open at once, standard MCP and WebSocket together (more are refused; the "
+        "operator's are not counted).",
         ge=1,
         le=100_000,
+    )
+    rollouts_per_caller: int = _setting(
+        0,
+        "OPENCODE_ENV_ROLLOUTS_PER_CALLER",
+        "server",
+        "Rollout slots one caller token may hold at once (0: all of them). Whatever it is, a freed slot goes to the "
+        "waiting caller holding the fewest.",
+        ge=0,
+        le=100_000,
+    )
+    queued_per_caller: int = _setting(
+        256,
+        "OPENCODE_ENV_QUEUED_PER_CALLER",
+        "server",
+        "Rollout calls one caller token may have waiting for a slot, every transport together (more are refused at "
+        "once; the operator's are not counted).",
+        ge=1,
+        le=100_000,
+    )
+    max_body_mb: int = _setting(
+        64,
+        "OPENCODE_ENV_MAX_BODY_MB",
+        "server",
+        "Largest request body on any route, MiB, counted as it streams in (larger get 413 before any parsing).",
+        ge=1,
+        le=4096,
+    )
+    body_mb_per_caller: int = _setting(
+        128,
+        "OPENCODE_ENV_BODY_MB_PER_CALLER",
+        "server",
+        "Request bodies one caller token may have in the server at once, MiB, until each request is answered (more "
+        "get 429; the operator's are not counted).",
+        ge=1,
+        le=65536,
     )
     mcp_session_idle_s: float = _setting(
         600.0,
@@ -102,7 +138,12 @@ class Settings(BaseSettings):
         "", "OPENCODE_ENV_RESULTS_DIR", "server", "Where finished results are kept (default ~/.local/state/...)."
     )
     results_keep: int = _setting(
-        200, "OPENCODE_ENV_RESULTS_KEEP", "server", "Results kept there (0: memory only).", ge=0, le=100_000
+        200,
+        "OPENCODE_ENV_RESULTS_KEEP",
+        "server",
+        "Results kept there per caller (0: memory only); a rollout that never got a sandbox is not kept there.",
+        ge=0,
+        le=100_000,
     )
     result_retention_s: float = _setting(
         3600.0,
@@ -113,7 +154,7 @@ class Settings(BaseSettings):
         le=365 * 86400,
     )
     web_results: int = _setting(
-        20, "OPENCODE_ENV_WEB_RESULTS", "server", "Rollouts the /web form runs at once.", ge=1, le=10_000
+        20, "OPENCODE_ENV_WEB_RESULTS", "server", "Rollouts the /web form runs at once per caller.", ge=1, le=10_000
     )
     upstream_allow: str = _setting(
         "",

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from opencode_env.server.rollouts import Rollouts
     from opencode_env.server.runtime import Runtime
+    from opencode_env.server.session_quota import SessionQuota
     from opencode_env.viewer.rows import Caller, RunView
     from opencode_env.wire import RolloutRequest
 
@@ -53,11 +54,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     from opencode_env.server.callers import callers_router
     from opencode_env.server.disconnect import CancelOnDisconnect, PendingReplies
     from opencode_env.server.environment import ENV_NAME, OpenCodeEnvironment, max_sessions
-    from opencode_env.server.gate import AccessGate, caller_of
+    from opencode_env.server.gate import caller_of
     from opencode_env.server.mcp_endpoint import McpEndpoint
     from opencode_env.server.metadata import metadata_router
     from opencode_env.server.result_route import results_router
-    from opencode_env.server.served_ports import NoteServedPorts
     from opencode_env.server.session_quota import SessionQuota
     from opencode_env.server.shutdown import answer_before_exit
     from opencode_env.viewer.web import web_router
@@ -68,7 +68,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         CallToolAction,
         CallToolObservation,
         env_name=ENV_NAME,
-        max_concurrent_envs=max_sessions(rollouts.limit),
+        max_concurrent_envs=max(max_sessions(rollouts.limit), runtime.settings.mcp_sessions),
     )
     standard = runtime.mcp.http_app(
         path="/mcp", stateless_http=False, session_idle_timeout=runtime.settings.mcp_session_idle_s
@@ -111,10 +111,28 @@ def create_app(runtime: Runtime) -> FastAPI:
     # OpenEnv's app answers whatever no route here matches (its own routes, its docs, its 404s); as the router's
     # fallback rather than a catch-all mount, so that a route added to this app later still comes first.
     app.router.default = CancelOnDisconnect(openenv, replies)
-    app.add_middleware(AccessGate, policy=runtime.access)
-    app.add_middleware(NoteServedPorts, ports=runtime.served_ports)
+    _guard(app, openenv, runtime, quota)
     _log_start(runtime)
     return app
+
+
+def _guard(app: FastAPI, openenv: FastAPI, runtime: Runtime, quota: SessionQuota) -> None:
+    """In front of every route: the access rule, then (knowing the caller) each caller's request bodies and
+    WebSocket sessions bounded; and no 422 repeats what the caller sent."""
+    from opencode_env.server.bodies import MIB, BodyLimit, unechoed_validation_errors
+    from opencode_env.server.gate import AccessGate
+    from opencode_env.server.served_ports import NoteServedPorts
+    from opencode_env.server.session_quota import WebSocketSessions
+
+    for served_app in (app, openenv):
+        unechoed_validation_errors(served_app)
+    settings = runtime.settings
+    app.add_middleware(WebSocketSessions, quota=quota)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_mb * MIB, per_caller_bytes=settings.body_mb_per_caller * MIB
+    )
+    app.add_middleware(AccessGate, policy=runtime.access)
+    app.add_middleware(NoteServedPorts, ports=runtime.served_ports)
 
 
 def _session_manager(app: Any) -> Any:
@@ -137,8 +155,16 @@ def _session_owners(app: Any) -> list[str]:
 
 
 def _start_run(rollouts: Rollouts, request: RolloutRequest, caller: Caller) -> RunView:
-    """The /web form's rollout, owned by the caller who sent it, through the server's cap."""
+    """The /web form's rollout, owned by the caller who sent it, through the server's cap (refused with RunsFull when
+    the caller has its share of calls waiting)."""
+    from opencode_env.server.fair_slots import OverShare
+    from opencode_env.server.runs import RunsFull
+
     assert rollouts.runs is not None
+    try:
+        rollouts.check_room(caller.id)
+    except OverShare as over:
+        raise RunsFull(str(over)) from over
     return rollouts.runs.start(request, rollouts.run_recorded, caller)
 
 

@@ -25,6 +25,7 @@ from openenv.core.env_server.mcp_types import ToolError as ObservedError
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import ValidationError
 
+from opencode_env.server.fair_slots import OverShare
 from opencode_env.server.tool import TOOL_DESCRIPTION
 from opencode_env.server.tool_result import session_tool_result
 from opencode_env.wire import TOOL_NAME, VERSION, RolloutRequest, total_budget_s
@@ -90,7 +91,8 @@ class OpenCodeEnvironment(MCPEnvironment):  # type: ignore[misc]
         except TimeoutError:
             return _failed("timeout", f"Tool '{TOOL_NAME}' timed out after {timeout_s} seconds")
         except ToolError as error:
-            return _failed("invalid_args", str(error))
+            refused = isinstance(error.__cause__, OverShare)
+            return _failed("execution_error" if refused else "invalid_args", str(error))
         except NotFoundError as error:
             return _failed("tool_not_found", str(error))
         except Exception as error:

@@ -56,7 +56,7 @@ class AccessGate:
             finally:
                 _current.reset(token)
         elif scope["type"] == "websocket":
-            await _refuse_websocket(scope, receive, send, admitted)
+            await refuse_websocket(scope, receive, send, admitted)
         else:
             await _refuse_http(scope, receive, send, admitted)
 
@@ -83,7 +83,7 @@ async def _refuse_http(scope: Scope, receive: Receive, send: Send, refusal: Refu
     )
 
 
-async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
+async def refuse_websocket(scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
     await receive()
     if DENIAL_EXTENSION in (scope.get("extensions") or {}):
         body = json.dumps({"error": refusal.reason}).encode()

@@ -30,9 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opencode_env.server.disconnect import PendingReplies
 from opencode_env.server.gate import CALLER_KEY
-from opencode_env.server.session_quota import SessionQuota
+from opencode_env.server.session_quota import SessionQuota, over_quota
 from opencode_env.server.tool import invalid_arguments
-from opencode_env.settings import variable
 from opencode_env.wire import TOOL_NAME, RolloutRequest
 
 INVALID_PARAMS = -32602
@@ -133,7 +132,7 @@ Routed = Target | JsonAnswer | Literal["needs_body"]
 
 def route(method: str, headers: Mapping[bytes, bytes], body: bytes | None) -> Routed:
     """Where one request to /mcp goes, from its method, its headers (lower-case names) and, when those cannot
-    decide, its body: `NEEDS_BODY` until it is given. Pure: the table in tests/test_mcp_route.py is its spec."""
+    decide, its body: `NEEDS_BODY` until it is given. Pure: the table in tests/unit/test_mcp_route.py is its spec."""
     if method != "POST" or any(name in headers for name in STREAMABLE_HEADERS):
         return "standard"
     if body is None:
@@ -177,11 +176,7 @@ def _too_large() -> bytes:
 
 
 def _over_quota(per_caller: int) -> bytes:
-    message = (
-        f"this caller holds {per_caller} open MCP sessions, its share ({variable('mcp_sessions_per_caller')}): end "
-        f"one (DELETE /mcp with its Mcp-Session-Id) or let it idle out ({variable('mcp_session_idle_s')})"
-    )
-    error = {"code": -32000, "message": message}
+    error = {"code": -32000, "message": over_quota(per_caller)}
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 

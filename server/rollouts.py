@@ -1,8 +1,10 @@
 """The rollouts this server runs: one concurrency cap over every transport, cancellation, and shutdown.
 
 Every transport (`/mcp`, `/mcp/stream`, `/ws`, `/step`, stdio) reaches the pipeline through `Rollouts.run`, so the
-cap (MAX_CONCURRENT_ENVS) holds whichever way a call arrives; a call beyond the cap waits for a slot, and the wait
-counts against its own deadline. Each rollout runs in a task of its own, so that:
+cap (MAX_CONCURRENT_ENVS) holds whichever way a call arrives; a call beyond the cap waits for a slot, its caller's
+fair turn (`server.fair_slots`), and the wait counts against its own deadline. A call past its caller's share of
+waiting calls is refused at once (`OverShare`, raised to the transport) and recorded nowhere. Each rollout runs in a
+task of its own, so that:
 - a caller's cancellation (`notifications/cancelled`, a closed connection) cancels it and returns only once its
   sandbox is closed;
 - at shutdown the server cancels it and still answers the caller, with the partial result (status `cancelled`).
@@ -22,6 +24,7 @@ from typing import Any
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.server.fair_slots import FairSlots, OverShare, Ticket
 from opencode_env.server.runs import Run, Runs
 from opencode_env.settings import Settings
 from opencode_env.viewer.rows import OPERATOR
@@ -42,6 +45,9 @@ class Rollouts:
         upstream_policy: UpstreamPolicy | None = None,
         runs: Runs | None = None,
         settings: Settings | None = None,
+        *,
+        per_caller: int = 0,
+        queued_per_caller: int | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError(f"MAX_CONCURRENT_ENVS must be at least 1, got {limit}")
@@ -49,7 +55,7 @@ class Rollouts:
         self.limit = limit
         self.upstream_policy = upstream_policy
         """Where a caller's base_url may point (the server's settings); None checks nothing (the library's own use)."""
-        self._slots = asyncio.Semaphore(limit)
+        self.slots = FairSlots(limit, per_caller=per_caller, queued_per_caller=queued_per_caller)
         self._running: set[asyncio.Task[RolloutResult]] = set()
         self._calls: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
@@ -76,16 +82,37 @@ class Rollouts:
     ) -> RolloutResult:
         """Run one rollout within the cap; cancelling the caller cancels it and waits for its sandbox to close. It is
         recorded in `runs` (when there is one): as `record` when the /web page already lists it, else as a new run
-        owned by the caller `owner` (the only caller but the operator who sees it there)."""
+        owned by the caller `owner` (the only caller but the operator who sees it there). OverShare, before anything
+        is recorded, when `owner` already has its share of calls waiting."""
+        runs = self.runs
+        if record is not None:
+            owner = record.view.owner
+        try:
+            ticket = self.slots.enter(owner, capped=owner != OPERATOR.id)
+        except OverShare:
+            if runs is not None and record is not None:
+                runs.discard(record)
+            raise
+        try:
+            return await self._recorded(request, progress, record, owner, ticket)
+        finally:
+            # A rollout that started gives its slot back once it has ended (its sandbox closed), not when its caller
+            # stops waiting for it.
+            if not ticket.handed_on:
+                ticket.leave()
+
+    async def _recorded(
+        self, request: RolloutRequest, progress: Progress | None, record: Run | None, owner: str, ticket: Ticket
+    ) -> RolloutResult:
         runs = self.runs
         if runs is not None and record is None:
             record = runs.begin(request, owner)
         tracker = _PhaseTracker(progress, record)
         started = time.monotonic()
         if runs is None or record is None:
-            return _logged(await self._run(request, tracker, started))
+            return _logged(await self._run(request, tracker, started, ticket))
         try:
-            result = await self._run(request, tracker, started)
+            result = await self._run(request, tracker, started, ticket)
         except asyncio.CancelledError:
             cut = tracker.cut_short(request, self.backend.name, started, CALLER_CANCELLED_MESSAGE)
             await asyncio.shield(runs.finish(record, cut))
@@ -96,11 +123,18 @@ class Rollouts:
         await runs.finish(record, result)
         return _logged(result)
 
+    def check_room(self, owner: str) -> None:
+        """OverShare when a call of `owner` would be refused now for its caller's share of waiting calls."""
+        if owner != OPERATOR.id:
+            self.slots.check_room(owner)
+
     async def run_recorded(self, request: RolloutRequest, record: Run) -> RolloutResult:
         """A rollout the /web page started and already lists as `record`."""
         return await self.run(request, record=record)
 
-    async def _run(self, request: RolloutRequest, tracker: _PhaseTracker, started: float) -> RolloutResult:
+    async def _run(
+        self, request: RolloutRequest, tracker: _PhaseTracker, started: float, ticket: Ticket
+    ) -> RolloutResult:
         if self._stopping.is_set():
             return _cancelled(request, self.backend.name, tracker.phase, started, SHUTDOWN_MESSAGE)
         # Only a backend's own verdict stops a rollout here; the cheap checks /metadata shows may not know every way
@@ -111,7 +145,7 @@ class Rollouts:
             result = _failed(request, self.backend.name, started, "sandbox_error", problem)
             result.failed_phase = "sandbox"
             return result
-        rollout = asyncio.ensure_future(self._within_cap(request, tracker))
+        rollout = asyncio.ensure_future(self._within_cap(request, tracker, ticket))
         self._running.add(rollout)
         rollout.add_done_callback(self._running.discard)
         call = asyncio.current_task()
@@ -131,15 +165,18 @@ class Rollouts:
             if call is not None:
                 self._calls.discard(call)
 
-    async def _within_cap(self, request: RolloutRequest, tracker: _PhaseTracker) -> RolloutResult:
+    async def _within_cap(self, request: RolloutRequest, tracker: _PhaseTracker, ticket: Ticket) -> RolloutResult:
         started = time.monotonic()
         budget = total_budget_s(request)
+        ticket.handed_on = True
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout=budget)
-        except TimeoutError:
-            message = f"no rollout slot freed within the deadline ({self.limit} rollouts run at once on this server)"
-            return _failed(request, self.backend.name, started, "timeout", message)
-        try:
+            try:
+                await asyncio.wait_for(ticket.acquire(), timeout=budget)
+            except TimeoutError:
+                message = (
+                    f"no rollout slot freed within the deadline ({self.limit} rollouts run at once on this server)"
+                )
+                return _failed(request, self.backend.name, started, "timeout", message)
             waited = time.monotonic() - started
             if waited >= 0.5:
                 log.info("rollout %s waited %.1fs for a slot", request.task_id or "-", waited)
@@ -153,7 +190,7 @@ class Rollouts:
                 settings=self.settings,
             )
         finally:
-            self._slots.release()
+            ticket.leave()
 
     async def _stop(self, rollout: asyncio.Task[RolloutResult], request: RolloutRequest) -> None:
         """Cancel the rollout and wait (as long as the caller's own cancellation lets us) for its sandbox to close."""

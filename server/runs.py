@@ -1,23 +1,24 @@
 """Every rollout the server runs, as its /web page lists them: those running followed phase by phase (whichever
 transport started them: the server's `Rollouts.run` records each one here), those finished kept in a results
-directory that outlives the server (the newest N), or in memory when there is none."""
+directory that outlives the server (the newest N of each caller), or in memory when there is none.
+
+Retention is per caller, so that no caller's rollouts push another's results out; and a rollout refused before it
+had a sandbox (a base_url not allowed, a backend that cannot run, a slot never freed) is never written to the
+directory and never counts against its caller's results: its row is listed among the newest REFUSED_KEPT of that
+caller's refusals, in memory only."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-import os
-import re
-import tempfile
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-from pydantic import ValidationError
-
+from opencode_env.server.fair_slots import OverShare
+from opencode_env.server.result_store import ResultsDir, without_key
 from opencode_env.settings import variable
 from opencode_env.viewer.rows import (
     OPERATOR,
@@ -33,7 +34,6 @@ from opencode_env.wire import Phase, RolloutRequest, RolloutResult
 __all__ = [
     "OtherServers",
     "ProgressEvent",
-    "ResultsDir",
     "Run",
     "RunView",
     "Runner",
@@ -45,10 +45,7 @@ __all__ = [
 log = logging.getLogger("opencode_env.server")
 MAX_EVENTS = 200
 MAX_MESSAGE_CHARS = 500
-DEFAULT_RESULTS_KEEP = 200
-RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{6}$")
-"""A run's id: its start (UTC, to the microsecond) then random hex, so that ids sort by age and name files safely."""
-STALE_TEMP_S = 3600.0
+REFUSED_KEPT = 20
 
 
 class Run:
@@ -80,6 +77,17 @@ class Run:
     def running(self) -> bool:
         return self.view.state == "running"
 
+    @property
+    def refused(self) -> bool:
+        """It failed before it had a sandbox: nothing of the task ran."""
+        result = self.result
+        return result is not None and not result.sandbox_id and result.status != "completed" and not self.running
+
+    @property
+    def kind(self) -> tuple[str, bool]:
+        """What it is kept among: its caller's results, or its caller's refusals."""
+        return (self.view.owner, self.refused)
+
     async def progress(self, phase: Phase, message: str) -> None:
         view = self.view
         view.phase, view.message = phase, message[:MAX_MESSAGE_CHARS]
@@ -90,7 +98,7 @@ class Run:
         return time.monotonic() - self.started
 
     def finish(self, result: RolloutResult) -> None:
-        self.result = _without_key(result)
+        self.result = without_key(result)
         view = self.view
         view.state, view.status, view.reward, view.error = "finished", result.status, result.reward, result.error
         view.failed_phase = result.failed_phase
@@ -117,129 +125,15 @@ def _last_of_each_phase(events: list[ProgressEvent]) -> list[ProgressEvent]:
     return sorted(last.values(), key=lambda event: event.at_s)
 
 
-def _without_key(result: RolloutResult) -> RolloutResult:
-    """The pipeline's result never carries the key (its `task` is the request without it); a result made elsewhere
-    is held to the same rule before it is kept or written."""
-    if result.task is None or not result.task.api_key:
-        return result
-    return result.model_copy(update={"task": result.task.model_copy(update={"api_key": ""})})
-
-
-class ResultsDir:
-    """Finished runs on disk, for as long as they are among the newest `keep`: `<id>.json` (the RolloutResult, as
-    `opencode-env view` opens it) and `<id>.run.json` (its row), each written whole (a temporary file renamed) and
-    readable by this user only."""
-
-    def __init__(self, path: Path, keep: int = DEFAULT_RESULTS_KEEP) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be at least 1, got {keep}")
-        self.path, self.keep = path, keep
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-    @classmethod
-    def configured(cls, directory: str, keep: int) -> ResultsDir | None:
-        """The results directory an operator set (OPENCODE_ENV_RESULTS_DIR; '' is the user's state directory),
-        keeping `keep` results (0 keeps none on disk); None, with a warning, when it cannot be made."""
-        if keep == 0:
-            return None
-        path = Path(directory).expanduser() if directory else default_results_dir()
-        if not path.is_absolute():
-            why = f"{directory!r} is not an absolute path" if directory else "this user has no home directory"
-            log.warning("results are kept in memory only: %s; set %s", why, variable("results_dir"))
-            return None
-        try:
-            return cls(path, keep)
-        except OSError as error:
-            log.warning(
-                "results are kept in memory only: cannot make %s (%s); set %s", path, error, variable("results_dir")
-            )
-            return None
-
-    def load(self, *, warn: bool = True) -> list[RunView]:
-        """The rows of the newest `keep` results, oldest first; a file that is not one is skipped (and logged, with
-        `warn`: at start, not on every look at what other servers saved)."""
-        self._remove_stale_temporaries()
-        views = []
-        for run_id in self._ids()[-self.keep :]:
-            try:
-                view = RunView.model_validate_json(self._row(run_id).read_bytes())
-            except (OSError, ValidationError) as error:
-                if warn:
-                    log.warning("skipping the saved run %s: %s", run_id, str(error)[:200])
-                continue
-            if view.id == run_id and (self.path / f"{run_id}.json").is_file():
-                views.append(view)
-        return sorted(views, key=lambda view: view.started_at)
-
-    def save(self, view: RunView, result: RolloutResult) -> None:
-        """The result, then its row (a row always has its result), then the oldest beyond `keep` removed."""
-        _write_atomically(self.path / f"{view.id}.json", _without_key(result).model_dump_json().encode())
-        _write_atomically(self._row(view.id), view.model_dump_json().encode())
-        for run_id in self._ids()[: -self.keep]:
-            for path in (self._row(run_id), self.path / f"{run_id}.json"):
-                path.unlink(missing_ok=True)
-
-    def read(self, run_id: str) -> bytes | None:
-        if not RUN_ID.match(run_id):
-            return None
-        try:
-            return (self.path / f"{run_id}.json").read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def _row(self, run_id: str) -> Path:
-        return self.path / f"{run_id}.run.json"
-
-    def _ids(self) -> list[str]:
-        """Every saved run's id, oldest first (a result whose row was never written counts, so it is pruned too)."""
-        with os.scandir(self.path) as entries:
-            names = [entry.name for entry in entries if entry.is_file(follow_symlinks=False)]
-        stems = {name.removesuffix(".json").removesuffix(".run") for name in names if name.endswith(".json")}
-        return sorted(stem for stem in stems if RUN_ID.match(stem))
-
-    def _remove_stale_temporaries(self) -> None:
-        """What a server killed mid-write left (a live server's temporaries are younger)."""
-        with os.scandir(self.path) as entries:
-            stale = [
-                entry.path
-                for entry in entries
-                if entry.name.startswith(".")
-                and entry.name.endswith(".tmp")
-                and time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S
-            ]
-        for path in stale:
-            Path(path).unlink(missing_ok=True)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")  # mode 0600
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def default_results_dir() -> Path:
-    """The user's state directory's results (not absolute for a user without a home, e.g. a container's numeric
-    uid: expanduser leaves "~" as it is)."""
-    state = os.environ.get("XDG_STATE_HOME", "") or os.path.expanduser("~/.local/state")
-    return Path(state) / "opencode-env" / "results"
-
-
 Runner = Callable[[RolloutRequest, Run], Awaitable[RolloutResult]]
 """Runs one of the page's own rollouts, reporting into its `Run`; the server passes its own (`Rollouts.run_recorded`),
 which goes through its concurrency cap."""
 
 
 class Runs:
-    """Every rollout of this server: the running ones, and the finished ones (the newest `results.keep` with a
-    results directory, else the newest `keep` with their results in memory). `start` runs one for the page itself,
-    at most `keep` of those at once.
+    """Every rollout of this server: the running ones, and the finished ones (each caller's newest `results.keep`
+    with a results directory, else its newest `keep` with their results in memory; and each caller's newest
+    REFUSED_KEPT refusals). `start` runs one for the page itself, at most `keep` of those at once per caller.
 
     A results directory is shared by every server of one user: each row names the server that ran it (`origin`,
     stamped here), and a server lists only its own rows and those of earlier servers at its address (itself,
@@ -253,14 +147,14 @@ class Runs:
         self.origin = origin or ServerOrigin.this_process(address="")
         self._running: dict[str, Run] = {}
         self._finished: OrderedDict[str, Run] = OrderedDict()
-        self._started_here: set[asyncio.Task[None]] = set()
+        self._started_here: dict[str, set[asyncio.Task[None]]] = {}
         for view in results.load() if results is not None else []:
             if self.origin.ran(view):
                 self._finished[view.id] = Run(view)
 
     @property
     def kept(self) -> int:
-        """How many finished runs are listed."""
+        """How many finished runs of each caller are listed."""
         return self.results.keep if self.results is not None else self.keep
 
     def begin(self, request: RolloutRequest, owner: str = OPERATOR.id) -> Run:
@@ -270,14 +164,21 @@ class Runs:
         self._running[run.view.id] = run
         return run
 
+    def discard(self, run: Run) -> None:
+        """A run refused before it began (its caller was over its share): listed no more, kept nowhere."""
+        if run.running:
+            self._running.pop(run.view.id, None)
+            run.view.state = "crashed"
+
     async def finish(self, run: Run, result: RolloutResult) -> None:
         """The rollout ended with `result` (a run already ended is left as it is): it moves to the finished ones,
-        its result to the results directory; a directory that cannot take it leaves the result in memory."""
+        its result to the results directory (a refusal's stays in memory); a directory that cannot take it leaves
+        the result in memory."""
         if not run.running:
             return
         run.finish(result)
         self._settle(run)
-        if self.results is None or run.result is None:
+        if self.results is None or run.result is None or run.refused:
             return
         try:
             await asyncio.to_thread(self.results.save, run.view, run.result)
@@ -294,22 +195,34 @@ class Runs:
     def _settle(self, run: Run) -> None:
         self._running.pop(run.view.id, None)
         self._finished[run.view.id] = run
-        while len(self._finished) > self.kept:
-            self._finished.popitem(last=False)
-        # Results a directory could not take stay in memory: the newest `keep` of them, like without a directory.
-        in_memory = [kept for kept in self._finished.values() if kept.result is not None and kept is not run]
+        limit = REFUSED_KEPT if run.refused else self.kept
+        alike = [kept for kept in self._finished.values() if kept.kind == run.kind]
+        for older in alike[: max(0, len(alike) - limit)]:
+            del self._finished[older.view.id]
+        if run.refused:
+            return
+        # Results a directory could not take stay in memory: the newest `keep` of the caller's, like without one.
+        in_memory = [
+            kept
+            for kept in self._finished.values()
+            if kept.result is not None and kept is not run and kept.kind == run.kind
+        ]
         for older in in_memory[: max(0, len(in_memory) - self.keep + 1)]:
             older.result = None
 
     def start(self, request: RolloutRequest, runner: Runner, caller: Caller = OPERATOR) -> RunView:
-        """Run one of the page's own rollouts in the background, owned by `caller`; RunsFull when `keep` of them are
-        running."""
-        if len(self._started_here) >= self.keep:
-            raise RunsFull(f"{self.keep} rollouts are already running from this page; wait for one to end")
+        """Run one of the page's own rollouts in the background, owned by `caller`; RunsFull when `keep` of the
+        caller's are running."""
+        started = self._started_here.setdefault(caller.id, set())
+        if len(started) >= self.keep:
+            raise RunsFull(
+                f"{self.keep} rollouts are already running from this page for this caller "
+                f"({variable('web_results')}); wait for one to end"
+            )
         run = self.begin(request, caller.id)
         task = asyncio.create_task(self._drive(run, request, runner), name=f"web-rollout-{run.view.id}")
-        self._started_here.add(task)
-        task.add_done_callback(self._started_here.discard)
+        started.add(task)
+        task.add_done_callback(started.discard)
         return run.view
 
     async def _drive(self, run: Run, request: RolloutRequest, runner: Runner) -> None:
@@ -318,6 +231,8 @@ class Runs:
         except asyncio.CancelledError as cancelled:
             self.crash(run, cancelled)
             raise
+        except OverShare as over:
+            log.info("web rollout %s refused: %s", run.view.id, over)
         except Exception as error:
             log.exception("web rollout %s failed", run.view.id)
             self.crash(run, error)
@@ -366,7 +281,7 @@ class Runs:
         return await asyncio.to_thread(self.results.read, run_id)
 
     async def cancel_all(self) -> None:
-        tasks = list(self._started_here)
+        tasks = [task for started in self._started_here.values() for task in started]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

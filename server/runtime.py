@@ -14,9 +14,9 @@ from opencode_env.rollout.upstream_policy import UpstreamPolicy
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.server.auth import AccessPolicy, BrowserRule, revoked_names
-from opencode_env.server.result_store import ResultStore
+from opencode_env.server.result_store import ResultsDir, ResultStore
 from opencode_env.server.rollouts import CANCEL_GRACE_S, Rollouts
-from opencode_env.server.runs import ResultsDir, Runs, ServerOrigin
+from opencode_env.server.runs import Runs, ServerOrigin
 from opencode_env.server.served_ports import ServedPorts
 from opencode_env.server.tool import build_mcp
 from opencode_env.settings import Settings
@@ -75,6 +75,8 @@ class Runtime:
             upstream_policy=upstream_policy,
             runs=Runs(keep=settings.web_results, results=results, origin=origin),
             settings=settings,
+            per_caller=settings.rollouts_per_caller,
+            queued_per_caller=settings.queued_per_caller,
         )
         log.info(
             "opencode-env %s serving rollouts on the %s backend, at most %d at once",

@@ -18,6 +18,7 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.json_schema import compress_schema
 from pydantic import PrivateAttr, ValidationError
 
+from opencode_env.server.fair_slots import OverShare
 from opencode_env.server.gate import caller_of, current_caller
 from opencode_env.server.result_store import ResultStore
 from opencode_env.server.rollouts import Rollouts
@@ -74,7 +75,10 @@ class RolloutTool(Tool):
         async def progress(phase: Phase, message: str) -> None:
             await context.report_progress(PHASES.index(phase) + 1, len(PHASES), f"{phase}: {message}")
 
-        result = await self._rollouts.run(request, progress, owner=_caller().id)
+        try:
+            result = await self._rollouts.run(request, progress, owner=_caller().id)
+        except OverShare as over:
+            raise ToolError(str(over)) from over
         # Off the event loop: a result with its token arrays is megabytes to encode and compress.
         base_url = _base_url() if self._http else None
         return await asyncio.to_thread(mcp_tool_result, result, self._store, request.result_text, base_url)

@@ -39,7 +39,8 @@ TIERS = ("unit", "contract", "smoke", "integration", "browser", "solo", "cluster
 - smoke: one real rollout end to end;
 - integration: real rollouts, servers, clients and the cloud fakes, every path;
 - browser: a real Chromium over the viewer and /web;
-- solo: loads every core (sixteen rollouts at once); a full run runs it after the rest, alone.
+- solo: loads every core (sixteen rollouts at once, the audit of a whole dataset); a full run runs it after the
+  rest, alone.
 - cluster: a simulated Ray cluster (needs the ray extra); a full run runs it after solo, in one process.
 The quick tier (`./dev test --quick`) is unit + contract + smoke, for the inner loop; the full suite is still the
 gate. A new test file goes in the first tier whose description fits it."""

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from opencode_env.rollout.endpoints import resolve_upstream
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.probe import probe_endpoint
+from opencode_env.rollout.preflight.probe import probe_endpoint
 from opencode_env.sandbox.base import SandboxBackend
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import Exchange, ScriptedModelServer
+from opencode_env.scripted.script import Script, demo_script
 from opencode_env.settings import Settings
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, demo_script
-from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
 from opencode_env.wire import RolloutRequest, RolloutResult
 
 RUN_MARK = f"{secrets.randbelow(10**6):06d}"
@@ -40,8 +40,8 @@ async def rollout(backend: SandboxBackend, script: Script, **fields: object) -> 
 def idle_model_url() -> str:
     """A model server for rollouts that never reach their agent's model (stub sandboxes, cloud fakes that fail
     first): the endpoint probe refuses a URL nobody listens on before any sandbox, and this one answers it. One per
-    test process, its thread a daemon's."""
-    return ScriptedModelServer(demo_script()).__enter__().base_url
+    test process, its thread a daemon's. It answers any model name: the tests' requests name what they like."""
+    return ScriptedModelServer(demo_script(), any_model=True).__enter__().base_url
 
 
 async def gone_after_its_probe(**fields: object) -> RolloutRequest:
@@ -49,5 +49,10 @@ async def gone_after_its_probe(**fields: object) -> RolloutRequest:
     model server that dies mid-run looks like to the rollout, whose agent's calls then find nobody listening."""
     with ScriptedModelServer(demo_script()) as model:
         request = demo_request(model.base_url, **fields)
-        await probe_endpoint(resolve_upstream(request, Settings.load()), top_logprobs=request.top_logprobs)
+        # As the rollout probes (its token-in check is part of the cached probe's key), so its probe is this one.
+        await probe_endpoint(
+            resolve_upstream(request, Settings.load()),
+            top_logprobs=request.top_logprobs,
+            token_in=request.token_in != "off",
+        )
     return request

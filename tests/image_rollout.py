@@ -24,11 +24,11 @@ import httpx
 from fastmcp import Client
 
 from opencode_env.sandbox.cloud.hf import HFBackend
-from opencode_env.testing.demo import demo_request
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.testing.fake_hf import FakeHfCloud
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
 from opencode_env.wire.answer import RolloutAnswer
 from tests.server_app import app_for

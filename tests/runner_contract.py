@@ -97,3 +97,22 @@ def check_rollout_func(runner: Runner) -> None:
     assert rows["status"] == ["completed"] * 3
     assert rows["reward"] == [None] * 3
     assert len(rows["prompt_ids"]) == len(rows["completion_ids"]) == 3
+
+
+async def check_audit(runner: Runner, out: Path) -> None:
+    """An audit of one task with one play on the runner: the same records whichever runner played them."""
+    from opencode_env.audit.driver import Audit
+    from opencode_env.audit.inputs import load_audit_inputs
+    from opencode_env.audit.plays import panel
+
+    dataset = Path(__file__).resolve().parents[1] / "examples" / "audit" / "exit-status-import.json"
+    loaded = load_audit_inputs([dataset])
+    report = await Audit(runner, panel(only=["exit-zero-import"]), out).run(loaded.tasks)
+    (task,) = report.tasks
+    assert [(check.layout, check.verdict) for check in task.checks] == [("native", "ok"), ("ours", "ok")]
+    native, ours = task.records
+    assert (native.layout, native.outcome, native.reward, native.baseline) == ("native", "admitted", 1.0, 0.0)
+    assert ours.layout == "ours"
+    assert ours.outcome in {"admitted", "blocked"}
+    assert report.rollouts == 6
+    assert (out / native.result_file).is_file()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from opencode_env.sandbox.base import SandboxBackend
-from opencode_env.testing.script import Script
+from opencode_env.scripted.script import Script
 from tests.helpers import Outcome, rollout
 
 

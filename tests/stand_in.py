@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.app import create_app
 from opencode_env.server.rollouts import Progress, Rollouts
 from opencode_env.server.tool import build_mcp
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.server_app import runtime_for
 

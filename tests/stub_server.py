@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from opencode_env.sandbox.base import SandboxSpec
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.testing.stub_backend import StubBackend, StubSandbox
-from opencode_env.testing.threaded_server import ThreadedServer
 from tests.helpers import idle_model_url
 from tests.server_app import app_for
 

@@ -9,9 +9,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from opencode_env.cli.audit import add_audit_parser
 from opencode_env.cli.check_task import add_check_task_parser
 from opencode_env.cli.eval import add_eval_parser
 from opencode_env.cli.export import add_export_parser
+from opencode_env.cli.extras import always, refusal_for
 from opencode_env.cli.image import add_image_parser
 from opencode_env.cli.run import RUN_EPILOG, add_run_arguments, run_command
 from opencode_env.cli.support import needs, progress_to_stderr, summarize
@@ -27,7 +29,7 @@ from opencode_env.sandbox import (
     reapable_names,
 )
 from opencode_env.sandbox.base import SandboxError
-from opencode_env.sandbox.local.tools import cache_root
+from opencode_env.sandbox.local.services import cache_root
 from opencode_env.settings import settings_or_exit, warn_unknown_variables
 from opencode_env.wire import OPENCODE_VERSION, VERSION, Sampling
 
@@ -59,9 +61,9 @@ shows how many of the agent's tokens the TRL row carries."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from opencode_env.testing.demo import DEMO_VERIFY, demo_request
-    from opencode_env.testing.script import demo_script
-    from opencode_env.testing.scripted_model import ScriptedModelServer
+    from opencode_env.scripted.demo import DEMO_VERIFY, demo_request
+    from opencode_env.scripted.model import ScriptedModelServer
+    from opencode_env.scripted.script import demo_script
 
     print("Starting the scripted model on loopback and running OpenCode in a local sandbox...", file=sys.stderr)
     with ScriptedModelServer(demo_script(), forwarded_ids="on") as model:
@@ -138,7 +140,7 @@ def _cmd_caller_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_install(_: argparse.Namespace) -> int:
-    from opencode_env.sandbox.local.tools import install_cached, install_config_deps
+    from opencode_env.sandbox.local.services import install_cached, install_config_deps
     from opencode_env.wire import PLUGIN_PACKAGE
 
     cache = _cache_dir()
@@ -159,11 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EPILOG,
     )
     add_run_arguments(run)
-    run.set_defaults(handler=run_command)
+    run.set_defaults(handler=run_command, runs_here=always)
     demo = commands.add_parser("demo", help="a full rollout against the built-in scripted model (no API keys)")
     demo.add_argument("--mode", choices=["transparent_proxy", "black_box"], default="transparent_proxy")
     demo.add_argument("--output-dir", type=Path, default=Path("runs"))
-    demo.set_defaults(handler=_cmd_demo)
+    demo.set_defaults(handler=_cmd_demo, runs_here=always)
     serve = commands.add_parser(
         "serve",
         help="serve the MCP tool over HTTP (standard MCP at /mcp, OpenEnv's routes)",
@@ -173,21 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond loopback (set a token first)")
     serve.add_argument("--port", type=int, default=8000)
     _add_serving_backend_argument(serve)
-    serve.set_defaults(handler=_cmd_serve)
+    serve.set_defaults(handler=_cmd_serve, runs_here=always)
     mcp = commands.add_parser("mcp", help="serve the MCP tool over stdio (for desktop MCP clients)")
     _add_serving_backend_argument(mcp)
-    mcp.set_defaults(handler=_cmd_mcp)
+    mcp.set_defaults(handler=_cmd_mcp, runs_here=always)
     build = commands.add_parser("build-template", help="build the E2B template (OpenCode and the proxy baked in)")
     build.add_argument("--name", default="opencode-env")
     build.add_argument("--dry-run", action="store_true", help="print the equivalent Dockerfile and stop")
     build.add_argument("--cpu", type=int, default=2)
     build.add_argument("--memory-mb", type=int, default=2048)
-    build.set_defaults(handler=_cmd_build_template)
+    build.set_defaults(handler=_cmd_build_template, runs_here=always)
     reap = commands.add_parser("reap", help="kill cloud sandboxes tagged by opencode-env that outlived their rollout")
     reap.add_argument("--older-than", type=float, default=60.0, metavar="MIN")
     reapers = reapable_names()
     reap.add_argument("--backend", choices=reapers, default=reapers[0], help=f"whose sandboxes ({needs(reapers)})")
-    reap.set_defaults(handler=_cmd_reap)
+    reap.set_defaults(handler=_cmd_reap, runs_here=always)
     caller = commands.add_parser(
         "caller-token",
         help="print caller NAME's token for the server whose OPENCODE_ENV_TOKEN is in this environment",
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_task_parser(commands)
     add_image_parser(commands, _cache_dir)
     add_eval_parser(commands)
+    add_audit_parser(commands)
     return parser
 
 
@@ -228,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     guard_terminal()
     args = build_parser().parse_args(argv)
     warn_unknown_variables()
+    refusal = refusal_for(args)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return 2
     try:
         code: int = args.handler(args)
     except SandboxError as error:

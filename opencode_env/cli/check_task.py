@@ -7,18 +7,22 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from opencode_env.cli.endings import say
+from opencode_env.cli.extras import always
 from opencode_env.cli.support import announce_image_work, image_progress_to_stderr, needs
 from opencode_env.rollout.check_task import EXIT_CODES, check_task
 from opencode_env.sandbox import make_backend
-from opencode_env.sandbox.local.data_dir import DataError, read_data_file
+from opencode_env.sandbox.local.services import DataError, read_data_file
 from opencode_env.sandbox.registry import EMBEDDED, backend_names
 from opencode_env.wire import RolloutRequest, RolloutResult
 from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
+
+if TYPE_CHECKING:
+    from opencode_env.tasks.harbor import HarborTask
 
 MAX_DOCKERFILE_BYTES = 1 << 20
 
@@ -30,7 +34,7 @@ def _line(name: str, result: RolloutResult) -> str:
 def _warn_network_steps(task: Path) -> None:
     """Task images are built offline: each Dockerfile step that looks like it needs the network, said before the
     build fails on it."""
-    from opencode_env.sandbox.local.build.hints import OFFLINE_HINT, network_steps
+    from opencode_env.sandbox.local.services import OFFLINE_HINT, network_steps
     from opencode_env.tasks.task_files import TaskDir
 
     task_dir = TaskDir(task)
@@ -44,15 +48,50 @@ def _warn_network_steps(task: Path) -> None:
         say(f"opencode-env check-task: {OFFLINE_HINT}")
 
 
+def _warn(message: str) -> None:
+    say(f"opencode-env check-task: warning: {message}")
+
+
+def _warn_network_in_tests(task: HarborTask) -> None:
+    """Most public test.sh install their tools at grading time (the uv installer, uvx, pip, apt-get): each line
+    that looks like it, said with the network the sandbox will have."""
+    from opencode_env.sandbox.local.services import network_steps, only_local_urls
+
+    found = False
+    local = task.local_names()
+    for key, text in sorted(task.verify_files.items()):
+        if key.endswith(".sh"):
+            for number, line in network_steps(text):
+                if only_local_urls(line, local):
+                    continue
+                found = True
+                _warn(f"tests/{key.removeprefix('/tests/')} line {number} reaches the network? {line}")
+    if found:
+        have = "none but the model's" if task.config.network == "model_only" else "what this machine's egress reaches"
+        _warn(
+            f"verify has the sandbox's network ({have}): a test that cannot fetch what it installs grades the "
+            "network, not the agent (the result's verify_network_failure says so); put its tools in the image "
+            "(the base image has Python and pytest)"
+        )
+
+
 def _task_request(task: Path) -> RolloutRequest:
-    """A Harbor task directory's request with its solution (its image built now if it has none yet), or a TASK.json."""
+    """A Harbor task directory's request with its solution if it has one (its image built now if it has none yet),
+    or a TASK.json. task.toml's unknown keys are an error here (a misspelt key would be ignored by a run)."""
+    from opencode_env.tasks import TaskFormatError
+
     if task.is_dir():
-        from opencode_env.tasks.harbor import request_from_task_dir
+        from opencode_env.tasks.harbor import HarborTask, request_from_task_dir
 
         say(f"opencode-env check-task: reading {task} (its image is built now if it has none yet)")
+        harbor = HarborTask.from_dir(task)
+        if harbor.unknown:
+            raise TaskFormatError(f"{task / 'task.toml'}: {'; '.join(harbor.unknown)}")
         _warn_network_steps(task)
-        return request_from_task_dir(task, oracle=True, progress=image_progress_to_stderr)
-    from opencode_env.tasks import TaskFormatError
+        _warn_network_in_tests(harbor)
+        if not harbor.has_solution:
+            _warn(f"{task / 'solution' / 'solve.sh'}: missing, so only doing nothing is run (no oracle)")
+        return request_from_task_dir(task, oracle=harbor.has_solution, progress=image_progress_to_stderr, warn=_warn)
 
     try:
         text = read_data_file(task, REQUEST_FILE.max_chars).decode("utf-8")
@@ -65,8 +104,7 @@ def _task_request(task: Path) -> RolloutRequest:
 
 
 def _cmd_check_task(args: argparse.Namespace) -> int:
-    from opencode_env.sandbox.local.build import ImageBuildError
-    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.sandbox.local.services import ImageBuildError, missing_base_hint
     from opencode_env.tasks import TaskFormatError
 
     try:
@@ -81,17 +119,25 @@ def _cmd_check_task(args: argparse.Namespace) -> int:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in error.errors())
         print(f"opencode-env check-task: {args.task} is not a valid task: {problems}", file=sys.stderr)
         return 2
-    try:
-        check = asyncio.run(check_task(request, announce_image_work(make_backend(args.backend))))
-    except ValueError as error:
-        print(f"opencode-env check-task: {args.task}: {error}", file=sys.stderr)
+    if request.solution is None and not args.task.is_dir():
+        print(
+            f"opencode-env check-task: {args.task}: solution: the task has none; add the reference solution's shell "
+            "commands",
+            file=sys.stderr,
+        )
         return 2
+    check = asyncio.run(check_task(request, announce_image_work(make_backend(args.backend))))
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)
-        (args.save / "oracle.json").write_text(check.oracle.model_dump_json(indent=2))
+        if check.oracle is not None:
+            (args.save / "oracle.json").write_text(check.oracle.model_dump_json(indent=2))
         (args.save / "do-nothing.json").write_text(check.nothing.model_dump_json(indent=2))
-    print(_line("oracle:", check.oracle))
+    no_oracle = f"{'oracle:':<12}none (the task has no solution)"
+    print(_line("oracle:", check.oracle) if check.oracle is not None else no_oracle)
     print(_line("do-nothing:", check.nothing))
+    if check.choice is not None:
+        other = f"; the other mode's oracle: {check.other_mode.reward}" if check.other_mode is not None else ""
+        print(f"{'tests:':<12}{check.choice.mode} ({check.choice.reason}){other}")
     print(f"{'verdict:':<12}{check.verdict}: {check.reason}")
     for warning in check.warnings:
         print(f"{'warning:':<12}{warning}")
@@ -112,4 +158,4 @@ def add_check_task_parser(subparsers: Any) -> None:
     where = f"where the two rollouts run ({needs(backend_names())})"
     check.add_argument("--backend", choices=backend_names(), default=EMBEDDED, help=where)
     check.add_argument("--save", type=Path, default=None, metavar="DIR", help="write both results as JSON here")
-    check.set_defaults(handler=_cmd_check_task)
+    check.set_defaults(handler=_cmd_check_task, runs_here=always)

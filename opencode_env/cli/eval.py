@@ -29,8 +29,8 @@ A task is a Harbor task directory, a JSON file holding one RolloutRequest or a l
 holding one per line; a folder gives its task directories and its .json / .jsonl files. A request's `solution` runs
 only with --oracle. A rerun into the same DIR skips the attempts whose result is there; those that failed on our
 side run again with --retry-infra. A broken input (a task directory whose image does not build, an entry that is
-not a request) is named with why on stderr, under the table, in summary.json and on index.html, and the rest run;
---fail-fast stops at the first instead. SIGTERM, Ctrl-C or a closed terminal end the eval:
+not a request, a .jsonl line by its number) is named with why on stderr, under the table, in summary.json and on
+index.html, and the rest run; --fail-fast stops at the first instead. SIGTERM, Ctrl-C or a closed terminal end the eval:
 the attempts running are cut short, their partial results written as results/<task>/<n>.cancelled.json, and the
 same command resumes. Exit status: 0 when every task loaded and every attempt has a result that is not an
 infrastructure failure, 1 when some failed on our side or a task was broken, 2 for a problem with the arguments or
@@ -61,7 +61,7 @@ def _eval(args: argparse.Namespace, ending: Ending) -> tuple[EvalSummary | None,
 
 
 async def _on_runner(args: argparse.Namespace, tasks: list[RolloutRequest]) -> EvalSummary:
-    runner = await _open_runner(args)
+    runner = await open_runner(args)
     try:
         return await run_eval(
             tasks,
@@ -78,7 +78,7 @@ async def _on_runner(args: argparse.Namespace, tasks: list[RolloutRequest]) -> E
         await runner.close()
 
 
-async def _open_runner(args: argparse.Namespace) -> Runner:
+async def open_runner(args: argparse.Namespace) -> Runner:
     """Where the eval runs, checked before any attempt: the Ray cluster at --ray (the opencode-env[ray] extra; each
     node's slots at once by default), the server at --server, or a backend in this process."""
     if args.ray:
@@ -131,7 +131,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 1 if summary.overall.infrastructure_failures or broken else 0
 
 
-def _positive(text: str) -> int:
+def _runs_here(args: argparse.Namespace) -> bool:
+    """On a server (--server) the rollouts run there; anywhere else they run in this process (or its Ray driver)."""
+    return args.server is None
+
+
+def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -148,9 +153,9 @@ def add_eval_parser(subparsers: Any) -> None:
     )
     parser.add_argument("inputs", nargs="+", type=Path, metavar="TASK_DIR_OR_FILE")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where results and the summary go")
-    parser.add_argument("-k", type=_positive, default=8, help="attempts per task (default 8)")
+    parser.add_argument("-k", type=positive, default=8, help="attempts per task (default 8)")
     parser.add_argument(
-        "--concurrency", type=_positive, default=None, metavar="N", help="rollouts at once (default: the backend's)"
+        "--concurrency", type=positive, default=None, metavar="N", help="rollouts at once (default: the backend's)"
     )
     parser.add_argument("--model", default="", help="the model every task calls (default: each request's)")
     parser.add_argument("--base-url", default="", help="the OpenAI-compatible base URL every task calls")
@@ -168,4 +173,4 @@ def add_eval_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--fail-fast", action="store_true", help="stop at the first broken task (default: report it and run the rest)"
     )
-    parser.set_defaults(handler=_cmd_eval)
+    parser.set_defaults(handler=_cmd_eval, runs_here=_runs_here)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ from opencode_env.training.export import (
     export_rows,
     write_rows,
 )
-from opencode_env.training.sequences import unattributed_turns
+from opencode_env.training.formats import TrainingRow
+from opencode_env.training.sequences import TRL_ROW_WARNING_BELOW, trl_row_warning, unattributed_turns
+from opencode_env.training.steps import StepSample
 from opencode_env.wire import RolloutResult
 
 EXPORT_DESCRIPTION = """Write rollouts' training rows as JSONL, one JSON object per line, for offline training
@@ -37,7 +40,8 @@ are usable=false).
 
 Each row names its `source` (the result file) and `attempt` (the attempt number in an eval, 0 otherwise). Oracle
 runs (no model was called) are left out and counted; the summary on stderr counts rows, usability and the agent
-tokens the rows carry."""
+tokens the rows carry. A trl row holding under 90% of its rollout's agent tokens (a session split by forks) counts
+as not usable there, with its cause and the fix; --strict exits 1 when any row is not usable."""
 
 
 def add_export_parser(commands: Any) -> None:
@@ -54,6 +58,7 @@ def add_export_parser(commands: Any) -> None:
     export.add_argument("--format", choices=(*ROW_FORMATS, "atif"), default="trl", dest="row_format")
     export.add_argument("--output", "-o", type=Path, default=None, help="JSONL file (default: stdout)")
     export.add_argument("--filler-token-id", type=int, default=0, help="the one token of a failed rollout's row")
+    export.add_argument("--strict", action="store_true", help="exit 1 when any row is not usable (default: 0)")
     export.set_defaults(handler=run_export)
 
 
@@ -80,14 +85,34 @@ def run_export(args: argparse.Namespace) -> int:
     else:
         with args.output.open("w") as out:
             write_rows(rows, out, origins)
-    usable = sum(1 for row in rows if row.usable)
+    short = short_trl_rows(kept, rows) if args.row_format == "trl" else []
+    usable = sum(1 for row in rows if row.usable) - len(short)
     not_completed = sum(1 for result in results if result.status != "completed")
     unattributed = sum(len(unattributed_turns(result)) for result in results)
+    held = f"; {len(short)} of them hold under {TRL_ROW_WARNING_BELOW:.0%} of their agent tokens" if short else ""
     print(
-        f"{len(rows)} rows ({usable} usable, {len(rows) - usable} not) from {len(results)} rollouts "
+        f"{len(rows)} rows ({usable} usable, {len(rows) - usable} not{held}) from {len(results)} rollouts "
         f"({not_completed} not completed, {unattributed} unattributed calls); "
         f"{len(everything) - len(results)} oracle runs left out",
         file=sys.stderr,
     )
     print(coverage_line(export_coverage(results, args.row_format)), file=sys.stderr)
-    return 0
+    for source, why in short[:SHORT_ROWS_SHOWN]:
+        print(f"short row:  {source}: {why}", file=sys.stderr)
+    if len(short) > SHORT_ROWS_SHOWN:
+        print(f"short row:  and {len(short) - SHORT_ROWS_SHOWN} more", file=sys.stderr)
+    return 1 if args.strict and usable < len(rows) else 0
+
+
+SHORT_ROWS_SHOWN = 5
+
+
+def short_trl_rows(
+    kept: list[tuple[ResultFile, RolloutResult]], rows: Sequence[TrainingRow | StepSample]
+) -> list[tuple[str, str]]:
+    """(source, cause and fix) of each usable TRL row (one per rollout) that holds under TRL_ROW_WARNING_BELOW of its
+    rollout's agent tokens."""
+    found = (
+        (str(path.path), trl_row_warning(result)) for (path, result), row in zip(kept, rows, strict=True) if row.usable
+    )
+    return [(source, why) for source, why in found if why is not None]

@@ -11,9 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opencode_env.sandbox.local.base_image import MIRROR, SUITE, BaseImageError, build_base_image
-from opencode_env.sandbox.local.image_budget import ImageBudget
-from opencode_env.sandbox.local.images import ARCHIVE_PREFIXES, BASE_IMAGE, ImageStore, archive_dir_of
+from opencode_env.cli.extras import always
+from opencode_env.sandbox.local.services import (
+    ARCHIVE_PREFIXES,
+    BASE_IMAGE,
+    MIRROR,
+    SUITE,
+    BaseImageError,
+    ImageBudget,
+    ImageStore,
+    archive_dir_of,
+    build_base_image,
+)
 from opencode_env.settings import settings_or_exit
 
 
@@ -66,7 +75,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def add_image_parser(subparsers: Any, cache_dir: Callable[[], Path]) -> None:
     """`cache_dir` finds the cache when a command runs (loading the settings then, not when the parser is built)."""
     image = subparsers.add_parser("image", help="the local backend's images (build the base image, prepare one)")
-    image.set_defaults(cache_dir=cache_dir)
+    image.set_defaults(cache_dir=cache_dir, runs_here=always)
     commands = image.add_subparsers(dest="image_command", required=True)
     base = commands.add_parser(
         "build-base",

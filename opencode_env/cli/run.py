@@ -27,11 +27,10 @@ from opencode_env.sandbox import (
     backend_names,
     make_backend,
 )
-from opencode_env.sandbox.local.data_dir import DataError, read_data_file
+from opencode_env.sandbox.local.services import DataError, read_data_file
+from opencode_env.scripted.builtin import solving_script
+from opencode_env.scripted.script import Script
 from opencode_env.settings import settings_or_exit
-from opencode_env.testing.builtin import solving_script
-from opencode_env.testing.script import Script
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import Capture, Phase, RolloutRequest, RolloutResult
 from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 from opencode_env.wire.request import request_problems
@@ -104,7 +103,7 @@ def _script_file(value: str) -> Script:
 
 def _script_for(args: argparse.Namespace) -> Script | None:
     """The script of a `--model scripted` run that plays one: --script FILE, else a task dir's solve.sh; None: the
-    built-in scripted model (model "scripted" with no base URL, see testing/builtin.py)."""
+    built-in scripted model (model "scripted" with no base URL, see scripted/builtin.py)."""
     if args.model != SCRIPTED or args.base_url or args.endpoint:
         if args.script is not None:
             raise RunArgumentError("--script plays a script as the model: give it with --model scripted alone")
@@ -247,15 +246,16 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     if script is None:
         return _run(args)
-    with ScriptedModelServer(script) as scripted:
+    from opencode_env.scripted.model import ScriptedModelServer
+
+    with ScriptedModelServer(script, model_name=SCRIPTED) as scripted:
         say(f"opencode-env run: the scripted model plays {len(script.steps)} step(s) at {scripted.base_url}")
         args.base_url = scripted.base_url
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from opencode_env.sandbox.local.build import ImageBuildError
-    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.sandbox.local.services import ImageBuildError, missing_base_hint
     from opencode_env.tasks import TaskFormatError
 
     try:

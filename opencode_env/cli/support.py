@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from opencode_env.sandbox import BACKENDS
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.wire import Phase, RolloutResult, result_summary
+from opencode_env.wire.notices import notice_lines
 
 
 def progress_to_stderr(phase: Phase, message: str) -> None:
@@ -23,7 +24,7 @@ def image_progress_to_stderr(message: str) -> None:
 def announce_image_work(backend: SandboxBackend) -> SandboxBackend:
     """`backend`, its image work (an archive loaded, an image unpacked into the local backend's cache: minutes for a
     large image, once) printed as progress lines; other backends do none here."""
-    from opencode_env.sandbox.local.backend import LocalBackend
+    from opencode_env.sandbox.local.services import LocalBackend
 
     if isinstance(backend, LocalBackend):
         backend.image_progress = image_progress_to_stderr
@@ -39,7 +40,7 @@ def summarize(result: RolloutResult) -> str:
     coverage = training_summary(result).coverage if result.proxy_turns else None
     if coverage is not None:
         lines.append(f"coverage:   {coverage.text()}")
-    lines += [f"warning:    {warning}" for warning in result.warnings]
+    lines += notice_lines(result.warning_notices())
     return "\n".join(lines)
 
 

@@ -107,12 +107,22 @@ class OpenEnvSession:
                 proxy=None if urlsplit(self._ws_url).hostname in LOCAL_HOSTS else True,
             )
         except InvalidStatus as refused:
+            served = await served_models(self.base_url, self._connect_timeout) if _absent(refused) else None
+            if served is not None:
+                raise ConnectionError(model_server_at(self.base_url, served)) from refused
             raise ConnectionError(f"{self._ws_url} refused the connection: {refusal_reason(refused)}") from refused
         except ConnectionRefusedError as error:
             raise ConnectionError(nobody_at(self._ws_url)) from error
         except (OSError, InvalidHandshake, TimeoutError) as error:
             raise ConnectionError(f"failed to connect to {self._ws_url}: {error}") from error
         return self
+
+    @property
+    def websocket(self) -> ClientConnection:
+        """The open connection (after `connect`), for a client that speaks on it itself."""
+        if self._ws is None:
+            raise ConnectionError(f"not connected to {self._ws_url}")
+        return self._ws
 
     async def wait_until_ready(self) -> None:
         """Ask the server's readiness route (answered at once, even while it loads): while it says it is starting,
@@ -215,6 +225,43 @@ class OpenEnvSession:
         if isinstance(result, dict) and "data" in result:
             return result["data"]
         return result
+
+
+def _absent(refused: InvalidStatus) -> bool:
+    return refused.response.status_code in (403, 404, 405)
+
+
+def model_server_at(base_url: str, served: list[str]) -> str:
+    shown = ", ".join(served[:5]) + (f" and {len(served) - 5} more" if len(served) > 5 else "")
+    return (
+        f"{base_url} is a model server (OpenAI-compatible: its /models lists {shown or 'no model'}), not an "
+        "opencode-env server: give it to the rollout as base_url (with its model), and give OpenCodeEnv the URL of "
+        "an opencode-env server (`opencode-env serve`, or a Space's https://NAME.hf.space)"
+    )
+
+
+async def served_models(base_url: str, timeout_s: float) -> list[str] | None:
+    """The model ids an OpenAI-compatible server at `base_url` lists (at its /models, or /v1/models under its root);
+    None when it is not one. Asked only after the server refused the /ws route."""
+    import httpx
+
+    root = http_url(base_url)
+    origin = urlunsplit((*urlsplit(root)[:2], "", "", ""))
+    candidates = dict.fromkeys([f"{root}/models", f"{origin}/v1/models"])
+    local = urlsplit(root).hostname in LOCAL_HOSTS
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=not local) as http:
+        for url in candidates:
+            try:
+                answer = await http.get(url)
+                listing = answer.json() if answer.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                continue
+            if not isinstance(listing, dict) or listing.get("object") != "list":
+                continue
+            data = listing.get("data")
+            if isinstance(data, list):
+                return [str(entry.get("id")) for entry in data if isinstance(entry, dict)]
+    return None
 
 
 def refusal_reason(refused: InvalidStatus) -> str:

@@ -10,8 +10,7 @@ import os
 from pydantic import BaseModel, Field
 
 from opencode_env.sandbox.base import ResourceLimits
-from opencode_env.sandbox.local.admission import DEFAULT_OVERCOMMIT, memory_budget_mb
-from opencode_env.sandbox.local.cgroup import PROXY_LIMITS
+from opencode_env.sandbox.local.services import DEFAULT_OVERCOMMIT, PROXY_LIMITS, memory_budget_mb
 
 SLOT_RESOURCE = "opencode_env_slots"
 """The custom resource a node advertises: how many rollouts it runs at once. Only nodes advertising it get a runner."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from opencode_env.cluster.node import (
     NodeRunner,
 )
 from opencode_env.wire import RolloutRequest, RolloutResult, RunnerCapabilities, total_budget_s
+from opencode_env.wire.fan_out import concurrency_of, fan_out, lane_of
 
 log = logging.getLogger("opencode_env.cluster")
 DRIVER_MARGIN_S = 120.0
@@ -293,33 +293,14 @@ class RayRollouts:
     ) -> list[RolloutResult]:
         """The client's `run_rollouts` on the cluster: every result, in request order. `max_concurrency` caps the
         rollouts at once below the cluster's slots (None: all of them)."""
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        results: list[RolloutResult | None] = [None] * len(requests)
-        bar = _bar(len(requests)) if progress else None
-        gate = asyncio.Semaphore(max_concurrency or len(requests) or 1)
+        concurrency = concurrency_of(max_concurrency, len(requests) or 1)
 
-        async def gated(request: RolloutRequest) -> RolloutResult:
-            async with gate:
-                return await self.run_rollout(request, retries=retries)
+        async def run_one(request: RolloutRequest) -> RolloutResult:
+            return await self.run_rollout(request, retries=retries)
 
         await self.start()
         await self.prepare_images(sorted({request.image for request in requests if request.image}))
-        futures = {asyncio.ensure_future(gated(request)): index for index, request in enumerate(requests)}
-        try:
-            for future in asyncio.as_completed(futures):
-                result = await future
-                if bar is not None:
-                    bar.set_postfix_str(f"last: {result.status}")
-                    bar.update(1)
-        finally:
-            for future in futures:
-                future.cancel()
-            if bar is not None:
-                bar.close()
-        for future, index in futures.items():
-            results[index] = future.result()
-        return [result for result in results if result is not None]
+        return await fan_out(requests, lane_of(run_one), concurrency=concurrency, progress=progress)
 
     async def reap(self) -> list[str]:
         """Run every live node's reaper now; the trees removed."""
@@ -342,9 +323,3 @@ def _lean(address: str | None) -> dict[str, Any]:
     for name, value in LEAN_RAY_ENV.items():
         os.environ.setdefault(name, value)
     return {"include_dashboard": False, "_system_config": dict(LEAN_SYSTEM_CONFIG)}
-
-
-def _bar(total: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStatus
+from opencode_env.wire.notices import Notice
 
 
 class NodeFault(BaseModel):
@@ -21,7 +22,7 @@ def failed_on_cluster(
 ) -> RolloutResult:
     """The result of an attempt lost with its node: an infrastructure status, reward None, the request (without its
     key). What the rollout captured lived on that node and is gone with it; the error says where and why."""
-    return RolloutResult(
+    result = RolloutResult(
         task_id=request.task_id,
         mode=request.mode,
         status=status,
@@ -30,8 +31,14 @@ def failed_on_cluster(
         oracle=request.solution is not None,
         task=request.model_copy(update={"api_key": ""}),
         backend="local (ray)",
-        warnings=[f"infrastructure: the rollout was lost with node {fault.node}; no reward, do not train on it"],
     )
+    result.warn(
+        "node_lost",
+        f"infrastructure: the rollout was lost with node {fault.node}; no reward, do not train on it",
+        severity="error",
+        fix="run the attempt again (eval --retry-infra)",
+    )
+    return result
 
 
 def marked_as_retry(result: RolloutResult, faults: list[NodeFault]) -> RolloutResult:
@@ -41,4 +48,7 @@ def marked_as_retry(result: RolloutResult, faults: list[NodeFault]) -> RolloutRe
         f"retry: this is attempt {len(faults) + 1}, a new sample run from the start after the earlier attempt(s) "
         f"failed on our side ({lost})"
     )
-    return result.model_copy(update={"warnings": [note, *result.warnings]})
+    retried = result.model_copy(deep=True)
+    retried.notices = [Notice(code="retried_attempt", severity="warning", message=note), *retried.warning_notices()]
+    retried.order_warnings()
+    return retried

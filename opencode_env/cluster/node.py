@@ -21,11 +21,17 @@ from pydantic import BaseModel, Field
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxError
-from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.egress import parse_trusted_hosts
-from opencode_env.sandbox.local.images import HOST_IMAGE, ImageStore, default_image, image_exists
-from opencode_env.sandbox.local.layout import reap_orphans
-from opencode_env.sandbox.local.tools import cache_root, cached_tools
+from opencode_env.sandbox.local.services import (
+    HOST_IMAGE,
+    ImageStore,
+    LocalBackend,
+    cache_root,
+    cached_tools,
+    default_image,
+    image_exists,
+    parse_trusted_hosts,
+    reap_orphans,
+)
 from opencode_env.settings import Settings
 from opencode_env.wire import RolloutRequest
 

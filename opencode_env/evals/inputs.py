@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from opencode_env.evals.runner import EvalError, Report
-from opencode_env.sandbox.local.data_dir import DataError, read_data_file
-from opencode_env.wire import RolloutRequest
+from opencode_env.sandbox.local.services import DataError, read_data_file
+from opencode_env.wire import RolloutRequest, request_problems
 from opencode_env.wire.bounded_parse import REQUEST_FILE, ParseLimit, loads_json
 
 
@@ -33,7 +33,8 @@ def _parse_json(text: str, where: str) -> Any:
 
 def _file_entries(path: Path, *, named: bool = True) -> Iterator[tuple[str, str, Any]]:
     """(where, default task id, JSON value) of each request in a .json or .jsonl file, read as data (a file found
-    in a folder, not `named` by the operator, is never read through a link)."""
+    in a folder, not `named` by the operator, is never read through a link). A .jsonl line that is not JSON gives
+    its EvalError as the value, so the file's other lines still load and every bad line is named."""
     try:
         text = read_data_file(path, REQUEST_FILE.max_chars, follow_link=named).decode("utf-8")
     except (OSError, UnicodeDecodeError, DataError) as error:
@@ -43,7 +44,10 @@ def _file_entries(path: Path, *, named: bool = True) -> Iterator[tuple[str, str,
         for number, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 where = f"{path} line {number}"
-                yield where, f"{stem}-{number}", _parse_json(line, where)
+                try:
+                    yield where, f"{stem}-{number}", _parse_json(line, where)
+                except EvalError as error:
+                    yield where, f"{stem}-{number}", error
         return
     data = _parse_json(text, str(path))
     if isinstance(data, list):
@@ -62,7 +66,8 @@ def _for_this_run(where: str, request: RolloutRequest, *, oracle: bool) -> Rollo
 def _from_file(
     path: Path, *, oracle: bool, loaded: LoadedTasks, named: bool = True
 ) -> list[tuple[str, RolloutRequest]]:
-    """The file's requests; an entry that is not one is refused (the whole file, when it is not JSON)."""
+    """The file's requests; each entry that is not one is refused with where and why (the whole file when it cannot
+    be read, or, for a .json file, when it is not JSON), the others kept."""
     requests = []
     try:
         entries = list(_file_entries(path, named=named))
@@ -70,12 +75,13 @@ def _from_file(
         loaded.refuse(str(error))
         return []
     for where, default_id, data in entries:
+        if isinstance(data, EvalError):
+            loaded.refuse(str(data))
+            continue
         try:
             request = RolloutRequest.model_validate(data)
         except ValidationError as error:
-            first = error.errors()[0]
-            place = ".".join(str(part) for part in first["loc"]) or "(top level)"
-            loaded.refuse(f"{where}: not a RolloutRequest: {place}: {first['msg']}")
+            loaded.refuse(f"{where}: not a RolloutRequest: {request_problems(error)}")
             continue
         if not request.task_id:
             request = request.model_copy(update={"task_id": default_id})
@@ -122,8 +128,7 @@ def read_folder(path: Path) -> Folder:
 
 
 def _from_task_dir(path: Path, *, oracle: bool, image_progress: Report) -> RolloutRequest:
-    from opencode_env.sandbox.local.build.builder import ImageBuildError
-    from opencode_env.sandbox.local.build.hints import missing_base_hint
+    from opencode_env.sandbox.local.services import ImageBuildError, missing_base_hint
     from opencode_env.tasks.harbor import request_from_task_dir
 
     try:

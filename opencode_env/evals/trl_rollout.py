@@ -6,7 +6,7 @@ server), `InProcess` (a backend in this process) or `RayRollouts` (a Ray cluster
 
 TRL (1.16.0) calls `rollout_func(prompts, trainer)` synchronously with each prompt already repeated
 `num_generations` times, so the default is one rollout per prompt given; `rollouts_per_prompt` > 1 is for callers
-that pass each prompt once. Rows come back in the prompts' order (see opencode_env/formats.py for the contract).
+that pass each prompt once. Rows come back in the prompts' order (see training/formats.py for the contract).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import socket
 import sys
 
@@ -16,6 +17,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (see --port-file)")
     parser.add_argument("--port-file", default="", help="write the bound port here once listening")
     parser.add_argument("--trace", required=True, help="JSONL file the turns are appended to")
+    parser.add_argument(
+        "--max-file-bytes", type=int, default=0, help="no file this proxy writes (its trace, its log) passes this"
+    )
     parser.add_argument("--top-logprobs", type=int, default=5)
     parser.add_argument("--max-tokens-cap", type=int, default=4096)
     parser.add_argument("--disable-thinking", action="store_true")
@@ -32,7 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sampling", default="{}", help="JSON object of sampling parameters set on every call")
     parser.add_argument("--max-request-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     parser.add_argument("--peer-table-fd", type=int, default=-1, help="an open /proc/<pid>/net/tcp of the callers")
-    parser.add_argument("--peer-uid", type=int, default=-1, help="with --peer-table-fd: the one uid that may call")
+    parser.add_argument(
+        "--peer-uid",
+        type=int,
+        action="append",
+        default=[],
+        help="with --peer-table-fd: a uid that may call (repeatable)",
+    )
     parser.add_argument(
         "--token-in",
         nargs="?",
@@ -73,8 +83,16 @@ def listeners(args: argparse.Namespace) -> list[socket.socket]:
     return sockets
 
 
+def bound_files(max_bytes: int) -> None:
+    """The kernel's bound on every file this process writes (RLIMIT_FSIZE: a write past it fails with EFBIG, and
+    Python ignores SIGXFSZ), below the trace writer's own budget: the log on stderr cannot grow past it either."""
+    if max_bytes > 0:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    bound_files(args.max_file_bytes)
     sockets = listeners(args)
 
     import uvicorn
@@ -89,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = ProxySettings(
         upstream_url=args.upstream_url.rstrip("/"),
         trace_path=args.trace,
+        trace_max_bytes=args.max_file_bytes,
         api_key=os.environ.get(args.api_key_env, ""),
         rewrite=RewriteConfig(
             endpoint_kind=args.endpoint_kind,
@@ -105,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         max_server_errors=args.max_server_errors,
         max_request_bytes=args.max_request_bytes,
         upstream_address=args.upstream_address,
-        peers=PeerOwners(args.peer_table_fd, args.peer_uid) if args.peer_table_fd >= 0 else None,
+        peers=PeerOwners(args.peer_table_fd, frozenset(args.peer_uid)) if args.peer_table_fd >= 0 else None,
         token_in=args.token_in,
         token_in_unavailable=args.token_in_unavailable,
         template_check=args.template_check,

@@ -57,7 +57,9 @@ class ProxyApp:
         if peers is None or client is None or peers.allowed(client, scope.get("server")):
             return True
         log.warning(
-            "refused a call from %s: its socket is not OpenCode's (uid %d)", scope.get("client"), peers.allowed_uid
+            "refused a call from %s: its socket is not OpenCode's (uids %s)",
+            scope.get("client"),
+            sorted(peers.allowed_uids),
         )
         return False
 

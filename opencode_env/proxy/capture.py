@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from opencode_env.inside.prefix import common_prefix_length
 from opencode_env.proxy.json_values import loads, loads_for
 
 TopEntry = tuple[str, float, int | None]
@@ -227,21 +228,6 @@ def fold_response(raw: bytes) -> Fold:
     return fold
 
 
-def shared_prefix(a: list[Any], b: list[Any]) -> int:
-    """How many leading items a and b share (slice comparisons run in C; a binary search finds a divergence)."""
-    limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
-        return limit
-    low, high = 0, limit - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 @dataclass
 class _Written:
     turn: int
@@ -268,14 +254,14 @@ class TraceCompactor:
         """(request record, prompt-id fields, a new tool-schema blob to write first or None)."""
         messages = list(sent.get("messages") or [])
         request = {key: value for key, value in sent.items() if key not in ("messages", "tools")}
-        base, shared = self._best(lambda earlier: shared_prefix(earlier.messages, messages))
+        base, shared = self._best(lambda earlier: common_prefix_length(earlier.messages, messages))
         request["messages_base"] = None if base is None else {"turn": base, "count": shared}
         request["messages"] = messages[shared:]
         blob = None
         if sent.get("tools"):
             sha, blob = self._tools_sha(sent["tools"])
             request["tools_sha256"] = sha
-        prompt_base, prompt_shared = self._best(lambda earlier: shared_prefix(earlier.token_ids, prompt_ids))
+        prompt_base, prompt_shared = self._best(lambda earlier: common_prefix_length(earlier.token_ids, prompt_ids))
         prompt = {
             "prompt_base": None if prompt_base is None else {"turn": prompt_base, "count": prompt_shared},
             "prompt_token_ids": prompt_ids[prompt_shared:],

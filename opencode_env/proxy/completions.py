@@ -56,7 +56,7 @@ class CaptureProxy:
     def __init__(self, settings: ProxySettings) -> None:
         self.settings = settings
         self.breaker = Breaker(settings.max_unreachable, settings.max_server_errors)
-        self.trace = TraceWriter(settings.trace_path)
+        self.trace = TraceWriter(settings.trace_path, settings.trace_max_bytes)
         self._turns = itertools.count()
         self._pending: set[asyncio.Task[Any]] = set()
         self._answering: set[asyncio.Task[Any]] = set()

@@ -1,6 +1,6 @@
 """The chat template's fingerprint: the server's own rendering of one fixed conversation, hashed.
 
-Pure and shared: the host's endpoint probe (rollout/probe.py) and the capture proxy (on every call) send the same
+Pure and shared: the host's endpoint probe (preflight/probe.py) and the capture proxy (on every call) send the same
 body to the server's `/tokenize` and hash the ids it answers, so two fingerprints are equal exactly when the server
 rendered the conversation to the same ids. A template that changes between calls (a server restarted with another
 template, a load balancer over differently configured replicas) changes the fingerprint.

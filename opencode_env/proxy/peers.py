@@ -55,11 +55,12 @@ def socket_owner(table: bytes, client: tuple[str, int], server: tuple[str, int])
 
 
 class PeerOwners:
-    """The sandbox's TCP table, open for reading, and the one uid allowed to call."""
+    """The sandbox's TCP table, open for reading, and the uids allowed to call (OpenCode's; on a cloud VM root's
+    too, whose own commands ask the proxy's health over TCP)."""
 
-    def __init__(self, table_fd: int, allowed_uid: int) -> None:
+    def __init__(self, table_fd: int, allowed_uids: frozenset[int]) -> None:
         self._fd = table_fd
-        self.allowed_uid = allowed_uid
+        self.allowed_uids = allowed_uids
 
     def _table(self) -> bytes:
         chunks, offset = [], 0
@@ -72,6 +73,6 @@ class PeerOwners:
         if server is None:
             return False
         try:
-            return socket_owner(self._table(), client, server) == self.allowed_uid
+            return socket_owner(self._table(), client, server) in self.allowed_uids
         except (OSError, ValueError):
             return False

@@ -13,6 +13,8 @@ class ProxySettings:
     upstream_url: str
     trace_path: str
     api_key: str = ""
+    trace_max_bytes: int = 0
+    """The trace never passes this many bytes (0: unbounded): later turns are relayed, counted, not recorded."""
     rewrite: RewriteConfig = field(default_factory=RewriteConfig)
     idle_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0

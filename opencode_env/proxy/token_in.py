@@ -1,40 +1,8 @@
-"""Token-in mode: an agent turn's prompt is the last turn's prompt + completion ids, then the new messages' ids.
-
-A chat template renders the whole history again on every call, and many drop what the model generated (earlier
-reasoning, an empty think block), so turn N+1's prompt no longer starts with turn N's prompt + completion and the
-rollout splits into one training sequence per turn. In token-in mode the proxy sends the engine the ids themselves,
-so the model sees its own earlier tokens exactly and every turn extends the last by construction. Two routes take
-them, in this order of preference:
-
-- `tokens`: prime-rl's vLLM route `/v1/chat/completions/tokens`, a chat request plus `tokens`. Built for this and
-  documented as such by its server: where it exists it is the contract.
-- `forwarded`: stock vLLM's own `/v1/chat/completions` with `kv_transfer_params: {"prompt_token_ids": [...]}`, its
-  decode-side token reuse for disaggregated serving (vLLM 0.32, `vllm/renderers/online_renderer.py`,
-  `_reused_prompt_token_ids`): the ids go to the engine and templating is skipped, while the tool and reasoning
-  parsers, streaming and `return_token_ids` still run. An internal mechanism, not an API, so used only where the
-  endpoint probe proved it (the ids echoed back exactly, a tool call still parsed) or, without a probe, checked on
-  every turn. vLLM ignores the ids when `echo` is set or a message has non-text content (it must render those) and
-  refuses them in a batch request: such a turn takes the chat route, recorded.
-
-Every turn's answer is checked: the engine's `prompt_token_ids` must equal the ids sent. A server that rendered the
-messages instead (it ignored the ids) is kept to its own ids and not asked with that route again.
-
-The new messages' ids come from the server's own `/tokenize` (vLLM), never from a tokenizer of ours: the history
-through the assistant's reply is rendered without a generation prompt (`base`) and the whole history with one
-(`full`); when `base` is a prefix of `full`, the ids after the reply's stop token in `base` are the ones the template
-puts after that reply. The reply itself is never rendered again: its ids are the sampled ones. A template that
-renders the reply differently once others follow it looks at the whole history (Qwen3's renders an empty think block
-in the last assistant message only): there the reply's end is found in `full` itself, as the last stop token before
-the first new message's content (where a render with that content changed parts from `full`), checked to close as
-many messages as `base` does (`suffix_in_full`). A template for which that fails too cannot give a suffix alone: that
-turn takes the chat route, with where the renders part.
-
-Anything that is not a plain continuation falls back to the chat route, with the reason recorded on the turn: a
-session's first turn, a history that was rewritten (compaction) or whose tools changed, a reply that did not end with
-a stop token, a server without the routes.
-
-Pure except for `TokenIn.plan`'s two /tokenize calls, which the proxy's shell passes in as a function.
-"""
+"""Token-in mode: an agent turn's prompt is the last turn's prompt + completion ids, then the new messages' ids, so
+the model sees its own earlier tokens exactly and a rollout is one training sequence, not one per turn (a chat
+template that drops earlier reasoning would fork it). The routes (prime-rl's `tokens`, stock vLLM's `forwarded`),
+the suffix taken from the server's own `/tokenize`, and when a turn falls back to the chat route are in
+docs/training.md. Pure except for `TokenIn.plan`'s two /tokenize calls, which the proxy's shell passes in."""
 
 from __future__ import annotations
 

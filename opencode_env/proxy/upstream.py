@@ -1,27 +1,7 @@
-"""A lean HTTP/1.1 client for the one call the proxy makes: POST a JSON body, stream the answer back.
-
-The proxy forwards one small chunk per token, so the per-read cost of a general client (timeout scopes, event
-objects per chunk) dominated its CPU. This client reads straight from asyncio streams, one read per wakeup
-whatever number of chunks it holds (opencode_env/proxy/dechunk.py), keeps connections alive in
-a small pool (a TLS handshake per turn would add tens of milliseconds), and enforces the idle timeout with one
-watchdog per response instead of a timer per read. Standard library only.
-
-Why not httpx (or aiohttp): bench/upstream_client.py streams from the scripted model through this client and through
-httpx.AsyncClient side by side (both reading the raw body, connections kept alive) and measured httpx at 1.3-2.1x this
-client's CPU per streamed token (commit 27d0655), CPU the proxy spends in every rollout's sandbox, inside its limits.
-Its correctness is held by tests/integration/test_upstream_conformance.py against uvicorn (h11 and httptools) and
-aiohttp servers, TLS from a test CA and a real CONNECT proxy; rerun the bench before replacing it.
-
-Where the operator's network reaches the model only through an HTTP proxy, the pool goes through it (ProxyRoute):
-an https origin through a `CONNECT` tunnel with TLS to the origin inside it (the proxy sees neither the key nor the
-body), an http origin with absolute-form request targets (the proxy sees everything, as any hop of plain HTTP does).
-Errors, each naming the proxy when there is one:
-
-    UpstreamError
-    ├── UpstreamUnreachable    no connection: refused, DNS, TLS, connect timeout, or the proxy refused the CONNECT
-    ├── UpstreamStalled        no bytes within the idle timeout
-    └── UpstreamDisconnected   the connection closed before the answer was complete
-"""
+"""A lean HTTP/1.1 client for the proxy's one call: POST a JSON body, stream the answer back, through the operator's
+HTTP proxy when there is one (ProxyRoute). It reads straight from asyncio streams, keeps a small connection pool and
+one idle watchdog per response, because per-chunk costs dominated the proxy's CPU: httpx measured 1.3-2.1x its CPU
+per streamed token (bench/upstream_client.py; rerun it before replacing this). Standard library only."""
 
 from __future__ import annotations
 

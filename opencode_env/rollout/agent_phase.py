@@ -4,17 +4,19 @@ share set aside), the proxy's health, and progress per model call while it runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from typing import Any
 
 from opencode_env.rollout import opencode
 from opencode_env.rollout.collect import read_tail
+from opencode_env.rollout.grading import grader_box
 from opencode_env.rollout.proxy_session import (
     ProxyStartError,
     proxy_log_tail,
     start_proxy,
     wait_healthy,
 )
+from opencode_env.rollout.skills import give_skills
 from opencode_env.rollout.state import AGENT_STDERR_PATH, EVENTS_PATH, PhaseFailure, RolloutState, cancelling
 from opencode_env.sandbox.base import (
     ProxyHandle,
@@ -31,6 +33,7 @@ PROXY_START_S = 120.0
 """How long the proxy may take to listen: a start that fails ends at once, so this bounds only a slow one, and a
 machine at load ~15 took over 20 s to start the proxy's Python."""
 VERIFY_COLLECT_RESERVE_S = 10.0
+THAW_POLL_S = 0.2
 
 
 async def start_capture(rollout: RolloutState) -> ProxyHandle | None:
@@ -68,9 +71,11 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
         model_options=_model_options(rollout),
         sub_agents=request.sub_agents,
         store_dir=rollout.sandbox.opencode_data_dir,
+        skills_dir=await give_skills(rollout),
+        mcp_servers=request.mcp_servers,
     )
     rollout.opencode_config = config
-    config_path = await rollout.sandbox.write_control_file("opencode.json", json.dumps(config, indent=2))
+    config_path = await rollout.sandbox.write_control_file("opencode.json", opencode.config_text(config))
     command = opencode.run_command(
         opencode=opencode_path,
         workdir=rollout.workdir,
@@ -81,31 +86,60 @@ async def run_agent(rollout: RolloutState, opencode_path: str, proxy: ProxyHandl
     )
     env = {**request.env, **opencode.AGENT_ENV, "OPENCODE_CONFIG": config_path, opencode.MODEL_KEY_ENV_NAME: agent_key}
     await rollout.report("agent", "running OpenCode")
-    timeout_s = rollout.budget("agent", min(request.agent_timeout_s, _after_verify_reserve(rollout)))
+    timeout_s = agent_budget(rollout)
     agent = asyncio.ensure_future(rollout.sandbox.run(command, timeout_s=timeout_s, env=env, identity="agent"))
+    thaw = asyncio.ensure_future(_thaw_services_once_configured(rollout, proxy, agent))
+    try:
+        outcome = await _await_agent(rollout, proxy, agent, timeout_s)
+    finally:
+        thaw.cancel()
+        await asyncio.gather(thaw, return_exceptions=True)
+    rollout.result.agent_exit_code = outcome.exit_code
+    if outcome.timed_out:
+        raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
+    if outcome.exit_code != 0:
+        raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+
+
+async def _thaw_services_once_configured(
+    rollout: RolloutState, proxy: ProxyHandle | None, agent: asyncio.Future[CommandResult]
+) -> None:
+    """Setup's services (frozen since before the project configuration was removed) thaw once OpenCode has loaded
+    its configuration, plugins, agents and tools: it does so before its first model call, so the first call the
+    proxy answered in this agent's run (without a proxy: the first event OpenCode wrote) marks the point. The
+    agent's first tool runs after that call, so the services are back before the agent can use them."""
+    while not agent.done():
+        await asyncio.wait({agent}, timeout=THAW_POLL_S)
+        if proxy is not None:
+            health = await proxy.call("/healthz", "GET", 1.0)
+            if health and int(health.get("turns_written", 0)) > rollout.turns_before:
+                break
+        elif await read_tail(rollout.sandbox, EVENTS_PATH, limit=1):
+            break
+    await rollout.sandbox.resume_services()
+
+
+async def _await_agent(
+    rollout: RolloutState, proxy: ProxyHandle | None, agent: asyncio.Future[CommandResult], timeout_s: float
+) -> CommandResult:
     if proxy is not None:
         await _proxy_healthy_or_stop(rollout, proxy, agent, timeout_s)
         watcher = asyncio.ensure_future(_watch_proxy(rollout, proxy, agent))
         try:
-            await asyncio.wait({agent, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            running: set[asyncio.Future[Any]] = {agent, watcher}
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             if not agent.done() and watcher.done() and not watcher.cancelled() and watcher.exception() is None:
                 agent.cancel()
                 await asyncio.gather(agent, return_exceptions=True)
                 raise PhaseFailure(
                     "proxy_error", "agent", "the capture proxy died while the agent ran: the agent was stopped then"
                 )
-            outcome = await agent
+            return await agent
         finally:
             if not agent.done() or agent.cancelled() or cancelling():
                 watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-    else:
-        outcome = await agent
-    rollout.result.agent_exit_code = outcome.exit_code
-    if outcome.timed_out:
-        raise PhaseFailure("agent_timeout", "agent", f"the agent ran past its {timeout_s:.0f}s limit and was stopped")
-    if outcome.exit_code != 0:
-        raise PhaseFailure("agent_error", "agent", f"OpenCode exited {outcome.exit_code}")
+    return await agent
 
 
 async def _watch_proxy(rollout: RolloutState, proxy: ProxyHandle, agent: asyncio.Future[CommandResult]) -> None:
@@ -140,12 +174,22 @@ async def _last_tool(sandbox: Sandbox) -> str:
     return f"; last tool: {last.tool[:40]} ({last.title[:60]})" if last.title else f"; last tool: {last.tool[:40]}"
 
 
+def agent_budget(rollout: RolloutState) -> float:
+    """The agent's (or the oracle's) time: its own timeout, within what the deadline leaves once verify's share is set
+    aside."""
+    return rollout.budget("agent", min(rollout.request.agent_timeout_s, _after_verify_reserve(rollout)))
+
+
 def _after_verify_reserve(rollout: RolloutState) -> float:
-    """What the agent may use of the rollout's remaining time once verify and collect have their share set aside
-    (at most half of what remains: an agent squeezed to nothing helps no one either)."""
+    """What the agent may use of the rollout's remaining time once verify and collect have their share set aside:
+    every verify command's timeout (and the graded tests' run), the grader's box's start where verify waits for it,
+    and a margin; at most half of what remains (an agent squeezed to nothing helps no one either). A verify the
+    deadline still cuts short ends the rollout as a timeout, with no grade (commands.raise_if_cut)."""
     request = rollout.request
     remaining = rollout.deadline.remaining()
-    reserve = min(request.verify_timeout_s * len(request.verify) + VERIFY_COLLECT_RESERVE_S, remaining / 2)
+    runs = len(request.verify) + (request.tests is not None)
+    wanted = request.verify_timeout_s * runs + grader_box.start_cost_s(rollout) + VERIFY_COLLECT_RESERVE_S
+    reserve = min(wanted, remaining / 2)
     return max(remaining - reserve, 0.001)
 
 

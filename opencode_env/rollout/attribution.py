@@ -1,23 +1,14 @@
-"""Which captured calls OpenCode itself made, and in which of its sessions: the proxy's record is the truth.
-
-OpenCode names its session in an `x-session-id` header on every model call (the proxy records request headers with
-lower-case names); a sub-agent (the task tool) runs in a child session with its own id. OpenCode's root session is
-the session of the first agent call in the record (no tool runs before OpenCode's first call is answered). Where the
-proxy admitted only OpenCode's own connections (`callers_checked`: the local backend's caller check), every session
-named in the record is OpenCode's: the root's calls are `agent`, another session's `sub_agent`. Where it could not
-(E2B, HF: the tools hold OpenCode's token), only the root session is OpenCode's. A call naming no session, or one
-that is not OpenCode's, is `unattributed` (auxiliary calls too): kept in the record, never trained, counted or
-allowed to decide the rollout's status. Auxiliary calls in OpenCode's sessions (titles, summaries) keep their kind.
-
-OpenCode's own store (`opencode_store.py`) is a file OpenCode's tools can reach, so it only labels: a sub-agent's
-parent where the store names one the record has seen, and a cross-check of its assistant steps against the complete
-turns. A session, a parent or a step the store claims and the record contradicts is ignored and named in
-`disagreements`; a store that is missing, unreadable or lying costs the parents' labels, never a turn's kind.
-"""
+"""Which captured calls OpenCode itself made, and in which of its sessions, from the `x-session-id` the proxy
+recorded: the proxy's record is the truth (a multi-step rollout runs OpenCode once per step; each run's first session
+is a root). A call not shown to be OpenCode's is `unattributed`: kept, never trained or counted. OpenCode's own store
+(opencode_store.py) is within reach of its tools, so it only labels parents and is cross-checked; what it claims
+against the record is ignored and named in `disagreements`."""
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opencode_env.wire import AttributionCheck, RolloutTurn
@@ -62,28 +53,33 @@ def attribution_check(
     note: str | None = None,
     *,
     callers_checked: bool = False,
+    starts: Sequence[int] = (),
 ) -> tuple[AttributionCheck, int]:
+    """`starts`: where each run of OpenCode after the first begins in `turns` (a multi-step rollout runs it once per
+    step, drained in between): each run's first session is a root of its own."""
     for turn in turns:
         turn.session_id = turn.headers.get(SESSION_HEADER) or None
         turn.parent_session_id = None
-    root = _root(turns)
-    sessions = _own_sessions(turns, root, callers_checked)
+    bounds = [0, *sorted(start for start in starts if 0 < start < len(turns)), len(turns)]
+    found = [_root(turns[low:high]) for low, high in itertools.pairwise(bounds)]
+    roots = list(dict.fromkeys(root for root in found if root is not None))
+    sessions = _own_sessions(turns, roots, callers_checked)
     marked = 0
     for turn in turns:
         if turn.session_id is None or turn.session_id not in sessions:
             marked += turn.kind != "unattributed"
             turn.kind = "unattributed"
         elif turn.kind != "auxiliary":
-            turn.kind = "agent" if turn.session_id == root else "sub_agent"
+            turn.kind = "agent" if turn.session_id in roots else "sub_agent"
     check = AttributionCheck(
         source="headers_only" if store is None else "opencode_store",
         sessions=len(sessions),
-        sub_agent_sessions=max(len(sessions) - 1, 0),
+        sub_agent_sessions=len(sessions) - len(roots),
         caller_check=callers_checked,
         note=note,
     )
-    if store is not None and root is not None:
-        _label_parents(check, turns, store, root, sessions)
+    if store is not None and roots:
+        _label_parents(check, turns, store, roots, sessions)
         _compare(check, store, sessions, [turn for turn in turns if turn.kind in OWN_KINDS])
     return check, marked
 
@@ -97,29 +93,29 @@ def _root(turns: list[RolloutTurn]) -> str | None:
     return first.session_id if first is not None else None
 
 
-def _own_sessions(turns: list[RolloutTurn], root: str | None, callers_checked: bool) -> list[str]:
-    """OpenCode's sessions, the root first: every session an agent call named where only OpenCode could call."""
-    if root is None:
-        return []
-    if not callers_checked:
-        return [root]
+def _own_sessions(turns: list[RolloutTurn], roots: list[str], callers_checked: bool) -> list[str]:
+    """OpenCode's sessions, the roots first: every session an agent call named where only OpenCode could call."""
+    if not roots or not callers_checked:
+        return list(roots)
     named = [turn.session_id for turn in sorted(turns, key=lambda t: t.turn) if turn.kind in OWN_KINDS]
-    return list(dict.fromkeys(session for session in [root, *named] if session))
+    return list(dict.fromkeys(session for session in [*roots, *named] if session))
 
 
 def _label_parents(
-    check: AttributionCheck, turns: list[RolloutTurn], store: OpenCodeStore, root: str, sessions: list[str]
+    check: AttributionCheck, turns: list[RolloutTurn], store: OpenCodeStore, roots: list[str], sessions: list[str]
 ) -> None:
     """A sub-agent's parent from the store, only where the parent is a session the record has seen (the store
     cannot add a session, remove one or change a turn's kind)."""
-    if root not in store.parents:
-        check.disagreements.append(f"session {root}: OpenCode's root session is not in OpenCode's store")
-    elif store.parents[root] is not None:
-        check.disagreements.append(
-            f"session {root}: OpenCode's store names a parent ({store.parents[root]}) for the root session (ignored)"
-        )
+    for root in roots:
+        if root not in store.parents:
+            check.disagreements.append(f"session {root}: OpenCode's root session is not in OpenCode's store")
+        elif store.parents[root] is not None:
+            check.disagreements.append(
+                f"session {root}: OpenCode's store names a parent ({store.parents[root]}) for the root session "
+                "(ignored)"
+            )
     parents: dict[str, str] = {}
-    for session in sessions[1:]:
+    for session in sessions[len(roots) :]:
         if session not in store.parents:
             check.disagreements.append(
                 f"session {session}: made calls the proxy captured but is not in OpenCode's store (kept as a "

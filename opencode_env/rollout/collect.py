@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 
-from opencode_env.sandbox.base import WORKDIR, Sandbox
+from opencode_env.sandbox.base import WORKDIR, Sandbox, SandboxError
 from opencode_env.sandbox.output import tail_text
 from opencode_env.wire import NonUtf8Path
 
@@ -21,6 +21,9 @@ MAX_READ_BYTES = 4 * MAX_TOTAL_BYTES
 """Bytes read in all, text or not: past it, files are only listed (binary files would otherwise cost 800 reads)."""
 SKIPPED_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv"})
 LOG_TAIL_BYTES = 8192
+MAX_ARTIFACT_FILES = 100
+MAX_ARTIFACT_FILE_BYTES = 1024 * 1024
+MAX_ARTIFACT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass
@@ -92,6 +95,63 @@ async def collect_files(sandbox: Sandbox, root: str = WORKDIR) -> CollectedFiles
         collected.text[entry.path] = text
         budget -= len(raw)
     return collected
+
+
+@dataclass
+class CollectedArtifacts:
+    text: dict[str, str] = field(default_factory=dict)
+    extra: list[str] = field(default_factory=list)
+
+
+async def collect_artifacts(sandbox: Sandbox, paths: list[str]) -> CollectedArtifacts:
+    """Each path's regular files (a directory's, walked as the work dir is, or the file itself), by absolute path,
+    within MAX_ARTIFACT_FILES and MAX_ARTIFACT_BYTES in all; the backend's reads follow no link. What is left out
+    is in `extra`, each with why."""
+    collected = CollectedArtifacts()
+    budget = MAX_ARTIFACT_BYTES
+    for path in paths:
+        found = await _artifact_files(sandbox, path)
+        if not found:
+            collected.extra.append(f"{path}: absent, empty, a link, or not a regular file")
+        for full, size in found:
+            if (odd := non_utf8_path(full)) is not None:
+                collected.extra.append(f"{odd.display}: the path is not UTF-8")
+                continue
+            if full in collected.text:
+                continue
+            if len(collected.text) >= MAX_ARTIFACT_FILES or size > min(MAX_ARTIFACT_FILE_BYTES, budget):
+                collected.extra.append(f"{full}: over the caps ({size} bytes)")
+                continue
+            limit = min(MAX_ARTIFACT_FILE_BYTES, budget)
+            raw = await _read_artifact(sandbox, full, limit + 1)
+            text = decode_text(raw) if raw is not None and len(raw) <= limit else None
+            if raw is None or text is None:
+                why = "gone" if raw is None else "over the caps" if len(raw) > limit else "binary"
+                collected.extra.append(f"{full}: {why}")
+                continue
+            collected.text[full] = text
+            budget -= len(raw)
+    return collected
+
+
+async def _artifact_files(sandbox: Sandbox, path: str) -> list[tuple[str, int]]:
+    """(absolute path, size) of the regular files `path` names: a directory's, or the file alone."""
+    try:
+        entries = await sandbox.list_files(path, limit=MAX_ARTIFACT_FILES + 1)
+    except (SandboxError, OSError):
+        return []
+    if entries:
+        return [(f"{path.rstrip('/')}/{entry.path}", entry.size) for entry in entries]
+    raw = await _read_artifact(sandbox, path, MAX_ARTIFACT_FILE_BYTES + 1)
+    return [] if raw is None else [(path, len(raw))]
+
+
+async def _read_artifact(sandbox: Sandbox, path: str, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file; None when it is absent or unsafe (a link, not a regular file)."""
+    try:
+        return await sandbox.read_tail(path, limit)
+    except (FileNotFoundError, SandboxError, OSError):
+        return None
 
 
 async def read_tail(sandbox: Sandbox, path: str, limit: int = LOG_TAIL_BYTES) -> str:

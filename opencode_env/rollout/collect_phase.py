@@ -6,7 +6,8 @@ import logging
 
 from opencode_env.rollout import opencode
 from opencode_env.rollout.attribution import attribution_check
-from opencode_env.rollout.collect import collect_files, read_tail
+from opencode_env.rollout.collect import collect_artifacts, collect_files, read_tail
+from opencode_env.rollout.opencode_mcp import servers_without_tools
 from opencode_env.rollout.opencode_store import attribution_store
 from opencode_env.rollout.provenance import complete_provenance
 from opencode_env.rollout.proxy_session import (
@@ -16,13 +17,16 @@ from opencode_env.rollout.proxy_session import (
 )
 from opencode_env.rollout.state import AGENT_STDERR_PATH, EVENTS_PATH, RolloutState
 from opencode_env.sandbox.base import (
+    PROXY_TRACE_READ_BYTES,
     ProxyHandle,
     Sandbox,
 )
 from opencode_env.wire import (
     AttributionCheck,
+    BudgetRecord,
     TokenUsage,
 )
+from opencode_env.wire.notices import Notice
 
 log = logging.getLogger("opencode_env.rollout.collect_phase")
 
@@ -32,6 +36,9 @@ async def collect(rollout: RolloutState) -> None:
     await rollout.report("collect", "collecting the files and logs")
     files = await collect_files(sandbox, rollout.workdir)
     result.files, result.files_extra, result.files_non_utf8 = files.text, files.extra, files.non_utf8
+    if rollout.request.artifacts:
+        artifacts = await collect_artifacts(sandbox, rollout.request.artifacts)
+        result.artifacts, result.artifacts_extra = artifacts.text, artifacts.extra
     await collect_agent_record(rollout)
 
 
@@ -58,15 +65,28 @@ async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
     await stop_proxy(proxy)
     trace = await read_trace(proxy)
     result.proxy_turns, result.request_tools = trace.turns, trace.tools
+    if trace.tools:
+        sent = [schema for schemas in trace.tools.values() for schema in schemas]
+        for name in servers_without_tools(rollout.request.mcp_servers, sent):
+            result.warn(
+                "mcp_server_missing",
+                f"mcp_servers.{name}: none of its tools reached the model (OpenCode could not start or list it, and "
+                "went on without it; agent_log_tail may say why)",
+                fix="run its command in the task's image as `user`: it must answer MCP on stdio within 60 s",
+            )
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
     result.proxy_log_tail = await proxy_log_tail(proxy)
     store, note = await attribution_store(rollout.sandbox)
+    starts = [part.first_turn for part in result.steps[1:] if part.status != "not_run"]
     result.attribution, unattributed = attribution_check(
-        trace.turns, store, note, callers_checked=rollout.sandbox.opencode_isolated
+        trace.turns, store, note, callers_checked=rollout.sandbox.opencode_isolated, starts=starts
     )
     result.attribution.refused_calls = trace.refused
-    result.warnings.extend(attribution_warnings(result.attribution, store_expected=rollout.sandbox.opencode_isolated))
+    if trace.budget is not None:
+        result.warn("proxy_trace_bound", budget_warning(trace.budget), fix="give the rollout more disk (disk_mb)")
+    for notice in attribution_warnings(result.attribution, store_expected=rollout.sandbox.opencode_isolated):
+        result.warn(notice.code, notice.message, severity=notice.severity)
     if unattributed:
         log.warning("%s: %d model calls OpenCode did not make (kept as unattributed)", result.sandbox_id, unattributed)
     complete_provenance(result, rollout.opencode_config, frozenset({proxy.base_url}))
@@ -80,26 +100,37 @@ async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
     )
 
 
-def attribution_warnings(check: AttributionCheck, *, store_expected: bool) -> list[str]:
+def budget_warning(budget: BudgetRecord) -> str:
+    return (
+        f"the capture proxy's trace reached its bound of {budget.limit / 2**20:.1f} MiB (a sixteenth of disk_mb, at "
+        f"most {PROXY_TRACE_READ_BYTES // 2**20} MiB): the {budget.dropped} model calls after it were relayed to "
+        "the agent but not recorded (no turn, no training); the turns before it are kept"
+    )
+
+
+def attribution_warnings(check: AttributionCheck, *, store_expected: bool) -> list[Notice]:
     """What a trainer must hear of: calls refused, and a store that could not be read or contradicts the record
     (attribution never rests on it: the cost is sub-agents' parent labels)."""
     warnings = []
     if check.refused_calls:
-        warnings.append(
+        message = (
             f"{check.refused_calls} model calls were refused by the capture proxy (not OpenCode's connection, or no "
             "valid token): never sent to the model, never a turn"
         )
+        warnings.append(Notice(code="calls_refused", severity="note", message=message))
     if store_expected and check.sessions and check.note:
-        warnings.append(
+        message = (
             f"OpenCode's session store could not be read ({check.note}): calls are attributed by the proxy's record "
             "alone, sub-agents' parents unknown"
         )
+        warnings.append(Notice(code="session_store_unread", severity="warning", message=message))
     contradictions = [item for item in check.disagreements if item.startswith("session ")]
     if contradictions:
-        warnings.append(
+        message = (
             f"OpenCode's session store contradicts the proxy's record ({len(contradictions)} claims, first: "
             f"{contradictions[0][:300]}): the record stands, the store's claims were ignored"
         )
+        warnings.append(Notice(code="session_store_contradicts", severity="warning", message=message))
     return warnings
 
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from opencode_env.scripted.builtin import BUILTIN_MODEL, builtin_scripted_url
 from opencode_env.settings import Settings, variable
-from opencode_env.testing.builtin import builtin_scripted_url
 from opencode_env.wire import EndpointName, RolloutRequest, UpstreamInfo
 
-SCRIPTED = "scripted"
-"""The model name of the built-in scripted model (testing/builtin.py), given with no base URL."""
+SCRIPTED = BUILTIN_MODEL
+"""The model name of the built-in scripted model (scripted/builtin.py), given with no base URL."""
 BUILTIN_KEY = "sk-scripted-not-a-secret"
 
 

@@ -3,15 +3,13 @@ pipeline, at most `max_concurrency` rollouts at once."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import Sequence
-from typing import Any
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.settings import Settings
 from opencode_env.wire import RolloutRequest, RolloutResult, RunnerCapabilities
+from opencode_env.wire.fan_out import concurrency_of, fan_out, lane_of
 
 
 class InProcess:
@@ -50,30 +48,8 @@ class InProcess:
     async def run_rollouts(
         self, requests: Sequence[RolloutRequest], *, max_concurrency: int | None = None, progress: bool = True
     ) -> list[RolloutResult]:
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        gate = asyncio.Semaphore(max_concurrency or self._capabilities.max_concurrency)
-        bar = _bar(len(requests)) if progress else None
-
-        async def one(request: RolloutRequest) -> RolloutResult:
-            async with gate:
-                result = await self.run_rollout(request)
-            if bar is not None:
-                bar.set_postfix_str(f"last: {result.status}")
-                bar.update(1)
-            return result
-
-        try:
-            return list(await asyncio.gather(*(one(request) for request in requests)))
-        finally:
-            if bar is not None:
-                bar.close()
+        concurrency = concurrency_of(max_concurrency, self._capabilities.max_concurrency)
+        return await fan_out(requests, lane_of(self.run_rollout), concurrency=concurrency, progress=progress)
 
     async def close(self) -> None:
         """Nothing to release: every rollout closed its own sandbox."""
-
-
-def _bar(total: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opencode_env.rollout.opencode_mcp import mcp_config
 from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.wire import AGENT_ENV, OPENCODE_PACKAGE, OPENCODE_VERSION, PROXY_PYTHON_PACKAGES, ToolCallSummary
+from opencode_env.wire.mcp import McpServer
 
 __all__ = ["AGENT_ENV", "OPENCODE_PACKAGE", "OPENCODE_VERSION", "PROXY_PYTHON_PACKAGES"]
 
@@ -22,6 +24,10 @@ operator's keys are settings: the endpoints' *_API_KEY)."""
 DENIED_TOOLS = ("question", "webfetch", "task")
 """Denied by permission (OpenCode 1.18's `tools: {name: false}` is overridden by `permission: allow` and does not
 turn them off): question needs a person, webfetch would fetch as OpenCode itself, task starts sub-agents."""
+MODEL_KEY_REFERENCE = f"{{env:{MODEL_KEY_ENV_NAME}}}"
+SUBSTITUTIONS = frozenset({MODEL_KEY_REFERENCE})
+"""The only strings of our config OpenCode may substitute (`{env:NAME}`, `{file:PATH}`: it replaces them in the
+config's text before parsing it, with its own environment and files): `config_text` escapes every other brace."""
 
 
 PROJECT_CONFIG_NAMES = ("opencode.json", "opencode.jsonc", ".opencode")
@@ -68,11 +74,14 @@ def render_config(
     model_options: Mapping[str, Any],
     sub_agents: bool = False,
     store_dir: str = "",
+    skills_dir: str | None = None,
+    mcp_servers: Sequence[McpServer] = (),
 ) -> dict[str, Any]:
     """The OpenCode config for one rollout; the API key is referenced by env var, never written here. With
     `sub_agents`, the task tool is allowed (its child sessions' calls are attributed through OpenCode's store).
     `store_dir` (OpenCode's data dir) is denied to OpenCode's own file tools (read, write, edit run in its process,
-    as its identity): the model cannot name its session store."""
+    as its identity): the model cannot name its session store. `skills_dir`: a directory of skills OpenCode reads
+    (its `skills.paths`). `mcp_servers`: the task's MCP servers (opencode_mcp.py)."""
     denied = [tool for tool in DENIED_TOOLS if not (sub_agents and tool == "task")]
     permission: dict[str, Any] = {"*": "allow", **dict.fromkeys(denied, "deny")}
     if store_dir:
@@ -81,13 +90,13 @@ def render_config(
     model: dict[str, Any] = {"name": model_id, "limit": {"context": 262_144, "output": max_tokens_cap}}
     if model_options:
         model["options"] = dict(model_options)
-    return {
+    config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
             PROVIDER_ID: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "Rollout upstream",
-                "options": {"baseURL": base_url, "apiKey": f"{{env:{MODEL_KEY_ENV_NAME}}}"},
+                "options": {"baseURL": base_url, "apiKey": MODEL_KEY_REFERENCE},
                 "models": {model_id: model},
             }
         },
@@ -100,6 +109,29 @@ def render_config(
         "lsp": False,
         "formatter": False,
     }
+    if skills_dir is not None:
+        config["skills"] = {"paths": [skills_dir]}
+    if mcp_servers:
+        config["mcp"] = mcp_config(mcp_servers)
+    return config
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """The config as OpenCode's JSON, every `{` in a string escaped (\\u007b) but in SUBSTITUTIONS: OpenCode
+    substitutes `{env:...}` and `{file:...}` in the text it reads, so a task's string (an MCP server's URL, a caller's
+    model name) would otherwise read OpenCode's environment (its key) or its files."""
+    return _json_text(config)
+
+
+def _json_text(value: Any) -> str:
+    if isinstance(value, str):
+        text = json.dumps(value)
+        return text if value in SUBSTITUTIONS else text.replace("{", "\\u007b")
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_json_text(str(key))}: {_json_text(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_json_text(item) for item in value) + "]"
+    return json.dumps(value)
 
 
 def run_command(

@@ -69,22 +69,26 @@ def complete_provenance(result: RolloutResult, config: dict[str, Any] | None, vo
     provenance.template_fingerprint = first
     provenance.template_changed_turns = changed
     if changed:
-        result.warnings.append(
+        message = (
             f"the chat template changed during the rollout (fingerprint {first} at its first call): turns "
             f"{', '.join(map(str, changed))} were rendered by another template (flagged template_changed)"
         )
+        result.warn("template_changed", message, severity="error")
     probed = provenance.endpoint.template_fingerprint if provenance.endpoint else None
     if first is not None and probed is not None and probed != first:
-        result.warnings.append(f"the chat template changed since the endpoint was probed ({probed}, now {first})")
+        message = f"the chat template changed since the endpoint was probed ({probed}, now {first})"
+        result.warn("template_changed_since_probe", message)
     unfinite = [turn.turn for turn in result.proxy_turns if not all(map(math.isfinite, turn.per_token_logps))]
     if unfinite:
-        result.warnings.append(
+        message = (
             f"turns {', '.join(map(str, unfinite))} carry logprobs that are not finite (NaN or infinite: vLLM sends "
             "them as null): their tokens cannot be trained on as they are"
         )
+        result.warn("logprobs_not_finite", message, severity="error")
     versions = sorted({turn.policy_version for turn in result.proxy_turns if turn.policy_version})
     if len(versions) > 1:
-        result.warnings.append(f"the engine reported several policy versions in one rollout: {', '.join(versions)}")
+        message = f"the engine reported several policy versions in one rollout: {', '.join(versions)}"
+        result.warn("policy_versions_mixed", message, severity="error")
     parts = config_parts(result, config, volatile)
     provenance.config_parts = parts
     provenance.config_sha256 = _digest(parts)

@@ -8,13 +8,19 @@ from pathlib import Path
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.opencode import MODEL_KEY_ENV_NAME
-from opencode_env.sandbox.base import ProxyHandle, ProxyLaunch, RolloutSandbox, SandboxError
+from opencode_env.sandbox.base import (
+    PROXY_TRACE_READ_BYTES,
+    ProxyHandle,
+    ProxyLaunch,
+    RolloutSandbox,
+    SandboxError,
+    proxy_file_bytes,
+)
 from opencode_env.sandbox.output import tail_text
 from opencode_env.settings import Settings
 from opencode_env.wire import RolloutRequest
 from opencode_env.wire.trace import Trace, parse_trace
 
-TRACE_LIMIT = 256 * 1024 * 1024
 LOG_LIMIT = 8192
 DRAIN_WAIT_S = 15.0
 
@@ -24,9 +30,14 @@ class ProxyStartError(Exception):
 
 
 def proxy_sources() -> dict[str, str]:
-    """The proxy package's files, uploaded as they are next to an empty `opencode_env` package."""
-    here = Path(__file__).resolve().parents[1] / "proxy"
-    files = {f"opencode_env/proxy/{path.name}": path.read_text() for path in sorted(here.glob("*.py"))}
+    """The proxy's package and the standalone code it reads (`inside`), uploaded as they are next to an empty
+    `opencode_env` package."""
+    package = Path(__file__).resolve().parents[1]
+    files = {
+        f"opencode_env/{folder}/{path.name}": path.read_text()
+        for folder in ("proxy", "inside")
+        for path in sorted((package / folder).glob("*.py"))
+    }
     files["opencode_env/__init__.py"] = ""
     return files
 
@@ -59,6 +70,8 @@ def proxy_launch(python: str, upstream: Upstream, request: RolloutRequest, setti
         str(request.upstream_max_unreachable),
         "--max-server-errors",
         str(request.upstream_max_server_errors),
+        "--max-file-bytes",
+        str(proxy_file_bytes(request.disk_mb)),
     ]
     if upstream.disable_thinking:
         args.append("--disable-thinking")
@@ -115,7 +128,7 @@ async def stop_proxy(proxy: ProxyHandle) -> None:
 
 async def read_trace(proxy: ProxyHandle) -> Trace:
     """The turns as the proxy wrote them, from its own file (no task command can write there)."""
-    text = (await proxy.read("trace.jsonl", TRACE_LIMIT)).decode("utf-8", errors="replace")
+    text = (await proxy.read("trace.jsonl", PROXY_TRACE_READ_BYTES)).decode("utf-8", errors="replace")
     # Parsing a long trace takes milliseconds of CPU: off the event loop that every rollout of a server shares.
     return await asyncio.to_thread(parse_trace, text)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opencode_env.rollout.endpoints import Upstream
-from opencode_env.rollout.integrity import Listing
+from opencode_env.rollout.grading.integrity import Listing
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
     RolloutSandbox,
@@ -19,6 +19,7 @@ from opencode_env.sandbox.base import (
 )
 from opencode_env.settings import Settings
 from opencode_env.wire import (
+    CommandResult,
     Deadline,
     DeadlineExceeded,
     Phase,
@@ -40,6 +41,15 @@ class PhaseFailure(Exception):
         self.phase: Phase = phase
 
 
+class DeadlineCut(PhaseFailure):
+    """A setup or verify command timed out inside a budget the rollout's deadline had cut below its own timeout: the
+    run is ours to have cut short, so it carries no grade (never a policy 0 from a grader that could not finish)."""
+
+    def __init__(self, phase: Phase, results: list[CommandResult], message: str) -> None:
+        super().__init__("timeout", phase, message)
+        self.results = results
+
+
 @dataclass(frozen=True)
 class GraderBox:
     """The grader's box (grader_box.py) as verify takes it."""
@@ -47,6 +57,25 @@ class GraderBox:
     sandbox: RolloutSandbox
     grader_files: Listing | None
     """Its work dir's grader configuration as setup left it (integrity.py), put back after the copy."""
+
+
+@dataclass(frozen=True)
+class Ancestors:
+    """The directories above the work dir (and HOME) the agent's identity can write, and their entries after setup
+    (ancestors.py)."""
+
+    writable: list[str]
+    names: list[str]
+
+
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """How one episode (setup, the agent or the oracle, verify) ended: its agent's failure, if any, for the caller to
+    classify once the turns are collected; whether the proxy died; the turns the proxy had written by its end."""
+
+    failure: PhaseFailure | None = None
+    proxy_died: bool = False
+    turns_written: int | None = None
 
 
 @dataclass
@@ -65,8 +94,18 @@ class RolloutState:
     """OpenCode's config as rendered for this rollout (its hash goes into the result's provenance)."""
     grader_files: Listing | None = None
     """The work dir's grader configuration as setup left it (integrity.py), put back before verify."""
+    verify_room_s: float | None = None
+    """What the deadline left verify once our own waiting (the grader's sandbox) was over (commands.raise_if_cut)."""
+    ancestors: Ancestors | None = None
+    """What the directories above the work dir held after setup, when verify runs in the agent's box."""
     grader_box: asyncio.Future[GraderBox] | None = None
     """The grader's box being made beside the agent (verify_sandbox='fresh'), until verify takes it."""
+    turns_before: int = 0
+    """The model calls the proxy recorded before this agent ran (an earlier step's agent's)."""
+    after_agent: bool = False
+    """An agent (or the oracle) already ran in this sandbox (a later step's view): what it left is its doing."""
+    replay: RolloutRequest | None = None
+    """What the grader's box replays when it is not `request` (a step's: the files and setup of every step so far)."""
 
     @property
     def workdir(self) -> str:

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from opencode_env.rollout import integrity
+from opencode_env.rollout.grading import integrity
 from opencode_env.sandbox.base import Sandbox, sealed_dirs, task_path
 from opencode_env.wire.grading import FindingKind, IntegrityFinding
 

@@ -7,19 +7,38 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 
-from opencode_env.rollout import graded_tests, grader_box, integrity, task_dirs
-from opencode_env.rollout.commands import run_commands
-from opencode_env.rollout.grader_env import declares_repository, verify_environment
-from opencode_env.rollout.reward import read_reward
-from opencode_env.rollout.state import PhaseFailure, RolloutState, cancelling
+from opencode_env.rollout import task_dirs
+from opencode_env.rollout.commands import raise_if_cut, run_commands
+from opencode_env.rollout.grading import (
+    ancestors,
+    by_value,
+    git_rebuild,
+    graded_tests,
+    grader_box,
+    integrity,
+    verify_path,
+)
+from opencode_env.rollout.grading.grader_env import declares_repository, verify_environment
+from opencode_env.rollout.grading.reward import Reward, read_reward
+from opencode_env.rollout.grading.test_shape import choose_mode
+from opencode_env.rollout.state import DeadlineCut, PhaseFailure, RolloutState, cancelling
 from opencode_env.sandbox.base import (
+    REWARD_FILES,
     RolloutSandbox,
     Sandbox,
     SandboxError,
 )
-from opencode_env.wire.grading import GradedTests, GradeIsolation, IntegrityFinding
+from opencode_env.wire import CommandResult, RolloutResult
+from opencode_env.wire.grading import (
+    AgentAct,
+    FindingKind,
+    GradedTests,
+    GradeIsolation,
+    GraderResponse,
+    IntegrityFinding,
+)
 
 log = logging.getLogger("opencode_env.rollout.verify_phase")
 
@@ -34,15 +53,35 @@ async def verify(rollout: RolloutState) -> None:
     command). By default in the grader's box (a sandbox the agent never touched, fed a copy of its work dir the host
     made: fresh_verify); with verify_sandbox='same', in the agent's own box, its work dir handed to the grader and
     the protected files written in from outside, with a fresh HOME and /tmp."""
+    await record_prewritten_reward(rollout)
     if rollout.request.verify_sandbox == "fresh":
         await fresh_verify(rollout)
+        return
+    rollout.verify_room_s = rollout.deadline.remaining()
+    path = await verify_path.narrowed(rollout, rollout.sandbox, environment(rollout))
+    left = await ancestors.clear(rollout, rollout.sandbox, path)
+    if left is not None:
+        refuse(rollout, left)
         return
     if not await clear_task_dirs(rollout, rollout.sandbox):
         return
     if not await hand_over(rollout, rollout.sandbox, rollout.request.verify_files):
         return
     if await put_grader_files_back(rollout, rollout.sandbox):
-        await grade(rollout, rollout.sandbox, "agent_box")
+        await grade(rollout, rollout.sandbox, "agent_box", path=path)
+
+
+async def record_prewritten_reward(rollout: RolloutState) -> None:
+    """A reward file in the agent's box before verify is the agent's (verify has not run): a finding each. The
+    hand-over replaces it with the host's empty one (agent's box), or verify never sees it (grader's box)."""
+    response: GraderResponse = "not_carried" if rollout.request.verify_sandbox == "fresh" else "removed"
+    for path in REWARD_FILES:
+        try:
+            await rollout.sandbox.read_tail(path, 1)
+        except FileNotFoundError:
+            continue
+        finding = IntegrityFinding(path=path, kind="reward_file", act="created", response=response)
+        rollout.result.integrity = [*rollout.result.integrity, finding]
 
 
 async def hand_over(rollout: RolloutState, sandbox: RolloutSandbox, protected: Mapping[str, str]) -> bool:
@@ -100,7 +139,9 @@ async def snapshot_grader_files(rollout: RolloutState) -> None:
             rollout.sandbox, rollout.workdir, "root", rollout.budget("setup", integrity.SCAN_TIMEOUT_S)
         )
     except ValueError as error:
-        rollout.result.warnings.append(f"grader files not snapshotted, so not restored before verify: {error}")
+        rollout.result.warn(
+            "grader_files_unsnapshotted", f"grader files not snapshotted, so not restored before verify: {error}"
+        )
 
 
 async def put_grader_files_back(rollout: RolloutState, sandbox: RolloutSandbox) -> bool:
@@ -130,8 +171,8 @@ async def put_grader_files_back(rollout: RolloutState, sandbox: RolloutSandbox) 
 
 
 def start_grader_box(rollout: RolloutState) -> None:
-    """Right after setup, beside the agent: the grader's box made and set up while the agent works, so verify waits
-    only for what is left of it (nothing, when the agent takes longer than the box's start and setup)."""
+    """The grader's box made and set up: right after setup, beside the agent, so verify waits only for what is left
+    of it; or, on a backend whose sandboxes cost while they wait (the clouds), when verify begins."""
     if rollout.request.verify_sandbox == "fresh" and rollout.grader_box is None:
         rollout.grader_box = asyncio.ensure_future(grader_box.open_box(rollout))
 
@@ -170,12 +211,15 @@ async def fresh_verify(rollout: RolloutState) -> None:
     try:
         wait_s = rollout.budget("verify", rollout.deadline.remaining())
         taken = await asyncio.wait_for(asyncio.shield(pending), timeout=wait_s)
-    except TimeoutError as error:
-        pending.cancel()
-        raise PhaseFailure("sandbox_error", "verify", "the grader's sandbox ran out of time to start") from error
-    except SandboxError as error:
-        raise PhaseFailure("sandbox_error", "verify", f"the grader's sandbox failed: {error}") from error
+    except BaseException as error:
+        rollout.grader_box = pending  # discard_grader_box stops it, or closes the box it made
+        if isinstance(error, TimeoutError):
+            raise PhaseFailure("sandbox_error", "verify", "the grader's sandbox ran out of time to start") from error
+        if isinstance(error, SandboxError):
+            raise PhaseFailure("sandbox_error", "verify", f"the grader's sandbox failed: {error}") from error
+        raise
     box, rollout.grader_files = taken.sandbox, taken.grader_files
+    rollout.verify_room_s = rollout.deadline.remaining()
     try:
         result.enforcement["verify"] = f"grader's sandbox {box.sandbox_id}"
         if not await carry_work(rollout, box):
@@ -222,33 +266,69 @@ async def close_quietly(sandbox: Sandbox) -> None:
         log.error("closing sandbox %s took over %ss", sandbox.sandbox_id, CLOSE_TIMEOUT_S)
 
 
-async def grade(rollout: RolloutState, sandbox: RolloutSandbox, isolation: GradeIsolation) -> None:
-    request, result = rollout.request, rollout.result
-    result.grade_isolation = isolation
-    env = verify_environment(
+def environment(rollout: RolloutState) -> dict[str, str]:
+    request = rollout.request
+    return verify_environment(
         request.env,
         rollout.workdir,
         bytecode_removed=rollout.grader_files is not None,
         agent_repository=declares_repository(request.solution_files),
     )
-    result.verify_results = await run_commands(
-        rollout, "verify", request.verify, request.verify_timeout_s, False, sandbox=sandbox, identity="grader", env=env
-    )
+
+
+async def grade(
+    rollout: RolloutState, sandbox: RolloutSandbox, isolation: GradeIsolation, *, path: str | None = None
+) -> None:
+    """`path`: verify's PATH (in the agent's box, only what the agent cannot write: verify_path.py)."""
+    request, result = rollout.request, rollout.result
+    result.grade_isolation = isolation
+    if declares_repository(request.solution_files):
+        await git_rebuild.rebuild(rollout, sandbox)
+    env = environment(rollout)
+    if path is not None:
+        env["PATH"] = path
+    try:
+        result.verify_results = await run_commands(
+            rollout,
+            "verify",
+            request.verify,
+            request.verify_timeout_s,
+            False,
+            sandbox=sandbox,
+            identity="grader",
+            env=env,
+        )
+    except DeadlineCut as cut:
+        result.verify_results = cut.results
+        raise
     if request.tests is not None:
         await run_graded_tests(rollout, sandbox, request.tests, env)
         return
-    reward = await read_reward(sandbox, result.verify_results, request.declared_reward_files())
-    result.reward, result.reward_source = reward.value, reward.source
-    if reward.conflict:
-        result.integrity = [*result.integrity, *reward_conflict_findings(reward.conflict)]
-        result.status, result.failed_phase = "agent_error", "verify"
-        result.error = f"more than one reward file was written, a script writes one (graded 0): {reward.problem}"
-    elif reward.problem:
-        log.warning("reward file problem in %s: %s", result.sandbox_id, reward.problem)
+    reward = await read_reward(
+        sandbox,
+        result.verify_results,
+        request.declared_reward_files(),
+        reward_range=request.reward_range,
+        reward_key=request.reward_key,
+    )
+    record_reward(result, reward)
 
 
-def reward_conflict_findings(paths: Sequence[str]) -> list[IntegrityFinding]:
-    return [IntegrityFinding(path=path, kind="reward_file", act="created", response="graded_zero") for path in paths]
+def record_reward(result: RolloutResult, reward: Reward) -> None:
+    """The reward into the result; one that is not the grader's own word is 0.0, a policy outcome, a finding each."""
+    result.reward, result.reward_source, result.reward_metrics = reward.value, reward.source, reward.metrics
+    if reward.finding is None:
+        if reward.problem:
+            result.warnings.append(f"reward: {reward.problem}")
+        return
+    result.integrity = [*result.integrity, *reward_findings(reward.finding, reward.paths)]
+    result.status, result.failed_phase = "agent_error", "verify"
+    result.error = f"the reward is not the grader's own ({reward.finding}, graded 0): {reward.problem}"
+
+
+def reward_findings(kind: FindingKind, paths: Sequence[str]) -> list[IntegrityFinding]:
+    act: AgentAct = "created" if kind == "reward_file" else "forged"
+    return [IntegrityFinding(path=path[:300], kind=kind, act=act, response="graded_zero") for path in paths]
 
 
 async def run_graded_tests(
@@ -261,17 +341,25 @@ async def run_graded_tests(
     workdir = rollout.workdir
     timeout_s = rollout.budget("verify", request.verify_timeout_s)
     canaries = graded_tests.make_canaries(spec)
-    await sandbox.run(graded_tests.clear_command(), timeout_s=timeout_s, identity="grader", cwd=workdir)
-    if not await hand_over(rollout, sandbox, {**request.verify_files, **graded_tests.handed_files(spec, canaries)}):
+    mode = result.test_mode or (await asyncio.to_thread(choose_mode, spec)).mode
+    by_value_mode = mode == "by_value"
+    clear = graded_tests.clear_command(*(by_value.clear_paths() if by_value_mode else ()))
+    await sandbox.run(clear, timeout_s=timeout_s, identity="grader", cwd=workdir)
+    handed = {**request.verify_files, **graded_tests.handed_files(spec, canaries)}
+    if not await hand_over(rollout, sandbox, {**handed, **(by_value.handed_files() if by_value_mode else {})}):
         return
-    ran = await sandbox.run(
-        graded_tests.pytest_command(spec, canaries, workdir),
-        timeout_s=rollout.budget("verify", request.verify_timeout_s),
-        env=env,
-        cwd=workdir,
-        identity="grader",
-    )
-    result.verify_results.append(ran)
+    budget_s = rollout.budget("verify", request.verify_timeout_s)
+    if by_value_mode:
+        options, cwd = by_value.runner_options(spec.call_timeout_s), graded_tests.TESTS_DIR
+        command = graded_tests.pytest_command(spec, canaries, workdir, options, cwd=cwd)
+        tests = sandbox.run(command, timeout_s=budget_s, env=env, cwd=cwd, identity="grader")
+        ran, served = await run_beside_server(sandbox, tests, workdir, budget_s)
+        result.verify_results.extend([ran, *served])
+    else:
+        command = graded_tests.pytest_command(spec, canaries, workdir)
+        ran = await sandbox.run(command, timeout_s=budget_s, env=env, cwd=workdir, identity="grader")
+        result.verify_results.append(ran)
+    raise_if_cut(rollout, "verify", [ran], budget_s, request.verify_timeout_s)
     try:
         report: bytes | None = await sandbox.read_file(graded_tests.JUNIT)
     except FileNotFoundError:
@@ -285,3 +373,50 @@ async def run_graded_tests(
         result.integrity = [*result.integrity, *graded_tests.forged_findings(graded.forged)]
         result.status, result.failed_phase = "agent_error", "verify"
         result.error = f"the test report is not pytest's own (graded 0): {'; '.join(graded.forged)[:500]}"
+    if by_value_mode:
+        await record_broken_channel(sandbox, result)
+
+
+async def record_broken_channel(sandbox: RolloutSandbox, result: RolloutResult) -> None:
+    """By value, the code under test's process must answer every call: when the channel to it broke (the process
+    died, wrote what is not a frame, closed its socket, or did not answer in time) the tests' process said so, and
+    the grade is 0 with a finding, whatever the tests that ran before it said. Never a run in process instead."""
+    try:
+        marker: bytes | None = await sandbox.read_tail(by_value.BROKEN, by_value.MAX_BROKEN_READ)
+    except FileNotFoundError:
+        marker = None
+    why = by_value.broken_reason(marker)
+    if why is None:
+        return
+    finding = IntegrityFinding(path=why, kind="by_value_broken", act="forged", response="graded_zero")
+    result.integrity = [*result.integrity, finding]
+    result.reward = 0.0
+    if result.status != "agent_error":
+        result.status, result.failed_phase = "agent_error", "verify"
+        result.error = f"the code under test's process broke the by-value channel (graded 0): {why}"
+
+
+async def run_beside_server(
+    sandbox: RolloutSandbox, tests: Coroutine[object, object, CommandResult], workdir: str, budget: float
+) -> tuple[CommandResult, list[CommandResult]]:
+    """pytest, and beside it the code under test's server (by_value.py: started as root, it drops to an identity
+    that owns nothing), the work dir sealed to the tests' identity meanwhile; the server is given GRACE_S to exit
+    once pytest has, then killed. Its result (when it ended) goes with pytest's."""
+    sealed = await sandbox.run(by_value.seal_command(workdir), timeout_s=by_value.ROOT_STEP_S, cwd="/", identity="root")
+    unseal = by_value.unseal_command(workdir, sealed.stdout)
+    if sealed.exit_code != 0 or unseal is None:
+        tests.close()
+        raise PhaseFailure("sandbox_error", "verify", f"the work dir could not be sealed for by-value tests: {sealed}")
+    server = asyncio.ensure_future(
+        sandbox.run(by_value.server_command(workdir, budget), timeout_s=budget, cwd="/", identity="root")
+    )
+    try:
+        ran = await tests
+        done, _ = await asyncio.wait([server], timeout=by_value.GRACE_S)
+    finally:
+        if not server.done():
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+        await sandbox.run(unseal, timeout_s=by_value.ROOT_STEP_S, cwd="/", identity="root")
+    served = [server.result()] if done and server.exception() is None else []
+    return ran, served

@@ -15,22 +15,43 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from opencode_env.sandbox import tree_carry
-from opencode_env.wire import CommandResult, LimitHit
+from opencode_env.wire import CommandResult, LimitHit, task_paths
+from opencode_env.wire.services import Service
 
-HOME = "/home/user"
-WORKDIR = f"{HOME}/workdir"
-LOGS_DIR = f"{HOME}/logs"
-OPENCODE_CONFIG_DIR = f"{HOME}/.config/opencode"
+HOME = task_paths.HOME
+WORKDIR = task_paths.WORKDIR
+LOGS_DIR = task_paths.LOGS_DIR
+OPENCODE_CONFIG_DIR = task_paths.OPENCODE_CONFIG_DIR
+AGENT_LOG_DIR = task_paths.AGENT_LOG_DIR
+ROLLOUT_DIR = task_paths.ROLLOUT_DIR
+OPENCODE_DATA_DIR = task_paths.OPENCODE_DATA_DIR
 VERIFIER_DIR = f"{LOGS_DIR}/verifier"
 REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
 REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
-AGENT_LOG_DIR = f"{LOGS_DIR}/agent"
-ROLLOUT_DIR = f"{HOME}/.rollout"
-OPENCODE_DATA_DIR = f"{HOME}/.local/share"
-"""OpenCode's XDG_DATA_HOME where the backend gives it no directory of its own (its tools share its identity)."""
+REWARD_FILES = (REWARD_TXT, REWARD_JSON)
+VERIFIER_DIR_MODE = 0o1775
+REWARD_FILE_MODE = 0o664
+"""Before verify the verifier directory is the sandbox root's, in the grader's group, with VERIFIER_DIR_MODE (the
+grader adds files: a test run's report, its logs; the sticky bit lets none but an entry's owner remove, rename or
+replace it) and each of REWARD_FILES an empty regular file of the root's, in the grader's group, with
+REWARD_FILE_MODE. So the grader writes a reward but never links, moves or removes the file (unless it is the root),
+nothing of the agent's identity writes there at all, and the host finds at each path the file it made."""
 CarryLimits = tree_carry.Limits
 CarryReport = tree_carry.Report
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
+PROXY_TRACE_READ_BYTES = 256 * 2**20
+"""The most of a proxy's trace the host reads back."""
+PROXY_FILE_SHARE = 16
+MIN_PROXY_FILE_BYTES = 2 * 2**20
+
+
+def proxy_file_bytes(disk_mb: int) -> int:
+    """What each file the capture proxy writes (its trace, its log) may hold: a sixteenth of the rollout's disk, at
+    least 2 MiB, at most what the host reads of a trace, so every turn recorded is read back. A flood of large calls
+    ends the record, never the disk or the turns recorded before it."""
+    return min(max(disk_mb * 2**20 // PROXY_FILE_SHARE, MIN_PROXY_FILE_BYTES), PROXY_TRACE_READ_BYTES)
+
+
 PROXY_TOKEN_ENV_NAME = "OPENCODE_ENV_PROXY_TOKEN"
 """The variable the backend gives the capture proxy its bearer token in (a fresh one per rollout, never a setting)."""
 PRIVATE_ENV_PREFIX = "OPENCODE_ENV_"
@@ -109,9 +130,12 @@ class SandboxSpec:
     model_endpoints: tuple[tuple[str, int], ...] = ()
     """host:port pairs the sandbox may always reach (the model, in black_box mode)."""
     grader_box: GraderBoxRole = "none"
-    """planned: the rollout will also open its grader's box, of this spec, within this sandbox's life, so admission
-    (memory, live sandboxes) takes room for both at once here (two admitted one by one could wait on each other
-    forever); this: it is that box, already admitted with the agent's."""
+    """planned: the rollout will also open its grader's box, of this spec, within this sandbox's life; this: it is
+    that box. The local backend admits the memory of both at once with the agent's (two admitted one by one could
+    wait on each other forever); the clouds give each VM its own slot, kept free of that wait (cloud/admission.py)."""
+    services: tuple[Service, ...] = ()
+    """Sidecars started with the sandbox, in its network (a backend whose capabilities lack `runs_services` refuses
+    them); a grader's box of this spec gets fresh ones."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +227,9 @@ class Sandbox(Protocol):
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
     ) -> BackgroundProcess: ...
 
-    async def write_file(self, path: str, data: str | bytes) -> None: ...
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        """A task's file (a request's `files`), inside the task's roots only (wire/task_paths.py): a path outside
+        them raises SandboxError, however it is spelled."""
 
     async def read_file(self, path: str) -> bytes:
         """The file's bytes; raises FileNotFoundError when it does not exist."""
@@ -238,9 +264,10 @@ class RolloutSandbox(Sandbox, Protocol):
         ...
 
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
-        """Once the agent's processes are gone: the work dir becomes the grader's, the verifier directory an empty
-        one of the grader's, and each protected file (path relative to the work dir: text) is written in, replacing
-        whatever the agent left at its path. Nothing the agent left in the way (links, files, odd names) fails it."""
+        """Once the agent's processes are gone: the work dir becomes the grader's, the verifier directory the reward
+        channel (REWARD_FILES: the root's files the grader writes and cannot replace), and each protected file (path
+        relative to the work dir: text) is written in, replacing whatever the agent left at its path. Nothing the
+        agent left in the way (links, files, odd names) fails it."""
         ...
 
     async def carry_workdir_to(
@@ -253,12 +280,26 @@ class RolloutSandbox(Sandbox, Protocol):
         the task declares part of the solution although they are metadata."""
         ...
 
+    async def pause_services(self) -> bool:
+        """Freeze every process setup left running, until `resume_services`: nothing of the task's runs while
+        OpenCode starts and reads its configuration. False where the backend cannot (nothing is paused)."""
+        ...
+
+    async def resume_services(self) -> None:
+        """Thaw what `pause_services` froze (safe to call when nothing is)."""
+        ...
+
     async def start_proxy(self, launch: ProxyLaunch) -> ProxyHandle:
         """Start the capture proxy where no task command can read its key, its files or its memory."""
         ...
 
     def limits_hit(self) -> list[LimitHit]:
         """Resource limits the sandbox enforced so far ('memory', 'processes', 'disk')."""
+        ...
+
+    async def services_down(self) -> list[str]:
+        """The spec's long-running services whose process has exited: its port is then free for anyone on the
+        shared loopback to bind, the agent included."""
         ...
 
 
@@ -318,7 +359,12 @@ class Capabilities:
     default_concurrency: int
     """Rollouts at once when MAX_CONCURRENT_ENVS does not say."""
     risk: str = "runs rollouts"
+    runs_services: bool = False
+    """It runs a spec's `services` (sidecars sharing the sandbox's network)."""
     """What it does for whoever reaches a server on it, said to an operator who left the server open."""
+    grader_box_at_agent_end: bool = False
+    """Its sandboxes cost for as long as they live (a VM billed by the second, a slot of an account's cap): the
+    grader's box is opened when the agent ends, not beside it, and admission gives it its own slot then."""
 
 
 @dataclass(frozen=True)

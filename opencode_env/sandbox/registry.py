@@ -56,7 +56,7 @@ def _loaded(settings: Settings | None) -> Settings:
 
 def _build_local(settings: Settings) -> SandboxBackend:
     from opencode_env.sandbox.local.backend import LocalBackend
-    from opencode_env.sandbox.local.egress import parse_trusted_hosts
+    from opencode_env.sandbox.local.isolation.egress import parse_trusted_hosts
     from opencode_env.sandbox.local.tools import cache_root, cached_tools
 
     cache = cache_root(settings.cache)

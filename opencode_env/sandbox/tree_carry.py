@@ -1,24 +1,7 @@
 """The agent's work dir carried into the grader's box as data: regular files and directories only, read without
-following a link, with normalised modes and no owners, xattrs or capabilities, within caps.
-
-This module imports nothing but the standard library: the local backend runs it in the server (the host reads the
-agent's tree from outside its namespaces, writes the grader box's tree), the cloud backends upload it and run it as
-root in the VM (`python3 -I -c SOURCE survey|pack|unpack ...`), so one walker decides what crosses everywhere. What
-the grader box already holds (setup's `.git`, links, bytecode) is no finding: the local route asks the grader box's
-tree, the cloud route a survey of it made there (`survey`), and both answer alike.
-
-What is not carried, each recorded as a `Skipped` (the pipeline turns each into an integrity finding): symlinks,
-FIFOs, sockets, devices, files with more than one hard link, entries that cannot be read, and repository and
-packaging metadata (`.git`, `*.dist-info`, `*.egg-info`, `*.egg-link`, `*.pth`, `__pycache__`, `*.pyc`, `*.pyo`,
-matched in any case) unless the task names the path in `keep`. A tree past a cap (bytes, entries, depth, path or
-name length) stops the walk: `Report.over` names the cap, and the copy must not be graded.
-
-Every source path is opened one component at a time from a directory descriptor with O_NOFOLLOW (directories with
-O_DIRECTORY, files with O_NONBLOCK so a FIFO swapped in cannot block), each file fstat'ed after opening (a regular
-file, the inode lstat saw) and read up to the size fstat gave. Every destination entry is created with O_EXCL /
-mkdirat under a directory descriptor of ours, so nothing in the grader box's tree (setup's own links included)
-redirects a write.
-"""
+following a link, modes normalised, within caps; what is left behind is a `Skipped` (an integrity finding), and a
+tree past a cap must not be graded. Standard library and inside/nofollow.py only, so the local backend runs it in
+the server and the cloud backends in the VM (sandbox/cloud/carry.py): one walker decides what crosses everywhere."""
 
 from __future__ import annotations
 
@@ -36,8 +19,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+from opencode_env.inside import nofollow
+from opencode_env.inside.nofollow import DIR_FLAGS, FILE_FLAGS
+
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_MODE, EXEC_MODE, DIR_MODE = 0o644, 0o755, 0o755
 METADATA_NAMES = frozenset({".git", "__pycache__"})
@@ -436,21 +420,19 @@ def git_digest(parent: int, name: str) -> str:
 
 def _small_file(parent: int, path: str) -> bytes | str | None:
     parts = path.split("/")
-    fds: list[int] = []
     try:
-        at = parent
-        for part in parts[:-1]:
-            at = os.open(part, DIR_FLAGS, dir_fd=at)
-            fds.append(at)
-        fd = os.open(parts[-1], FILE_FLAGS, dir_fd=at)
+        at = nofollow.open_dir(parent, parts[:-1])
+    except nofollow.StepFailed as failed:
+        return None if failed.error.errno == errno.ENOENT else f"errno {failed.error.errno}"
+    try:
+        fd = nofollow.open_file(at, parts[-1])
+    except nofollow.NotRegular:
+        return "not a regular file"
     except OSError as error:
         return None if error.errno == errno.ENOENT else f"errno {error.errno}"
     finally:
-        for opened in fds:
-            os.close(opened)
+        os.close(at)
     with os.fdopen(fd, "rb", buffering=0) as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not a regular file"
         return handle.read(GIT_CODE_LIMIT)
 
 
@@ -499,14 +481,16 @@ def _enter(level: _Level, name: str, *, relative: str, depth: int, sink: Sink, r
 def _read(parent: int, name: str, seen: os.stat_result, budget: _Budget) -> bytes | None:
     """The file's bytes up to the size fstat gives, or None when it is not the regular file lstat saw."""
     try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=parent)
+        fd = nofollow.open_file(parent, name)
+    except nofollow.NotRegular:
+        return None
     except OSError as error:
         if error.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.EACCES, errno.EPERM):
             return None
         raise
     with os.fdopen(fd, "rb", buffering=0) as handle:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
+        if (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
             return None
         budget.take(info.st_size)
         chunks, left = [], info.st_size

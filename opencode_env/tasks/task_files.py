@@ -1,9 +1,9 @@
-"""A task directory's files read as data (sandbox/local/data_dir.py: no link followed, regular files only, bounded
+"""A task directory's files read as data (sandbox/local/files/data_dir.py: no link followed, regular files only, bounded
 reads), refusals raised as the task's format error."""
 
 from __future__ import annotations
 
-from opencode_env.sandbox.local.data_dir import DataDir
+from opencode_env.sandbox.local.services import DataDir
 
 
 class TaskFormatError(ValueError):

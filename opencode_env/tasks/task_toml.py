@@ -1,19 +1,29 @@
 """A Harbor task's task.toml (schema "1.0" or "1.1") as typed tables, and what of it a rollout cannot carry.
 
-Unknown keys are kept (in each table's `model_extra`) so that `deviations` can list them with every setting that
-is ignored or carried over with a deviation; harbor.py reads the file and maps the tables to a rollout request.
+Unknown keys are kept (in each table's `model_extra`) so that `unknown_keys` can name them, each with the known
+key nearest to it (a misspelt `timeout_secs` is not silently ignored), and `deviations` lists every setting that is
+carried over with a deviation; `refusals` names the features a rollout cannot carry at all. harbor.py reads the
+file and maps the tables to a rollout request.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from opencode_env.sandbox.local.build.box import MAX_BUILD_TIMEOUT_S
-from opencode_env.sandbox.local.build.builder import is_image_reference
+from opencode_env.sandbox.local.services import MAX_BUILD_TIMEOUT_S, is_image_reference
 from opencode_env.wire import RESERVED_ENV, Network, VerifyAs, VerifySandbox, loader_env_names
+from opencode_env.wire.grading import TestMode
+from opencode_env.wire.mcp import MAX_MCP_SERVERS, McpServer
+from opencode_env.wire.request import EnvName, EnvValue
+from opencode_env.wire.steps import MAX_STEPS, MinReward, StepName, StepReward, checked_min_reward
+
+TaskEnv = dict[EnvName, EnvValue]
+HARBOR_ARTIFACTS = "/logs/artifacts"
+"""Where Harbor's agents and verifiers leave files to keep: collected with every task's artifacts."""
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])I?B?\s*$", re.IGNORECASE)
@@ -34,7 +44,12 @@ class _Table(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def _checked_env(env: dict[str, str]) -> dict[str, str]:
+def _checked_env(env: TaskEnv) -> TaskEnv:
+    if "PATH" in env:
+        raise ValueError(
+            "PATH: reserved by opencode-env (our programs' PATH); set it in the image instead (`ENV PATH=/app/.venv/"
+            "bin:$PATH` in environment/Dockerfile): the task's commands and the agent's tools get the image's PATH"
+        )
     reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("OPENCODE"))
     if reserved:
         raise ValueError(f"{', '.join(reserved)}: reserved by opencode-env (PATH, HOME, USER, TMPDIR, ...)")
@@ -61,6 +76,9 @@ class VerifierTests(_Table):
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
     scoring: Literal["all", "fraction"] = "all"
+    unmutated: list[str] = Field(default_factory=list)
+    mode: TestMode = "auto"
+    call_timeout_s: float = Field(30.0, gt=0, le=3600)
 
 
 class VerifierConfig(_Table):
@@ -72,14 +90,21 @@ class VerifierConfig(_Table):
         "dir; same: the agent's box. Unset: fresh with [verifier.tests], same for test.sh (it may grade state only "
         "the agent's box has, as Harbor does).",
     )
-    env: dict[str, str] = Field(default_factory=dict)
+    env: TaskEnv = Field(default_factory=dict, description="Set for verify alone (Harbor's verifier env).")
     user: str | int | None = None
     network_mode: HarborNetworkMode | None = None
     allowed_hosts: list[str] = Field(default_factory=list)
+    collect: list[Any] = Field(default_factory=list)
+    reward_range: tuple[float, float] | None = Field(
+        None, description="Ours (Harbor ignores it): the range a reward lies in (default [0, 1]); outside it grades 0."
+    )
+    reward_key: str | None = Field(
+        None, description="Ours (Harbor ignores it): which key of a multi-metric reward.json is the reward."
+    )
 
     @field_validator("env")
     @classmethod
-    def _names_are_safe(cls, env: dict[str, str]) -> dict[str, str]:
+    def _names_are_safe(cls, env: TaskEnv) -> TaskEnv:
         return _checked_env(env)
 
 
@@ -99,9 +124,34 @@ class EnvironmentConfig(_Table):
     memory: int | None = Field(None, description="MiB, parsed from Harbor's older size string ('4G'); wins.")
     storage: int | None = Field(None, description="MiB, parsed from Harbor's older size string ('10G'); wins.")
     gpus: int = Field(0, ge=0)
+    gpu_types: list[str] | None = None
+    os: str = "linux"
     allow_internet: bool = True
     network_mode: HarborNetworkMode | None = None
     allowed_hosts: list[str] = Field(default_factory=list)
+    workdir: str | None = Field(None, description="The agent's work dir, in place of the image's WORKDIR.")
+    env: TaskEnv = Field(default_factory=dict, description="The container's environment: every phase has it.")
+    skills_dir: str | None = None
+    mcp_servers: list[McpServer] = Field(
+        default_factory=list,
+        max_length=MAX_MCP_SERVERS,
+        description="Given to OpenCode: stdio through the agent's tools' shell, sse/streamable-http at a service.",
+    )
+    healthcheck: dict[str, Any] | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _names_are_safe(cls, env: TaskEnv) -> TaskEnv:
+        return _checked_env(env)
+
+    @field_validator("workdir")
+    @classmethod
+    def _an_absolute_path(cls, workdir: str | None) -> str | None:
+        if workdir is not None and not re.fullmatch(r"(/[A-Za-z0-9._@+-]+)+/?", workdir):
+            raise ValueError(f"{workdir[:80]!r} is not an absolute path of letters, digits and ._@+- (like '/app')")
+        if workdir is not None and any(part == ".." for part in workdir.split("/")):
+            raise ValueError(f"{workdir[:80]!r} has a '..' component")
+        return workdir
 
     @field_validator("docker_image")
     @classmethod
@@ -125,12 +175,54 @@ class EnvironmentConfig(_Table):
 
 
 class SolutionConfig(_Table):
-    env: dict[str, str] = Field(default_factory=dict)
+    env: TaskEnv = Field(default_factory=dict)
 
     @field_validator("env")
     @classmethod
-    def _names_are_safe(cls, env: dict[str, str]) -> dict[str, str]:
+    def _names_are_safe(cls, env: TaskEnv) -> TaskEnv:
         return _checked_env(env)
+
+
+class ArtifactSource(_Table):
+    """Harbor's table form of an artifact: `source` is collected; `destination` (a name in Harbor's trial
+    directory) is not used: the result keys each file by its path in the sandbox."""
+
+    source: str
+    destination: str | None = None
+
+
+class StepAgentConfig(_Table):
+    timeout_sec: float | None = Field(None, gt=0, le=86_400)
+    user: str | int | None = None
+
+
+class StepVerifierConfig(_Table):
+    timeout_sec: float | None = Field(None, gt=0, le=86_400)
+    env: TaskEnv = Field(default_factory=dict, description="Set for this step's verify alone, over [verifier] env.")
+    user: str | int | None = None
+    environment_mode: Literal["shared", "separate"] | None = None
+    environment: dict[str, Any] | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _names_are_safe(cls, env: TaskEnv) -> TaskEnv:
+        return _checked_env(env)
+
+
+class StepConfig(_Table):
+    """One `[[steps]]` entry: its files are steps/<name>/ (instruction.md, tests/, solution/, workdir/)."""
+
+    name: StepName
+    min_reward: MinReward | None = None
+    agent: StepAgentConfig = Field(default_factory=StepAgentConfig)
+    verifier: StepVerifierConfig = Field(default_factory=StepVerifierConfig)
+    healthcheck: dict[str, Any] | None = None
+    artifacts: list[str | ArtifactSource] = Field(default_factory=list)
+
+    @field_validator("min_reward")
+    @classmethod
+    def _finite(cls, value: MinReward | None) -> MinReward | None:
+        return checked_min_reward(value)
 
 
 class TaskConfig(_Table):
@@ -142,6 +234,13 @@ class TaskConfig(_Table):
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     solution: SolutionConfig = Field(default_factory=SolutionConfig)
     source: str | None = None
+    artifacts: list[str | ArtifactSource] = Field(
+        default_factory=list, description="Paths collected after the trial (the result's artifacts)."
+    )
+    steps: list[StepConfig] = Field(
+        default_factory=list, max_length=MAX_STEPS, description="Harbor's multi-step tasks, run in order."
+    )
+    multi_step_reward_strategy: StepReward | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -157,6 +256,22 @@ class TaskConfig(_Table):
             raise ValueError(f"schema version {version!r} is not supported (1.0 and 1.1 are)")
         return version
 
+    @field_validator("steps")
+    @classmethod
+    def _named_once(cls, steps: list[StepConfig]) -> list[StepConfig]:
+        names = [step.name for step in steps]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"name {', '.join(twice)} declared twice (a step's name is its directory, steps/<name>)")
+        return steps
+
+    def artifact_paths(self, workdir: str) -> list[str]:
+        """The artifacts' paths (the task's, then its steps'), absolute (a relative one under `workdir`), then
+        Harbor's /logs/artifacts."""
+        listed = [*self.artifacts, *(artifact for step in self.steps for artifact in step.artifacts)]
+        paths = [artifact if isinstance(artifact, str) else artifact.source for artifact in listed]
+        absolute = [path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}" for path in paths]
+        return list(dict.fromkeys([*absolute, HARBOR_ARTIFACTS]))
+
     @property
     def network(self) -> Network:
         mode = self.environment.network_mode
@@ -169,19 +284,27 @@ class TaskConfig(_Table):
         return "root" if self.verifier.user in (None, "root", 0) else "grader"
 
 
+def refusals(config: TaskConfig) -> list[str]:
+    """The features of the task a rollout cannot carry at all, each named: the task is refused with them."""
+    refused = []
+    if config.steps and config.verifier.tests is not None:
+        refused.append("[verifier] tests with [[steps]]: each step is graded by its own tests/test.sh")
+    return refused
+
+
 def deviations(config: TaskConfig) -> list[str]:
-    notes = _unknown_keys(config)
+    notes: list[str] = []
     if config.version not in ("1.0", "1.1"):
         notes.append(f"version = {config.version!r}: read as 1.1")
     if config.verify_as == "grader":
         notes.append(f"[verifier] user = {config.verifier.user!r}: verify runs as our unprivileged grader identity")
-    if config.verifier.env:
-        notes.append("[verifier] env: set for every phase (setup, agent, verify), not for verify alone")
     if config.verifier.tests is not None:
         notes.append("[verifier] tests: graded by the listed test ids; tests/test.sh is not run")
+        if config.verifier.env:
+            notes.append("[verifier] env: with [verifier.tests], set for every phase (setup, agent, verify)")
     notes += [
         f"[verifier] env.{name}: the ${{...}} template is passed verbatim, not resolved from the host"
-        for name, value in config.verifier.env.items()
+        for name, value in {**config.verifier.env, **config.environment.env}.items()
         if "${" in value
     ]
     if config.solution.env:
@@ -195,12 +318,41 @@ def deviations(config: TaskConfig) -> list[str]:
         notes.append("[environment] allowed_hosts: host allow-lists are not supported; network is 'internet'")
     if config.environment.gpus:
         notes.append(f"[environment] gpus = {config.environment.gpus}: no GPUs are provided")
+    if config.environment.healthcheck is not None:
+        notes.append("[environment] healthcheck: not run; the agent starts once setup has finished")
+    if config.environment.os != "linux":
+        notes.append(f"[environment] os = {config.environment.os!r}: sandboxes are Linux")
+    if config.verifier.collect:
+        notes.append("[verifier] collect: not collected apart; the work dir's files are in the result's files")
+    if any(isinstance(artifact, ArtifactSource) and artifact.destination for artifact in config.artifacts):
+        notes.append("artifacts: destination is not used; the result keys each file by its path in the sandbox")
+    return notes + _step_deviations(config.steps)
+
+
+def _step_deviations(steps: list[StepConfig]) -> list[str]:
+    notes = []
+    for step in steps:
+        where = f"[[steps]] {step.name}"
+        if step.agent.user is not None or step.verifier.user is not None:
+            notes.append(f"{where}: agent/verifier user not supported; the rollout's identities apply")
+        if step.verifier.environment_mode == "shared" or step.verifier.environment is not None:
+            notes.append(f"{where}: verifier environment_mode/environment: each step is verified in a fresh box")
+        if step.healthcheck is not None:
+            notes.append(f"{where}: healthcheck not run; the agent starts once the step's setup has finished")
+        if step.artifacts:
+            notes.append(f"{where}: artifacts collected once, after the last step that ran (not after each step)")
+    if steps:
+        notes.append(
+            "[[steps]]: each step is verified in a fresh grader's box fed the agent's work dir (not in the "
+            "agent's container)"
+        )
     return notes
 
 
-def _unknown_keys(config: TaskConfig) -> list[str]:
-    notes = [f"{key}: unknown key, ignored" for key in config.model_extra or {}]
+def unknown_keys(config: TaskConfig) -> list[str]:
+    """Each key task.toml has that Harbor's schema and ours do not, with the known key nearest to it."""
     tables: list[tuple[str, _Table | None]] = [
+        ("", config),
         ("task", config.task),
         ("verifier", config.verifier),
         ("verifier.tests", config.verifier.tests),
@@ -208,7 +360,17 @@ def _unknown_keys(config: TaskConfig) -> list[str]:
         ("environment", config.environment),
         ("solution", config.solution),
     ]
+    for step in config.steps:
+        where = f"steps {step.name}"
+        tables += [(where, step), (f"{where} agent", step.agent), (f"{where} verifier", step.verifier)]
+    notes = []
     for section, table in tables:
-        if table is not None:
-            notes += [f"[{section}] {key}: not supported, ignored" for key in table.model_extra or {}]
+        if table is None:
+            continue
+        known = [*type(table).model_fields, *(["schema_version"] if table is config else [])]
+        for key in table.model_extra or {}:
+            where = f"[{section}] {key}" if section else key
+            nearest = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+            notes.append(f"{where}: unknown key, ignored{hint}")
     return notes

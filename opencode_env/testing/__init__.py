@@ -1,9 +1,6 @@
-"""Testing API: what the demo and your own tests run against, shipped in the package the way httpx ships its
-`MockTransport`.
+"""Test doubles, shipped in the package the way httpx ships its `MockTransport`, for the project's tests and yours
+(the scripted model they run against is `opencode_env.scripted`).
 
-- `scripted_model.ScriptedModelServer` and `script`: a real OpenAI-compatible HTTP server on loopback that answers
-  from a script (the demo's model, and the model of every test of the project).
-- `demo`: the demo task's request.
 - `stub_backend.StubBackend`: a sandbox backend that runs nothing (commands sleep and succeed, files in memory), for
   load and hostile-input tests of the server and the pipeline around the agent.
 - `fake_e2b.FakeCloud` and `fake_hf.FakeHfCloud`: stand-ins for the E2B and Hugging Face SDKs that run each sandbox
@@ -11,7 +8,7 @@
   exception types, and switches for the clouds' failures; `E2BBackend(sandbox_class=cloud.sandbox_class(), ...)` and
   `HFBackend(sandbox_class=cloud.sandbox_class(), ...)` run over them. `fake_hf_plain` is the HF fake's plain mode
   (the image's smoke test). They need the local backend (bubblewrap): they are not for a machine without it.
+- `proxy_process` (the capture proxy as a process), `chromium` (a real headless browser).
 
-Nothing here is imported by the package itself except the demo (`opencode-env demo`) and `python -m
-opencode_env.testing` (the scripted model as a server).
+The pipeline imports none of them (a contract says so).
 """

@@ -39,10 +39,14 @@ from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import SandboxInfo, SandboxQuery
 
 from opencode_env.sandbox.base import HOME, WORKDIR, Identity, ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.images import HOST_IMAGE
-from opencode_env.sandbox.local.sandbox_processes import LocalProcess
-from opencode_env.sandbox.local.tools import cached_tools, npm_cache
+from opencode_env.sandbox.local.services import (
+    HOST_IMAGE,
+    LocalBackend,
+    LocalProcess,
+    LocalSandbox,
+    cached_tools,
+    npm_cache,
+)
 from opencode_env.wire import TEMPLATE_FORMAT, TEMPLATE_FORMAT_ENV_NAME
 
 Output = Callable[[str], None] | Callable[[str], Awaitable[None]] | None
@@ -91,7 +95,11 @@ class FakeCloud:
 
         venv_bin = str(Path(sys.executable).parent)
         backend = LocalBackend(
-            tools, base_dir=self.base_dir, extra_path=(f"{NPM_GLOBAL}/bin", venv_bin), share_host_network=True
+            tools,
+            base_dir=self.base_dir,
+            extra_path=(venv_bin,),
+            sandbox_path=(f"{NPM_GLOBAL}/bin",),
+            share_host_network=True,
         )
         env = {"NPM_CONFIG_PREFIX": NPM_GLOBAL}
         if with_opencode and not outdated:
@@ -190,7 +198,12 @@ class FakeCommands:
             await asyncio.sleep(self._cloud.command_delay_s)
         if self._cloud.command_failure:
             raise SandboxException("the sandbox's agent did not answer (fake outage)")
-        process = await self._sandbox.spawn(cmd, env=envs, cwd=cwd or HOME, identity=_identity(user))
+        # One pid namespace for the VM: what a command leaves running lives on, and every process sees the rest. The
+        # grader's commands keep their own, in which the local sandbox mounts the grader's fresh /tmp.
+        identity = _identity(user)
+        process = await self._sandbox.spawn(
+            cmd, env=envs, cwd=cwd or HOME, identity=identity, own_pid_namespace=identity == "grader"
+        )
         handle = FakeCommandHandle(process, on_stdout, on_stderr, retain_output)
         self._handles[handle.pid] = handle
         if timeout:
@@ -222,7 +235,7 @@ class FakeFilesystem:
         use_octet_stream: bool | None = None,
         metadata: dict[str, str] | None = None,
     ) -> WriteInfo:
-        await self._sandbox.write_file(path, data, identity=_identity(user))
+        await self._sandbox.write_machine_file(path, data, identity=_identity(user))
         return WriteInfo(name=os.path.basename(path), type=FileType.FILE, path=path)
 
     async def read(

@@ -33,11 +33,9 @@ from huggingface_hub._sandbox import DEFAULT_IMAGE, RESERVED_SANDBOX_LABELS, San
 from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
 
 from opencode_env.sandbox.base import Identity, ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.images import HOST_IMAGE
-from opencode_env.sandbox.local.sandbox_processes import LocalProcess
-from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.sandbox.local.services import HOST_IMAGE, LocalBackend, LocalProcess, LocalSandbox, cached_tools
 from opencode_env.testing.fake_hf_plain import PlainMachine
+from opencode_env.testing.fake_vm import as_a_vm
 
 T = TypeVar("T")
 # The fake cannot write /opt: where the backend keeps its root-owned tools and control files in a fake sandbox.
@@ -129,7 +127,7 @@ class FakeHfCloud:
 
         venv_bin = str(Path(sys.executable).parent)
         backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(venv_bin,), share_host_network=True)
-        machine = await backend.create(SandboxSpec(image=HOST_IMAGE))
+        machine = await as_a_vm(await backend.create(SandboxSpec(image=HOST_IMAGE)))
         return ServerMachine(machine, identity="user" if user_image else "root")
 
 
@@ -146,7 +144,7 @@ class ServerMachine:
         return await self.sandbox.spawn(cmd, env=env, cwd=cwd, identity=self._identity)
 
     async def write_file(self, path: str, data: str | bytes) -> None:
-        await self.sandbox.write_file(path, data, identity=self._identity)
+        await self.sandbox.write_machine_file(path, data, identity=self._identity)
 
     async def read_file(self, path: str) -> bytes:
         return await self.sandbox.read_file(path)

@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from opencode_env.sandbox.local.sandbox_processes import LocalProcess
+from opencode_env.sandbox.local.services import LocalProcess
 
 
 class PlainProcess(LocalProcess):

@@ -14,6 +14,7 @@ from typing import Any
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     OPENCODE_DATA_DIR,
+    REWARD_FILES,
     WORKDIR,
     Capabilities,
     CarryLimits,
@@ -86,6 +87,7 @@ class MemoryFiles:
 
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
         await self.pause("file")
+        self.files.update(dict.fromkeys(REWARD_FILES, b""))
         for path, text in protected.items():
             self.files[f"{WORKDIR}/{path}"] = text.encode()
 
@@ -140,7 +142,16 @@ class StubSandbox(MemoryFiles):
     async def start_proxy(self, launch: ProxyLaunch) -> StubProxy:
         return StubProxy()
 
+    async def pause_services(self) -> bool:
+        return False
+
+    async def resume_services(self) -> None:
+        return None
+
     def limits_hit(self) -> list[LimitHit]:
+        return []
+
+    async def services_down(self) -> list[str]:
         return []
 
     async def close(self) -> None:

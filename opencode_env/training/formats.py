@@ -1,26 +1,7 @@
-"""The shapes trainers consume, built from rollouts: TRL GRPOTrainer rows and OpenEnv's HarnessRolloutResult.
-
-Pure: results in, rows out. Checked against trl 1.16.0 (PyPI), `trl/trainer/grpo_trainer.py`:
-- `rollout_func(prompts, trainer) -> dict` is called from `GRPOTrainer._generate` whenever it is set, with or
-  without vLLM (with vLLM the trainer only syncs weights first). Its `prompts` are the per-row prompts: the
-  RepeatSampler already repeats each prompt `num_generations` times in a row, and the dict must hold one row per
-  prompt it was given, in that order.
-- Required keys: `prompt_ids`, `completion_ids`, `logprobs` (lists per row, one logprob per completion id).
-  `env_mask` is read as the tool mask (1 model token, 0 environment token) when the trainer has no `tools` of
-  its own. Every other key is forwarded per row to the reward functions as a keyword argument.
-- Truncation is read from `completion_ids[-1]` not being EOS/pad, so a completion is never empty and the engine's
-  stop token stays last. A reward function that returns None for a row makes it unscorable: left out of the group
-  baseline, advantage 0.
-
-A failed rollout (an infrastructure status, no sequence, or no engine ids) is never dropped, since TRL needs
-`num_generations` rows per prompt: its row keeps whatever ids it has (or one filler token), its `env_mask` is all
-zeros so no token of it is trained on, `usable` is False and `reward` None, and `rollout_reward` returns None for it.
-
-A rollout's row is its root agent's final sequence, so it may carry few of the rollout's agent tokens (a chat
-template that drops earlier reasoning forks every turn; sub-agents have sequences of their own): each row says how
-many it carries (`covered_tokens`) of how many (`agent_tokens`), and which turns it leaves out (`dropped_turns`).
-The step-wise export (steps.py) carries them all.
-"""
+"""The shapes trainers consume, built from rollouts: TRL GRPOTrainer rows (`rollout_func`, checked against trl 1.16.0)
+and OpenEnv's HarnessRolloutResult. Pure: results in, rows out. A failed rollout still gives its row (TRL needs
+`num_generations` per prompt), with nothing of it trained on; each row says how many of the rollout's agent tokens
+it carries. The row's keys and why are in docs/training.md."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from opencode_env.training.coverage import (
 )
 from opencode_env.training.steps import steps_coverage
 from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
+from opencode_env.wire.notices import Notice, notice_lines, reconciled
 
 SequenceStart = Literal["first", "drift", "after_unusable_turn"]
 """Why a sequence started: its session's first usable turn; a prompt that extends no open sequence (a fork
@@ -122,6 +123,7 @@ class TrainingSummary(BaseModel):
     sub_agent_sequences: int = 0
     coverage: RolloutCoverage = Field(description="How many of the rollout's agent tokens each export carries.")
     warnings: list[str] = Field(default_factory=list, description="The result's warnings (RolloutResult.warnings).")
+    notices: list[Notice] = Field(default_factory=list, description="The same, typed (RolloutResult.notices).")
 
     def text(self) -> str:
         usage = "; ".join(
@@ -144,7 +146,7 @@ class TrainingSummary(BaseModel):
             lines.append(f"unattributed: turns {self.unattributed} (not OpenCode's session, never trained)")
         if self.no_sequences_reason:
             lines.append(f"no sequences: {self.no_sequences_reason}")
-        lines += [f"warning:    {warning}" for warning in self.warnings]
+        lines += notice_lines(reconciled(self.notices, self.warnings))
         return "\n".join(lines)
 
 
@@ -338,6 +340,7 @@ def training_summary(result: RolloutResult, sequences: TrainingSequences | None 
             steps=steps_coverage(result),
         ),
         warnings=result.warnings,
+        notices=result.warning_notices(),
     )
 
 

@@ -6,6 +6,7 @@ shared.py (the wire float, pinned versions, the package version, the access toke
 
 from __future__ import annotations
 
+from opencode_env.inside.prefix import common_prefix_length
 from opencode_env.wire.provenance import (
     Capture,
     EndpointCapabilities,
@@ -38,9 +39,11 @@ from opencode_env.wire.request import (
     Network,
     ResultText,
     RolloutRequest,
+    RolloutStep,
     Sampling,
     SandboxPath,
     SetupAs,
+    SolutionAs,
     TaskId,
     TokenIn,
     VerifyAs,
@@ -60,6 +63,7 @@ from opencode_env.wire.result import (
     LimitHit,
     NonUtf8Path,
     Phase,
+    PhaseIdentity,
     PhaseTimings,
     RewardSource,
     RolloutResult,
@@ -68,7 +72,6 @@ from opencode_env.wire.result import (
     TokenUsage,
     ToolCallSummary,
     UpstreamInfo,
-    common_prefix_length,
     compact_prompts,
     is_infrastructure_failure,
     result_summary,
@@ -89,8 +92,10 @@ from opencode_env.wire.shared import (
     NonFiniteName,
     WireFloat,
 )
+from opencode_env.wire.steps import MAX_STEPS, MinReward, StepResult, StepReward, StepStatus
 from opencode_env.wire.trace import Trace, parse_trace
 from opencode_env.wire.turn import (
+    BudgetRecord,
     CallUsage,
     DeliveryRecord,
     MessagesBase,
@@ -119,6 +124,7 @@ __all__ = [
     "MAX_FILES_TOTAL_CHARS",
     "MAX_FILE_CHARS",
     "MAX_INSTRUCTION_CHARS",
+    "MAX_STEPS",
     "OPENCODE_PACKAGE",
     "OPENCODE_VERSION",
     "PLUGIN_PACKAGE",
@@ -133,6 +139,7 @@ __all__ = [
     "UNPACKED_CONTEXT",
     "VERSION",
     "AttributionCheck",
+    "BudgetRecord",
     "CallUsage",
     "Capture",
     "Command",
@@ -150,12 +157,14 @@ __all__ = [
     "ImageRef",
     "LimitHit",
     "MessagesBase",
+    "MinReward",
     "Mode",
     "ModelIdentity",
     "Network",
     "NonFiniteName",
     "NonUtf8Path",
     "Phase",
+    "PhaseIdentity",
     "PhaseTimings",
     "PromptBase",
     "PromptSource",
@@ -167,6 +176,7 @@ __all__ = [
     "RolloutRequest",
     "RolloutResult",
     "RolloutStatus",
+    "RolloutStep",
     "RolloutTurn",
     "Runner",
     "RunnerCapabilities",
@@ -175,6 +185,10 @@ __all__ = [
     "SandboxPlace",
     "SentToolSchema",
     "SetupAs",
+    "SolutionAs",
+    "StepResult",
+    "StepReward",
+    "StepStatus",
     "TaskId",
     "TokenIdSource",
     "TokenIn",

@@ -1,18 +1,7 @@
-"""The MCP tool's answer: a summary of the rollout that fits every MCP client, the whole result by reference
-(and inline when it is small).
-
-MCP clients hold one answer in one message, and the official SDK and fastmcp's client refuse an event above
-1 MiB by default; a coding-agent rollout's result is megabytes (tens of calls, 50-200k sampled tokens). So the
-tool's structured content is a `RolloutAnswer`: what a caller decides on (status, reward, usage, timings,
-warnings, coverage) and `result_ref`, where the whole `RolloutResult` is: an HTTP route of the same server (gzip,
-the same access rule as the tool) and the same bytes as MCP resources, for `retention_s` seconds. A result of at
-most `INLINE_MAX_BYTES` of JSON also comes whole in `result`.
-
-The bound: 256 KiB inline leaves the answer (summary, a few KiB, plus the inline result) at a quarter of the
-smallest default limit we know of (1 MiB per event), room for a JSON-RPC envelope and for a client that repeats
-structured content as text. An MCP resource part is at most `PART_BYTES` of the gzip stream (base64 in the
-resource: 683 KiB).
-"""
+"""The MCP tool's answer: a summary of the rollout that fits every MCP client, and the whole result by reference
+(inline when small). MCP clients refuse an event above 1 MiB by default and a result is megabytes, so the answer
+holds what a caller decides on plus `result_ref` (an HTTP route and MCP resources of at most `PART_BYTES`); a
+result of at most `INLINE_MAX_BYTES` (a quarter of that limit) also comes whole."""
 
 from __future__ import annotations
 

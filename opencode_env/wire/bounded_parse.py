@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +36,14 @@ _BASIC_END = re.compile(r'[\\"]')
 _MULTILINE_BASIC_END = re.compile(r'\\|"""')
 
 
-def loads_json(text: str, *, where: str, limits: Limits) -> Any:
-    """`json.loads(text)` once the text is within `limits`; json.JSONDecodeError as json gives it."""
+def loads_json(text: str, *, where: str, limits: Limits, number: Callable[[str], Any] | None = None) -> Any:
+    """`json.loads(text)` once the text is within `limits`; json.JSONDecodeError as json gives it. `number`, when
+    given, reads every number and constant (NaN, Infinity) from its text instead of int() and float()."""
     _scan_json(text, where, limits)
     try:
-        return json.loads(text)
+        if number is None:
+            return json.loads(text)
+        return json.loads(text, parse_int=number, parse_float=number, parse_constant=number)
     except RecursionError:
         raise _over(where, "nesting depth", limits.max_depth) from None
 

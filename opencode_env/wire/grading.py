@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StringConstraints, model_validator
 
 MAX_TEST_IDS = 10_000
+TestMode = Literal["auto", "in_process", "by_value"]
+ResolvedTestMode = Literal["in_process", "by_value"]
 TestId = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00\n]+$")]
 TestPath = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9._/-]+$")]
 GradedOutcome = Literal["passed", "failed", "error", "skipped", "missing"]
@@ -35,7 +37,12 @@ FindingKind = Literal[
     "outside_work_dir",
     "report_forged",
     "reward_file",
+    "reward_forged",
+    "reward_unparsable",
+    "reward_out_of_range",
+    "verify_killed",
     "task_directory",
+    "by_value_broken",
 ]
 AgentAct = Literal["created", "changed", "deleted", "forged"]
 GraderResponse = Literal["removed", "restored", "kept", "not_carried", "refused", "graded_zero"]
@@ -49,13 +56,17 @@ class IntegrityFinding(BaseModel):
     path: str = Field(
         description="Relative to the work dir (bytes that are not UTF-8 shown as \\x escapes); for `report_forged`, "
         "what disagreed with pytest's own run (a canary test id, its exit status, its summary); for `reward_file`, "
-        "the reward file's path."
+        "the reward file's path and what it held; for `verify_killed`, the command."
     )
     kind: FindingKind = Field(
         description="What the file configures in the grader; `report_forged`: the test report contradicts the "
         "canary tests or pytest's own exit status and summary (code under test rewrote it); `reward_file`: more than "
-        "one reward file written where a script writes one; `task_directory`: an entry the agent left in a directory "
-        "that holds the task's handed files (the task's alone when verify runs)."
+        "one reward file written where a script writes one, or one the agent wrote before verify (removed); "
+        "`reward_forged`: a reward file the host made for verify replaced (a link, a directory, removed); "
+        "`reward_unparsable`: a reward file that holds no number (or a reward.json naming no reward); "
+        "`reward_out_of_range`: a reward outside the task's reward_range or not finite; `verify_killed`: a verify "
+        "command killed or timed out, so the reward file is not its writer's last word; `task_directory`: an entry "
+        "the agent left in a directory that holds the task's handed files (the task's alone when verify runs)."
     )
     act: AgentAct = Field(description="What the agent did to it, against the snapshot taken before the agent ran.")
     response: GraderResponse = Field(description="What the grader did before verify ran.")
@@ -126,6 +137,26 @@ class GradedTests(BaseModel):
     )
     scoring: Literal["all", "fraction"] = Field(
         "all", description="all: reward 1.0 only when every expected id passed, else 0.0; fraction: the share passed."
+    )
+    unmutated: list[TestId] = Field(
+        default_factory=list,
+        max_length=MAX_TEST_IDS,
+        description="Expected ids whose test gets no mutant tripwire (the same test with an expected value "
+        "perturbed): those the reference solution passes twice or fails beside their mutant (a test that reads "
+        "state another left). `check-task` names them.",
+    )
+
+    mode: TestMode = Field(
+        "auto",
+        description="auto: by_value when the tests' text has the shape by value serves (they call the code with "
+        "plain values and compare plain results), else in_process, decided from the tests alone before anything "
+        "runs; in_process: the tests import the code under test into pytest's own process (tripwires catch a "
+        "forged report); by_value: the code runs in a process and identity of its own, and the tests reach it only "
+        "through plain values (None, bool, int, float, str, bytes, list, tuple, dict, set), so none of its code "
+        "runs in the tests' process. `check-task` runs the oracle both ways and says which to declare.",
+    )
+    call_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="by_value: how long one import or call of the code under test may take."
     )
 
     @model_validator(mode="after")

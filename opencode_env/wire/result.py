@@ -1,41 +1,8 @@
-"""Wire types: the one source of truth for a rollout's request, result, turns and command results.
-
-Field names of `RolloutRequest`, `RolloutResult`, `RolloutTurn` and `CommandResult` that existing clients read are
-kept as they are; everything added is optional with a safe default. Unknown fields are ignored, but a result
-of a schema version newer than this code knows is refused, naming the version: version 4 packs the token lists that
-a version 3 reader would otherwise read as empty, version 5 leaves out of `packed.ids` the sampled tokens a version
-4 reader would look for there, version 6 names alternatives by a text table a version 5 reader does not know, and a
-trainer must never train on that silently.
-
-The wire shape of a result (schema_version 6; a result without `schema_version` is version 1; version 3 added
-`task`, `warnings` and each turn's session, parent session and prompt source; version 4 packs a turn's per-token
-arrays (`packed`, below); version 5 writes a sampled token that is one of its own alternatives as its rank there
-(`packed.sampled_rank`); version 6 packs alternatives without an id too, which is how an OpenAI-compatible server,
-vLLM included, names them (`packed.top_texts` and `packed.alt_texts`); every earlier result still parses):
-- A turn's `completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs` travel as `packed`
-  (base64 of little-endian int32 / float32-or-float64 arrays and each text once per result; the layout is in
-  token_packing.py) whenever that holds them exactly, the four lists then empty on the wire; in Python they are
-  always the lists.
-- In Python, `RolloutTurn.prompt_token_ids` always holds the turn's whole prompt.
-- On the wire, a turn whose prompt starts with an earlier turn's ids carries `prompt_base: {turn, count}` and
-  `prompt_suffix_ids`, and an empty `prompt_token_ids`: its prompt is the first `count` ids of
-  (prompt ids + completion ids) of the turn numbered `turn` (always earlier in `proxy_turns`), then the suffix. A turn
-  without `prompt_base` carries its whole prompt in `prompt_token_ids`, as in version 1. Each prompt id is then
-  written about once per rollout, and the size grows with the tokens generated, not with turns x context.
-- `request.messages` holds the messages after the first `messages_base.count` messages of turn `messages_base.turn`
-  (a typed field of the turn; version 1 kept it inside `request`), and `tools_sha256` names the tool schemas in
-  `RolloutResult.request_tools`. `RolloutResult.turn_messages(i)` rebuilds one turn's messages.
-
-Every result is standard JSON, whatever the sandbox or the model produced: a typed float that is NaN or infinite
-(a -inf logprob) is written as the string "NaN", "Infinity" or "-Infinity" and read back as that float (see
-`WireFloat`); a work-dir path whose bytes are not UTF-8 is listed in `files_non_utf8` with its bytes in base64.
-
-This module holds the result: how a rollout ended (status, failed phase, reward source), the records a result is
-made of besides its turns (command results, tool calls, attribution, usage, timings, the upstream, non-UTF-8
-paths), how prompt ids are compacted on the wire, and the few lines a person reads of it. Beside it: request.py (the
-request, its bounds and its deadline), turn.py (a model call's record, and the proxy's trace lines), shared.py (the
-wire float, pins, version). `opencode_env.wire` names every public wire type.
-"""
+"""The rollout's result on the wire: how it ended, the records it is made of besides its turns, how prompt ids are
+compacted, and the few lines a person reads of it. Fields existing clients read keep their names; additions are
+optional; a result of a schema version newer than this code is refused by name, so a trainer never reads packed
+lists as empty. Every result is standard JSON (non-finite floats as strings, non-UTF-8 paths in base64); the shape
+and its versions are in docs/wire-format.md and docs/results.md."""
 
 from __future__ import annotations
 
@@ -53,14 +20,27 @@ from pydantic import (
     model_validator,
 )
 
-from opencode_env.wire.grading import GradedTest, GradeIsolation, IntegrityFinding, findings_summary
+from opencode_env.inside.prefix import common_prefix_length
+from opencode_env.wire.grading import (
+    GradedTest,
+    GradeIsolation,
+    IntegrityFinding,
+    ResolvedTestMode,
+    findings_summary,
+)
+from opencode_env.wire.notices import Notice, Severity, reconciled
 from opencode_env.wire.provenance import Provenance
 from opencode_env.wire.request import EndpointName, Mode, RolloutRequest
 from opencode_env.wire.shared import WireFloat
+from opencode_env.wire.steps import MAX_STEPS, StepResult
 from opencode_env.wire.token_packing import ResultTexts
 from opencode_env.wire.turn import PromptBase, RolloutTurn, unpacked_turn
 
 Phase = Literal["validate", "sandbox", "install", "prepare", "setup", "proxy", "agent", "verify", "collect"]
+PhaseIdentity = Literal["root", "user", "grader", "image_user"]
+"""Who a phase's task commands run as: the sandbox's own root (an unprivileged uid on the host), `user` (uid 1000,
+the agent's tools), `grader` (uid 1001, an identity the agent never had), `image_user` (the request's image_user,
+dropped to from the sandbox's root)."""
 RolloutStatus = Literal[
     "completed",
     "setup_failed",
@@ -193,21 +173,6 @@ class NonUtf8Path(BaseModel):
 COMPACTION_WINDOW = 4
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """How many leading items a and b share (slice comparisons run in C; a binary search finds a divergence)."""
-    limit = min(len(a), len(b))
-    if (a if limit == len(a) else a[:limit]) == (b if limit == len(b) else b[:limit]):
-        return limit
-    low, high = 0, limit - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def _shared_with(base: RolloutTurn, prompt: list[int]) -> int:
     head, tail = base.prompt_token_ids, base.completion_token_ids
     shared = common_prefix_length(head, prompt)
@@ -312,6 +277,15 @@ class RolloutResult(BaseModel):
         description="Paths in the work dir left out of `files` (caps, binary). Like the keys of `files`, each is the "
         "exact path; a path that is not UTF-8 is in neither, but in `files_non_utf8`.",
     )
+    artifacts: dict[str, str] = Field(
+        default_factory=dict,
+        description="The request's `artifacts` that are text, by absolute path (the agent's box, after verify).",
+    )
+    artifacts_extra: list[str] = Field(
+        default_factory=list,
+        description="Artifact paths found but left out of `artifacts` (binary, over the caps, a path not UTF-8 as "
+        "its readable form), and those named but absent (or a link), each with why.",
+    )
     files_non_utf8: list[NonUtf8Path] = Field(
         default_factory=list,
         description="Paths in the work dir whose bytes are not valid UTF-8, each with its bytes in base64 and a "
@@ -327,6 +301,11 @@ class RolloutResult(BaseModel):
     timings: PhaseTimings = Field(default_factory=PhaseTimings, description="Seconds spent in each phase.")
     reward_source: RewardSource = Field(
         "none", description="Where the reward came from: reward.json, reward.txt or the verify pass rate."
+    )
+    reward_metrics: dict[str, WireFloat] = Field(
+        default_factory=dict,
+        description="Every numeric metric of the reward.json verify wrote (Harbor's multi-metric rewards), the "
+        "reward's own key among them; empty when the reward came from elsewhere.",
     )
     usage: TokenUsage = Field(default_factory=TokenUsage, description="Token counts over the captured LLM calls.")
     backend: str = Field("", description="The sandbox backend that ran the rollout.")
@@ -350,6 +329,16 @@ class RolloutResult(BaseModel):
     solution_results: list[CommandResult] = Field(
         default_factory=list, description="The solution commands of an oracle run, in order."
     )
+    verify_network_failure: str | None = Field(
+        None,
+        description="The line of verify's output that shows it failed to reach the network (a name lookup, a "
+        "connection): the reward then grades the sandbox's network, not the agent's work.",
+    )
+    identities: dict[Phase, PhaseIdentity] = Field(
+        default_factory=dict,
+        description="Who each phase's task commands ran as: setup, agent (the agent's tools, or an oracle's "
+        "solution) and verify.",
+    )
     task: RolloutRequest | None = Field(
         None,
         description="The request this rollout ran, without its api_key: a saved result can be compared or run "
@@ -361,6 +350,12 @@ class RolloutResult(BaseModel):
     test_outcomes: list[GradedTest] = Field(
         default_factory=list, description="The test grader's per-test outcomes (request.tests), expected ids only."
     )
+    test_mode: ResolvedTestMode | None = Field(
+        None,
+        description="How the test grader ran the tests (request.tests.mode, `auto` resolved from the tests' text "
+        "before the rollout started); None without a test grader.",
+    )
+    test_mode_reason: str = Field("", description="Why: the declaration, or what auto read in the tests.")
     integrity: list[IntegrityFinding] = Field(
         default_factory=list,
         description="Files that configure the grader (test config, conftest.py, bytecode, start-up hooks, git "
@@ -377,7 +372,19 @@ class RolloutResult(BaseModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="What a trainer should know before using the data, e.g. logprobs that may not be those of the "
-        "distribution that sampled (non-neutral top_p/top_k on a server that returns raw logprobs).",
+        "distribution that sampled (non-neutral top_p/top_k on a server that returns raw logprobs); most serious "
+        "first. `notices` holds the same with each one's code, severity and fix.",
+    )
+    notices: list[Notice] = Field(
+        default_factory=list,
+        description="The warnings typed: code, severity (error, warning, note), message and fix, most serious first; "
+        "empty in a result written before they existed (`warning_notices()` derives them from `warnings`).",
+    )
+    steps: list[StepResult] = Field(
+        default_factory=list,
+        max_length=MAX_STEPS,
+        description="A multi-step task's steps in order, each its status, grade, wall time and model calls "
+        "(proxy_turns[first_turn:end_turn]); the reward is theirs by the request's step_reward. Empty otherwise.",
     )
     provenance: Provenance | None = Field(
         None,
@@ -385,6 +392,20 @@ class RolloutResult(BaseModel):
         "version and the agent configuration's hash; None for a result written before it existed.",
     )
     schema_version: int = Field(SCHEMA_VERSION, description="The wire shape (see the module doc); absent = 1.")
+
+    def warn(self, code: str, message: str, *, severity: Severity = "warning", fix: str = "") -> None:
+        """Add a warning (its message to `warnings`, itself to `notices`); `order_warnings` sorts them."""
+        self.notices.append(Notice(code=code, severity=severity, message=message, fix=fix))
+        self.warnings.append(message)
+
+    def warning_notices(self) -> list[Notice]:
+        """Every warning as a notice, most serious first (a bare message counts as a warning)."""
+        return reconciled(self.notices, self.warnings)
+
+    def order_warnings(self) -> None:
+        """`notices` and `warnings` most serious first, one notice per message."""
+        self.notices = self.warning_notices()
+        self.warnings = [notice.message for notice in self.notices]
 
     @model_validator(mode="before")
     @classmethod
@@ -501,6 +522,9 @@ def result_summary(result: RolloutResult) -> str:
         lines.insert(5, f"tests:      {passed}/{len(result.test_outcomes)} expected ids passed")
     if result.integrity:
         lines.insert(5, f"integrity:  {findings_summary(result.integrity)}")
+    if result.steps:
+        parts = ", ".join(f"{step.name} {step.status} {step.reward}" for step in result.steps)
+        lines.insert(2, f"steps:      {parts} ({result.task.step_reward if result.task else 'mean'})")
     return "\n".join(lines)
 
 

@@ -1,42 +1,7 @@
-"""A turn's per-token arrays packed for the wire (schema_version 4; 5 with `sampled_rank`; 6 with alternatives
-named by text): base64 of little-endian arrays.
-
-Four per-token lists of a turn (`completion_token_ids`, `per_token_logps`, `completion_tokens` and `top_logprobs`)
-cost ~200 bytes per sampled token as JSON with top-5 alternatives; packed (float32 logprobs) they cost 35-49 bytes
-of arrays (47-66 in base64) plus each distinct text once per result. An OpenAI-compatible server (vLLM included)
-names a top alternative by its text only, without an id: version 6 writes each such text once per result, in a
-table, and the alternative as an index into it. The sampled token is most often one of its own alternatives (vLLM
-puts it first), with the very same logprob: version 5 then writes one byte, its rank among the alternatives, instead
-of its logprob (and its id, when that alternative has one) again. Nothing is lost: ids and their order, every
-logprob bit for bit (float32 when every value of the turn is a float32, which is what vLLM computes; float64
-otherwise), every alternative's id or text, in its order, every sampled token's text.
-
-The layout, for a reader in any language (n sampled tokens, k alternatives at every position):
-- `top_logprobs`: float[n*k], row-major (position by position, alternatives in their order); "" when k = 0.
-- `top_ids`: int32[n*k], row-major: each alternative's token id, or -1 for an alternative without one. "" when no
-  alternative of the turn has an id (then every entry reads as -1), and when k = 0.
-- `top_texts` (version 6): int16[n*k] or int32[n*k] (`top_texts_width`, "i16" or "i32", says which), row-major:
-  for an alternative without an id, the index of its text in the result's text table (below); -1 for an
-  alternative with an id. "" when every alternative of the turn has an id (then every entry reads as -1). Every
-  alternative has exactly one of the two: an id (its text is that id's text, see `vocab`) or a text index.
-- `sampled_rank`: int8[n] (version 5; "" or absent: every position is -1): at each position, the index among that
-  position's alternatives of one that is the sampled token, or -1. An alternative is the sampled token when its
-  logprob is the sampled logprob bit for bit (a NaN never matches) and, when it has an id, the id is the sampled
-  id, when it has none, its text is the sampled token's text.
-- `ids`: int32, the sampled ids of the positions whose rank is -1 or whose ranked alternative has no id, in order
-  (n entries when `sampled_rank` is ""); at the other positions the sampled id is the ranked alternative's id.
-- `logprobs`: float (`float` says f32 or f64), the sampled logprobs of the positions whose rank is -1, in order
-  (n entries when `sampled_rank` is ""); at the other positions it is the ranked alternative's logprob.
-- `vocab_ids` int32[m] and `vocab` (m strings): the text of each token id first used by this turn; a token's text
-  (a sampled token's always, an alternative's when it has an id) is `vocab[index of its id in vocab_ids]` of this
-  turn or of an earlier packed turn of the same result (each id's text is written once per result).
-- `alt_texts` (version 6): the texts this turn adds to the result's text table, in first-use order. The table is
-  the concatenation of the `alt_texts` of the result's packed turns in order (each text written once per result),
-  so read the turns in order, keeping one id -> text map and one text table.
-Every array is little-endian, then standard base64 (RFC 4648, with padding). NaN and the infinities are the IEEE
-values themselves. A turn packs only when this layout holds all of it (every sampled token has an id other than -1,
-every position k alternatives, one text per id); otherwise its lists travel as JSON, as in version 3.
-"""
+"""A turn's per-token arrays packed for the wire (schema_version 4 to 6): base64 of little-endian arrays, each text
+once per result. JSON costs ~200 bytes per sampled token with top-5 alternatives, packed 47-66, and nothing is lost
+(ids, order, every logprob bit for bit). The layout, for a reader in any language, is in docs/results.md; a turn this
+layout cannot hold whole travels as JSON lists, as in version 3."""
 
 from __future__ import annotations
 

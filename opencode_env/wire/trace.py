@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from opencode_env.wire.turn import DeliveryRecord, RefusedRecord, RolloutTurn, ToolsRecord, TurnRecord
+from opencode_env.wire.turn import BudgetRecord, DeliveryRecord, RefusedRecord, RolloutTurn, ToolsRecord, TurnRecord
 
-_TRACE_LINE: TypeAdapter[ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord] = TypeAdapter(
-    Annotated[ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord, Field(discriminator="type")]
-)
+TraceLine = ToolsRecord | TurnRecord | DeliveryRecord | RefusedRecord | BudgetRecord
+_TRACE_LINE: TypeAdapter[TraceLine] = TypeAdapter(Annotated[TraceLine, Field(discriminator="type")])
 
 
 @dataclass
@@ -22,6 +21,8 @@ class Trace:
     problems: list[str] = field(default_factory=list)
     refused: int = 0
     """Calls the proxy refused before they reached the model (never turns)."""
+    budget: BudgetRecord | None = None
+    """Set when the trace reached its size bound: how many later calls were relayed but not recorded."""
 
 
 def parse_trace(text: str) -> Trace:
@@ -45,6 +46,10 @@ def parse_trace(text: str) -> Trace:
                 continue
             if isinstance(record, RefusedRecord):
                 trace.refused = max(trace.refused, record.count)
+                continue
+            if isinstance(record, BudgetRecord):
+                if trace.budget is None or record.dropped > trace.budget.dropped:
+                    trace.budget = record
                 continue
             prompt = record.prompt_token_ids
             if record.prompt_base is not None:

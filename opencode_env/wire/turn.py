@@ -239,6 +239,17 @@ class RefusedRecord(BaseModel):
     client: str | None = None
 
 
+class BudgetRecord(BaseModel):
+    """The trace reached its size bound (`limit` bytes): no later call was recorded; `dropped` is the running count
+    of calls left out, the last line's the whole."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["budget"]
+    limit: int = Field(ge=1)
+    dropped: int = Field(ge=1)
+
+
 class TurnRecord(BaseModel):
     """One model call, with its prompt ids compacted against an earlier record of the same trace."""
 

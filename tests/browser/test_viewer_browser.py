@@ -13,8 +13,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.scripted.script import demo_script
 from opencode_env.testing.chromium import NETWORK_SCHEMES, chromium, requested_urls, rgb, save_screenshot
-from opencode_env.testing.script import demo_script
 from opencode_env.viewer import render_page
 from opencode_env.viewer.page import training_view
 from opencode_env.wire import (
@@ -90,6 +90,9 @@ async def test_a_real_rollout_shows_its_status_reward_turns_and_no_network(
     segments = browser.find_elements(By.CSS_SELECTOR, "#phase-bar .seg")
     assert "agent" in [segment.get_attribute("data-phase") for segment in segments]
     first_turn = browser.find_element(By.ID, "turn-0")
+    # A turn's body is drawn when it scrolls into view (an IntersectionObserver's callback, later on a loaded machine).
+    browser.execute_script("arguments[0].scrollIntoView()", first_turn)
+    WebDriverWait(browser, 20).until(lambda _: not first_turn.find_elements(By.CSS_SELECTOR, ".pending"))
     assert "Create /home/user/workdir/add.py" in first_turn.text
     assert len(first_turn.find_elements(By.CSS_SELECTOR, ".tok")) == len(result.proxy_turns[0].completion_tokens)
     screenshot = save_screenshot(browser, "viewer-real-rollout.png")
@@ -277,6 +280,7 @@ def test_hostile_text_is_shown_as_text_and_never_runs(browser: WebDriver, tmp_pa
     assert browser.find_element(By.CSS_SELECTOR, "#task .task-instruction").text == attack
     assert str(browser.find_element(By.CSS_SELECTOR, "#timeline .tl-tool").get_attribute("title")).startswith(attack)
     assert browser.find_element(By.ID, "warnings").text == "warning: " + attack
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#turn-0 .tok"))
     assert browser.find_element(By.CSS_SELECTOR, "#turn-0 .tok").text == attack
     assert browser.find_elements(By.TAG_NAME, "img") == []
     urls = requested_urls(browser)

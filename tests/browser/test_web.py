@@ -15,13 +15,13 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.scripted.demo import DEMO_INSTRUCTION, DEMO_VERIFY
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.runs import Run, Runner, Runs
 from opencode_env.settings import variable
 from opencode_env.testing.chromium import chromium, network_requests, requested_urls, save_screenshot
-from opencode_env.testing.demo import DEMO_INSTRUCTION, DEMO_VERIFY
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.rows import OPERATOR
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import Phase, RolloutRequest, RolloutResult

@@ -14,9 +14,10 @@ from fastapi import FastAPI
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from opencode_env.server.runs import ResultsDir, Run, Runs, ServerOrigin
+from opencode_env.scripted.threaded_server import ThreadedServer
+from opencode_env.server.result_store import ResultsDir
+from opencode_env.server.runs import Run, Runs, ServerOrigin
 from opencode_env.testing.chromium import chromium, save_screenshot
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.viewer.rows import OPERATOR
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import RolloutRequest, RolloutResult

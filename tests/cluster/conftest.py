@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from opencode_env.cluster import SLOT_RESOURCE, NodeConfig, RayRollouts  # noqa: E402
-from opencode_env.sandbox.local.cgroup import CGROUP_ROOT, PARENT  # noqa: E402
+from opencode_env.sandbox.local.isolation.cgroup import CGROUP_ROOT, PARENT  # noqa: E402
 from opencode_env.sandbox.local.layout import PREFIX  # noqa: E402
 from opencode_env.wire import RolloutRequest  # noqa: E402
 

@@ -13,9 +13,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from opencode_env.cluster import NodeConfig, RayRollouts
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import is_infrastructure_failure
 from tests.cluster.conftest import (
     NICE,

@@ -37,6 +37,10 @@ async def test_eval(rollouts: RayRollouts, tmp_path: Path) -> None:
     await contract.check_eval(rollouts, tmp_path / "eval")
 
 
+async def test_audit(rollouts: RayRollouts, tmp_path: Path) -> None:
+    await contract.check_audit(rollouts, tmp_path / "audit")
+
+
 async def test_rollout_func(rollouts: RayRollouts) -> None:
     contract.check_rollout_func(rollouts)
 

@@ -19,10 +19,13 @@ from opencode_env.sandbox.base import (
     ResourceLimits,
     RolloutSandbox,
     SandboxBackend,
+    SandboxError,
     SandboxSpec,
 )
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.images.base_image import build_base_image
 from opencode_env.testing.stub_backend import StubBackend
+from opencode_env.wire.services import HealthCheck, Service
 
 pytestmark = pytest.mark.timeout(120)
 CANARY = "canary-key-5d1e0b"
@@ -123,3 +126,32 @@ async def test_the_stub_declares_no_limit_and_no_reachable_proxy_and_runs_nothin
     finally:
         await box.close()
     assert await stub.preflight() == Preflight()
+
+
+async def test_runs_services_is_whether_a_sidecar_answers_on_the_sandboxs_loopback(
+    declared: SandboxBackend, no_leaks: None
+) -> None:
+    """Declared: a spec's service runs beside the sandbox, reached by its name; not declared: the spec is refused
+    by name, never run without its services."""
+    image = build_base_image()
+    web = Service(
+        name="web",
+        image=image,
+        command=["python3", "-m", "http.server", "8090", "--bind", "127.0.0.1"],
+        workdir="/srv",
+        healthcheck=HealthCheck(
+            test=["curl", "-sf", "--noproxy", "*", "http://127.0.0.1:8090/"], interval_s=0.2, retries=300
+        ),
+        awaited="service_healthy",
+    )
+    spec = SandboxSpec(image=image, services=(web,))
+    if not declared.capabilities.runs_services:
+        with pytest.raises(SandboxError, match="services: "):
+            await declared.create(spec)
+        return
+    box = await declared.create(spec)
+    try:
+        reached = await box.run("curl -sf -o /dev/null -w '%{http_code}' http://web:8090/", timeout_s=30)
+        assert reached.stdout == "200", reached.stderr
+    finally:
+        await box.close()

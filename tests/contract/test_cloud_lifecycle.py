@@ -158,20 +158,23 @@ async def test_a_sandbox_holds_its_slot_until_it_closes() -> None:
     assert (cloud.alive, await backend.close_all()) == (set(), 0)
 
 
-async def test_a_rollout_and_its_grader_box_hold_two_slots_and_a_cap_of_one_is_refused_naming_it() -> None:
-    """The agent's VM takes room for the grader's too (admitted together, so two rollouts never each hold one and
-    wait for the other): under a cap of 2 a second such rollout waits until the first closes; a cap of 1 cannot
-    hold both, and is refused before any VM exists, naming the setting and what to do."""
+async def test_an_agent_holds_one_slot_its_grader_a_second_and_a_cap_of_one_is_refused_naming_it() -> None:
+    """Under a cap of 3 two agents graded apart run at once, one slot each; a third waits (an agent never takes the
+    last slot a grader may need), while the first agent's grader, asked later, takes that slot at once. A cap of 1
+    cannot hold an agent and its grader, and is refused before any VM exists, naming the setting and what to do."""
     cloud = Cloud()
-    backend = Lifecycle(cloud, limit=2)
-    agent = await backend.create(SandboxSpec(grader_box="planned"), "image")
-    grader = await backend.create(SandboxSpec(grader_box="this"), "image")
-    second = asyncio.ensure_future(backend.create(SandboxSpec(grader_box="planned"), "image"))
+    backend = Lifecycle(cloud, limit=3)
+    first = await backend.create(SandboxSpec(grader_box="planned"), "image")
+    second = await backend.create(SandboxSpec(grader_box="planned"), "image")
+    third = asyncio.ensure_future(backend.create(SandboxSpec(grader_box="planned"), "image"))
     await asyncio.sleep(0.3)
-    assert (len(cloud.alive), second.done()) == (2, False)
+    assert (len(cloud.alive), third.done()) == (2, False)
+    grader = await asyncio.wait_for(backend.create(SandboxSpec(grader_box="this"), "image"), timeout=5)
+    assert (len(cloud.alive), third.done()) == (3, False)
     await grader.close()
-    await agent.close()
-    await (await asyncio.wait_for(second, timeout=5)).close()
+    await first.close()
+    await (await asyncio.wait_for(third, timeout=5)).close()
+    await second.close()
     small = Cloud()
     with pytest.raises(SandboxError, match=r"MEMORY_MAX_SANDBOXES=1 .*\(2: .*raise it to 2 or more, or ask for verify"):
         await Lifecycle(small, limit=1).create(SandboxSpec(grader_box="planned"), "image")
@@ -253,11 +256,14 @@ async def test_a_closed_sandbox_refuses_commands() -> None:
 async def test_the_grader_hand_over_runs_as_root_then_writes_as_the_grader() -> None:
     box = await Lifecycle(Cloud(), limit=1).create(SandboxSpec(workdir="/home/user/work"), "image")
     try:
-        await box.hand_to_grader({"tests/test_a.py": "assert True\n", "/etc/check": "x"})
+        await box.hand_to_grader({"tests/test_a.py": "assert True\n", "/tests/check": "x"})
         assert box.written == [
             ("grader", "/home/user/work/tests/test_a.py", "assert True\n"),
-            ("grader", "/etc/check", "x"),
+            ("grader", "/tests/check", "x"),
         ]
+        with pytest.raises(SandboxError, match="outside the task's roots"):
+            await box.hand_to_grader({"a.py": "", "/etc/check": "x"})
+        assert len(box.written) == 2
         box.root_exit = 1
         with pytest.raises(SandboxError, match=f"could not hand the work dir to the grader in {box.sandbox_id}"):
             await box.hand_to_grader({})

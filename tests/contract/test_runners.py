@@ -11,7 +11,7 @@ import pytest
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.wire import Runner, SandboxPlace
 from tests import runner_contract as contract
 from tests.server_app import app_for
@@ -63,3 +63,7 @@ async def test_eval(runner: Runner, tmp_path: Path, no_leaks: None) -> None:
 
 async def test_rollout_func(runner: Runner, no_leaks: None) -> None:
     contract.check_rollout_func(runner)
+
+
+async def test_audit(runner: Runner, tmp_path: Path, no_leaks: None) -> None:
+    await contract.check_audit(runner, tmp_path / "audit")

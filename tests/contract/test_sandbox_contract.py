@@ -26,7 +26,7 @@ from opencode_env.sandbox.base import (
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.images import HOST_IMAGE
+from opencode_env.sandbox.local.images.store import HOST_IMAGE
 from tests.conftest import processes_mentioning
 from tests.helpers import sleep_cmd
 

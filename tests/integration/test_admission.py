@@ -13,16 +13,15 @@ from pydantic import ValidationError
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import ResourceLimits, SandboxError, SandboxSpec
-from opencode_env.sandbox.cloud.admission import Admission
 from opencode_env.sandbox.local.admission import MemoryAdmission, machine_memory_mb, memory_budget_mb
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.cgroup import PROXY_LIMITS
-from opencode_env.sandbox.local.images import HOST_IMAGE
+from opencode_env.sandbox.local.images.store import HOST_IMAGE
+from opencode_env.sandbox.local.isolation.cgroup import PROXY_LIMITS
 from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.scripted.demo import DEMO_VERIFY, demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.settings import Settings
-from opencode_env.testing.demo import DEMO_VERIFY, demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutRequest
 
 SMALL = SandboxSpec(image=HOST_IMAGE, limits=ResourceLimits(memory_mb=64))
@@ -96,21 +95,6 @@ async def test_a_rollout_too_big_for_the_machine_says_so(opencode_binary: Path, 
         result = await run_rollout(demo_request(model.base_url, memory_mb=4096), backend)
     assert result.status == "sandbox_error"
     assert "memory_mb: 4608 MiB" in (result.error or "")
-
-
-async def test_a_cloud_request_for_two_slots_waits_for_both_and_is_never_passed_over() -> None:
-    admission = Admission(3, stagger_s=0)
-    await admission.acquire(2)
-    pair = asyncio.ensure_future(admission.acquire(2))
-    single = asyncio.ensure_future(admission.acquire(1))
-    await asyncio.sleep(0.05)
-    assert not pair.done(), "one slot is free: a rollout and its grader's box wait for two"
-    assert not single.done(), "first come, first served: the single one waits behind the pair"
-    admission.release(2)
-    await asyncio.wait_for(asyncio.gather(pair, single), timeout=5)
-    admission.release(2)
-    admission.release(1)
-    await asyncio.wait_for(admission.acquire(3), timeout=5)
 
 
 async def test_rollouts_with_a_grader_box_never_wait_on_each_other(opencode_binary: Path, sandbox_base: Path) -> None:

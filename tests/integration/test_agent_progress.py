@@ -21,9 +21,9 @@ import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, bash, say, write
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, bash, say, write
 from opencode_env.wire import RolloutResult
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.bounded_fs import loop_devices_available
-from opencode_env.sandbox.local.build.box import DEFAULT_ROOT, BuildBox
-from opencode_env.sandbox.local.build.builder import ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.files.bounded_fs import loop_devices_available
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.images.build.box import DEFAULT_ROOT, BuildBox
+from opencode_env.sandbox.local.images.build.builder import ImageBuilder, ImageBuildError
 from tests.integration.test_images import busybox_image  # noqa: F401 (a fixture)
 from tests.integration.test_untrusted_tasks import _LoopbackWitness, witness  # noqa: F401 (a fixture)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local.build.box import BoxError, run_group
-from opencode_env.sandbox.local.build.builder import TAG_REPOSITORY
+from opencode_env.sandbox.local.images.build.box import BoxError, run_group
+from opencode_env.sandbox.local.images.build.builder import TAG_REPOSITORY
 from opencode_env.wire import RolloutResult
 from tests.integration.test_harbor_rollout import _task_dir
 

@@ -15,10 +15,10 @@ from fastmcp import Client as FastMCPClient
 from mcp.client.client import Client as SdkClient
 
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, stall
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, stall
+from opencode_env.scripted.threaded_server import ThreadedServer
 from tests.conftest import processes_mentioning
 from tests.server_app import app_for
 from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until

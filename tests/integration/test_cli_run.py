@@ -12,9 +12,9 @@ from pathlib import Path
 
 from opencode_env.cli import build_parser
 from opencode_env.sandbox.registry import backend_names
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import RolloutResult
 
 

@@ -17,11 +17,11 @@ from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxBackend, SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
-from opencode_env.testing.demo import demo_request
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.testing.fake_e2b import FakeCloud
 from opencode_env.testing.fake_hf import FAKE_TOOLS_DIR, FakeHfCloud
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
 from tests.helpers import idle_model_url
 from tests.stub_server import wait_until
@@ -143,3 +143,25 @@ async def test_sandboxes_over_the_cap_wait_their_turn(
     assert len(shared_cloud.alive) == 1
     await first.close()
     await (await asyncio.wait_for(second, timeout=120)).close()
+
+
+async def test_artifacts_and_skills_on_a_cloud(provider: Provider, shared_cloud: FakeCloud | FakeHfCloud) -> None:
+    """A request's artifacts are collected and its skills given to OpenCode through each cloud's own file API."""
+    leave = (
+        "mkdir -p /tmp/art/sub /home/user/skills/notes && echo kept > /tmp/art/sub/a.txt && "
+        "printf -- '---\\nname: notes\\ndescription: Use when taking notes.\\n---\\nBe brief.\\n' "
+        "> /home/user/skills/notes/SKILL.md"
+    )
+    with ScriptedModelServer(demo_script()) as model:
+        request = demo_request(
+            model.base_url,
+            setup=[leave],
+            artifacts=["/tmp/art", "/tmp/none"],
+            skills_dir="/home/user/skills",
+            agent_timeout_s=600,
+        )
+        result = await run_rollout(request, provider.backend(shared_cloud))
+    assert result.status == "completed", result.error
+    assert result.artifacts == {"/tmp/art/sub/a.txt": "kept\n"}
+    assert [line.split(":")[0] for line in result.artifacts_extra] == ["/tmp/none"]
+    assert not [notice for notice in result.notices if notice.code == "skill_left_out"]

@@ -20,7 +20,9 @@ from opencode_env.sandbox import make_backend
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend, reap
 from opencode_env.sandbox.cloud.template import dockerfile
-from opencode_env.testing.demo import demo_request
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, say, write
 from opencode_env.testing.fake_e2b import (
     FakeAsyncSandbox,
     FakeCloud,
@@ -28,8 +30,6 @@ from opencode_env.testing.fake_e2b import (
     FakeCommands,
     FakeFilesystem,
 )
-from opencode_env.testing.script import Script, say, write
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import processes_mentioning
 from tests.helpers import idle_model_url, sleep_cmd
 

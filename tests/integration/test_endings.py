@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.testing.script import Script, bash
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, bash
 from opencode_env.wire import RolloutResult
 from tests.conftest import processes_mentioning
 

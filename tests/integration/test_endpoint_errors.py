@@ -21,13 +21,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.probe import forget_probes
+from opencode_env.rollout.preflight.probe import forget_probes
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.settings import Settings
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
 from tests.upstream_servers import PrivateCA, served
 

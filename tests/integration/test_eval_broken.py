@@ -62,3 +62,26 @@ def test_eval_runs_the_rest_of_a_folder_with_a_broken_task(tmp_path: Path, capsy
     assert run_cli(*inputs, "--out", tmp_path / "fast", "--oracle", "-k", "1", "--fail-fast") == 2
     assert "opencode-env eval: " + str(tmp_path / "not-json.json") + ": not JSON" in capsys.readouterr().err
     assert not (tmp_path / "fast").exists()
+
+
+def test_a_jsonl_keeps_its_valid_lines_and_names_each_bad_one_by_its_number(tmp_path: Path) -> None:
+    """One bad line used to drop the whole file, its valid lines too, and hide its other bad lines."""
+    lines = [
+        json.dumps({"instruction": "first", "task_id": "a"}),
+        "{not json",
+        json.dumps({"instruction": "third", "task_id": "c"}),
+        json.dumps({"instruction": "fourth", "timeout_secs": 300}),
+        "",
+        "[1, 2",
+        json.dumps({"instruction": "seventh", "task_id": "g"}),
+    ]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(lines) + "\n")
+    loaded = load_each([mixed])
+    assert [task.task_id for task in loaded.tasks] == ["a", "c", "g"]
+    assert [line.split(": ")[0] for line in loaded.broken] == [f"{mixed} line {n}" for n in (2, 4, 6)]
+    assert "not JSON" in loaded.broken[0]
+    assert "timeout_secs (did you mean" in loaded.broken[1]
+    assert "not JSON" in loaded.broken[2]
+    with pytest.raises(EvalError, match=r"mixed\.jsonl line 2: not JSON"):
+        load_tasks([mixed])

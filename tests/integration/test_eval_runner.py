@@ -29,7 +29,7 @@ from opencode_env.evals import (
 )
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStatus, TokenUsage
 from tests.server_app import app_for
 
@@ -277,7 +277,7 @@ def test_load_tasks_reads_json_and_jsonl_and_names_unnamed_tasks(tmp_path: Path)
     with pytest.raises(EvalError, match=r"task id 'solved' appears twice, in .*tasks.json\[0\] and in .*again.json"):
         load_tasks([paths[0], tmp_path / "again.json"])
     (tmp_path / "bad.jsonl").write_text('{"instruction": "x"}\n{"instruction": "x", "k": 1}\n')
-    with pytest.raises(EvalError, match=r"bad.jsonl line 2: not a RolloutRequest: k: Extra inputs"):
+    with pytest.raises(EvalError, match=r"bad.jsonl line 2: not a RolloutRequest: k: unknown field k"):
         load_tasks([tmp_path / "bad.jsonl"])
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(EvalError, match=r"broken.json: not JSON"):

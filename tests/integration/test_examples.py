@@ -14,8 +14,8 @@ from fastmcp import Client
 
 from opencode_env.client.client import parse_result
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.wire import SCHEMA_VERSION
 from tests.server_app import app_for
 from tests.stand_in import StandInRollouts, recorded_result, stand_in_server

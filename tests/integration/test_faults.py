@@ -2,8 +2,8 @@
 
 A fault runs on the E2B backend over the fake as well as on the local backend when the backend's own code handles it:
 the capture proxy dying (the cloud proxy is a root background process the backend starts, watches and reads through
-root commands), OpenCode killed by its own tool (on a cloud VM the tools run as OpenCode's user, locally as another
-uid), a setup or verify command that hangs (each backend's timeout and kill), a verify command's megabytes of output
+root commands), OpenCode attacked by its own tool (another uid than OpenCode's on every backend), a setup or
+verify command that hangs (each backend's timeout and kill), a verify command's megabytes of output
 and the agent's huge and binary files (each backend's output capture and file listing and reading). The model
 endpoint's faults (unreachable, 500s, 429 with Retry-After, a stall before or mid stream) run on the local backend
 only: the capture proxy meets them with the same code on every backend (the cloud backend uploads the same
@@ -30,10 +30,10 @@ from opencode_env.sandbox.base import ProvidedTools, SandboxBackend
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
-from opencode_env.testing.demo import demo_request
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, bash, demo_script, fail, say, stall
 from opencode_env.testing.fake_e2b import FakeCloud
-from opencode_env.testing.script import Script, bash, demo_script, fail, say, stall
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.conftest import e2b_over, processes_mentioning
 from tests.helpers import Outcome, gone_after_its_probe, rollout, sleep_cmd
 from tests.stub_server import wait_until
@@ -85,7 +85,9 @@ async def test_upstream_down_after_its_probe(backend: LocalBackend, no_leaks: No
 
 
 async def test_upstream_500_forever(backend: LocalBackend, no_leaks: None) -> None:
-    outcome = await rollout(backend, Script(steps=[fail(500)] * 30), agent_timeout_s=15)
+    """The default threshold of server errors ends the agent, long before its deadline (a loaded machine's OpenCode
+    can take most of 15 s to boot, so the deadline is far off: only the threshold can decide)."""
+    outcome = await rollout(backend, Script(steps=[fail(500)] * 30), agent_timeout_s=180)
     result = outcome.result
     assert result.status == "upstream_error"
     assert len(result.proxy_turns) == len(outcome.exchanges) >= 1
@@ -147,18 +149,12 @@ async def test_the_proxy_dies_mid_rollout(any_backend: SandboxBackend, sandbox_b
 
 
 async def test_opencode_crashes(any_backend: SandboxBackend, no_leaks: None) -> None:
-    """Its own tool kills OpenCode: on the cloud backends, where the tools run as OpenCode's user, it dies (the
-    agent's doing); on the local backend the tools are another uid and cannot signal it."""
+    """Its own tool tries to kill OpenCode: on every backend the tools are another uid than OpenCode (on the clouds
+    `user`, started by root's broker, its parent) and cannot signal it."""
     outcome = await rollout(any_backend, Script(steps=[bash("kill -9 $PPID")]))
     result = outcome.result
-    if any_backend.name == "local":
-        assert (result.status, result.agent_exit_code) == ("completed", 0)
-        assert "Operation not permitted" in json.dumps(outcome.exchanges[-1].request)
-        return
-    assert (result.status, result.failed_phase) == ("agent_error", "agent")
-    assert result.agent_exit_code not in (0, None)
-    assert len(result.proxy_turns) == 1
-    assert len(result.verify_results) == 2
+    assert (result.status, result.agent_exit_code) == ("completed", 0)
+    assert "Operation not permitted" in json.dumps(outcome.exchanges[-1].request)
 
 
 async def test_opencode_exits_0_without_doing_anything(sandbox_base: Path, no_leaks: None) -> None:

@@ -17,9 +17,9 @@ from opencode_env.evals.trl_rollout import make_rollout_func
 from opencode_env.rollout.attribution import attribute_turns
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, say, write
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, say, write
 from opencode_env.training.formats import ORACLE_PROBLEM, harness_result, rollout_reward, training_rows, trl_batch
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.integration.test_training import history, result_of, turn
@@ -161,8 +161,15 @@ def test_export_writes_jsonl_rows(tmp_path: Path, capsys: pytest.CaptureFixture[
         [10, EOS, 50, 11, EOS],
         [12, EOS],
     ]
-    assert "2 rows (2 usable, 0 not) from 2 rollouts" in captured.err
+    assert "2 rows (1 usable, 1 not; 1 of them hold under 90% of their agent tokens) from 2 rollouts" in captured.err
     assert "coverage: 6 of 8 agent tokens (75.0%, 3 of 4 turns) in the trl rows" in captured.err
+    assert f"short row:  {paths[1]}: the TRL row holds 2 of 4 agent tokens" in captured.err
+    assert "Fix: run with token_in='auto'" in captured.err
+    assert main(["export", "--format", "trl", "--strict", *paths]) == 1
+    capsys.readouterr()
+    assert main(["export", "--format", "trl", "--strict", paths[0]]) == 0
+    assert main(["export", "--format", "sequences", "--strict", *paths]) == 0
+    assert "short row" not in capsys.readouterr().err
 
 
 def test_export_leaves_oracle_runs_out_and_counts_rows_honestly(

@@ -1,4 +1,4 @@
-"""The test grader's runner (rollout/pytest_runner.py) run for real, on this virtualenv's pytest, against a hostile work
+"""The test grader's runner (inside/pytest_runner.py) run for real, on this virtualenv's pytest, against a hostile work
 dir: it starts Python, so it lives here rather than in the unit tier."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from opencode_env.rollout import graded_tests
-from opencode_env.rollout.graded_tests import make_canaries
+from opencode_env.rollout.grading import graded_tests
+from opencode_env.rollout.grading.graded_tests import make_canaries
 from opencode_env.wire.grading import GradedTests
 
 TEST_CALC = "from add import add\nfrom helper import check\n\n\ndef test_add():\n    check(add)\n"

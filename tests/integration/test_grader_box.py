@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from opencode_env.rollout.grader_box import CARRY_LIMITS
+from opencode_env.rollout.grading.grader_box import CARRY_LIMITS
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
@@ -155,9 +155,11 @@ async def graded_refused(request: RolloutRequest, backend: LocalBackend) -> Roll
 async def test_the_agents_box_is_named_when_the_task_asks_for_it(
     backend: LocalBackend, no_leaks: None, image: str
 ) -> None:
-    """A task that grades more than files (here: a file the agent left in HOME) declares verify_sandbox='same'."""
-    solution = [shell_file(f"{WORKDIR}/add.py", ADD), "echo ready > /home/user/service.state"]
-    check = "grep -q ready /home/user/service.state"
+    """A task that grades more than files (here: a link the agent made, which the copy does not carry) declares
+    verify_sandbox='same'. (What the agent leaves in HOME or above the work dir is no such state: verify sees none
+    of it in either box, test_grader_edges.py.)"""
+    solution = [shell_file(f"{WORKDIR}/add.py", ADD), f"ln -s add.py {WORKDIR}/plus.py"]
+    check = f"test -L {WORKDIR}/plus.py"
     result = await graded(checked(task(image, solution, verify_sandbox="same"), check), backend)
     assert (result.reward, result.grade_isolation) == (1.0, "agent_box"), result.verify_results
     fresh = await graded(checked(task(image, solution), check), backend)

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from opencode_env.rollout.grader_env import declares_repository, verify_environment
-from opencode_env.rollout.integrity import parse_listing, removal_command, scan_command
+from opencode_env.rollout.grading.grader_env import declares_repository, verify_environment
+from opencode_env.rollout.grading.integrity import parse_listing, removal_command, scan_command
 from opencode_env.sandbox import grader_python
 
 
@@ -18,7 +18,8 @@ def grader_env(tmp_path: Path, workdir: Path, *, agent_repository: bool = False)
     """verify_environment with the grader's directories moved under tmp_path (the sandbox's are absolute)."""
     startup = tmp_path / "python"
     startup.mkdir(exist_ok=True)
-    (startup / grader_python.SITECUSTOMIZE).write_text(grader_python.SITECUSTOMIZE_SOURCE)
+    for name, text in grader_python.GRADER_PYTHON_FILES.items():
+        (startup / name).write_text(text)
     env = verify_environment({"TASK_VAR": "kept"}, str(workdir), agent_repository=agent_repository)
     env.update(PYTHONPATH=str(startup), PYTHONPYCACHEPREFIX=str(tmp_path / "pycache"))
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env}

@@ -15,8 +15,8 @@ import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.testing.script import Script, bash, say
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.scripted.script import Script, bash, say
 from opencode_env.wire import RolloutRequest, RolloutResult
 from tests.helpers import rollout
 
@@ -237,6 +237,7 @@ class TestZero:
 GRADED = {
     "files": {"test_calc.py": TEST_CALC},
     "fail_to_pass": ["test_calc.py::test_add"],
+    "mode": "in_process",
     "pass_to_pass": ["test_calc.py::TestZero::test_zero"],
 }
 EXITS_AT_IMPORT = "import os\nos._exit(0)\n"

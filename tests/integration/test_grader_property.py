@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from opencode_env.rollout import integrity
+from opencode_env.rollout.grading import integrity
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.wire import RolloutRequest
@@ -40,6 +40,7 @@ TEST_ZERO = "from add import add\n\n\ndef test_zero():\n    assert add(0, 0) == 
 GRADED = {
     "files": {"test_calc.py": TEST_CALC, "test_zero.py": TEST_ZERO, "helper.py": HELPER},
     "fail_to_pass": ["test_calc.py::test_add"],
+    "mode": "in_process",
     "pass_to_pass": ["test_zero.py::test_zero"],
 }
 VERIFY = [

@@ -13,7 +13,7 @@ import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.images.base_image import build_base_image
 from opencode_env.tasks.harbor import request_from_task_dir
 
 PLUGIN = """\

@@ -1,6 +1,7 @@
 """A Harbor task that hands over its tests: `[verifier.tests]` in task.toml names the ids that must pass, and the
 product's test grader runs tests/ in place of test.sh (which here would reward anything). The honest fix gets 1.0
-by test id; a wrong fix that ends pytest with status 0 as the tests import it gets 0.0 and a `report_forged` finding."""
+by test id; a wrong fix that exits 0 as the tests import it gets 0.0 and a finding (`by_value_broken`: auto grades
+these tests by value)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.images.base_image import build_base_image
 from opencode_env.tasks.harbor import HarborTask, request_from_task_dir
 
 ANY_REWARD_SH = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
@@ -64,13 +65,15 @@ def test_the_task_becomes_a_test_grader_request(tmp_path: Path) -> None:
 async def test_the_reward_comes_from_the_test_ids(
     backend: LocalBackend, tmp_path: Path, solution: str, reward: float
 ) -> None:
-    """The exit at import also trips the canaries: pytest cannot exit 0 when tests failed (a policy status)."""
+    """The tests call plain functions with plain values, so auto grades them by value: the exit at import ends the
+    code's own process, not pytest's, and the broken channel is the agent's 0 with a finding (a policy status)."""
     result = await run_rollout(request_from_task_dir(_task_dir(tmp_path, solution), oracle=True), backend)
+    assert result.test_mode == "by_value", result.test_mode_reason
     assert result.status == ("completed" if reward else "agent_error"), result.error
-    assert bool(reward) != any(finding.kind == "report_forged" for finding in result.integrity)
+    assert bool(reward) != any(finding.kind == "by_value_broken" for finding in result.integrity)
     assert result.reward_source == "tests"
     assert result.reward == reward
     assert result.grade_isolation == "fresh_box"
     outcomes = {outcome.test_id: outcome.outcome for outcome in result.test_outcomes}
     assert set(outcomes) == {"test_calc.py::test_add", "test_calc.py::test_add_negative"}
-    assert all(outcome == ("passed" if reward else "missing") for outcome in outcomes.values()), outcomes
+    assert all((outcome == "passed") == bool(reward) for outcome in outcomes.values()), outcomes

@@ -17,10 +17,10 @@ from opencode_env.evals import load_tasks, run_eval
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, bash
 from opencode_env.tasks.harbor import request_from_task_dir
-from opencode_env.testing.script import Script, bash
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.wire import RolloutResult
 
 TEST_SH = """\
@@ -91,7 +91,9 @@ async def test_the_oracle_solves_the_task(backend: LocalBackend, calc_task: Path
 
 async def test_an_agent_that_does_nothing_gets_zero(backend: LocalBackend, calc_task: Path) -> None:
     with ScriptedModelServer(Script(steps=[], final_text="I will not change anything.")) as model:
-        request = request_from_task_dir(calc_task, endpoint="vllm", base_url=model.base_url, model="scripted")
+        request = request_from_task_dir(
+            calc_task, endpoint="vllm", base_url=model.base_url, model=model.model.model_name
+        )
         result = await run_rollout(request, backend)
     assert result.status == "completed", result.error
     assert result.reward == 0.0
@@ -103,7 +105,9 @@ async def test_the_agent_edits_the_images_workdir(backend: LocalBackend, calc_ta
     """OpenCode starts in /app (the image's WORKDIR, handed to the agent's uid) and its bash tool fixes the file."""
     script = Script(steps=[bash("pwd > where.txt && sed -i 's/a - b/a + b/' calc.py", "fix add")])
     with ScriptedModelServer(script) as model:
-        request = request_from_task_dir(calc_task, endpoint="vllm", base_url=model.base_url, model="scripted")
+        request = request_from_task_dir(
+            calc_task, endpoint="vllm", base_url=model.base_url, model=model.model.model_name
+        )
         result = await run_rollout(request, backend)
     assert result.status == "completed", result.error
     assert result.files["where.txt"] == "/app\n"

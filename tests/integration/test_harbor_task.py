@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opencode_env.sandbox.local.build import BuiltImage, ImageBuilder, ImageBuildError
-from opencode_env.sandbox.local.build.builder import TAG_REPOSITORY, context_hash, repository_name
+from opencode_env.sandbox.local.images.build import BuiltImage, ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.images.build.builder import TAG_REPOSITORY, context_hash, repository_name
 from opencode_env.tasks import HarborTask, TaskFormatError
-from opencode_env.tasks.harbor import request_from_task_dir
+from opencode_env.tasks.harbor import entrypoint_command, request_from_task_dir
 from opencode_env.tasks.task_toml import parse_size_mb
 from opencode_env.wire import MAX_FILES
+from opencode_env.wire.services import Service
 
 TOML_1_0 = """\
 version = "1.0"
@@ -116,10 +117,11 @@ user = "tester"
     assert task.config.version == "1.1"
     assert task.config.task is not None
     assert task.config.task.name == "org/hello"
-    assert request.env == {"LEVEL": "3", "TOKEN": "${HOST_TOKEN}"}
+    assert request.env == {}, "the verifier's env is verify's alone: the agent never sees it"
+    assert request.verify_files["/tests/.verifier-env"] == "LEVEL=3\nTOKEN='${HOST_TOKEN}'\n"
+    assert request.verify == ["set -a && . /tests/.verifier-env && set +a && bash /tests/test.sh"]
     assert request.verify_as == "grader"
     assert any(note.startswith("[verifier] user = 'tester'") for note in task.unsupported)
-    assert any(note.startswith("[verifier] env: set for every phase") for note in task.unsupported)
     assert any(note.startswith("[verifier] env.TOKEN: the ${...} template") for note in task.unsupported)
 
 
@@ -178,18 +180,23 @@ flavour = "x"
 [environment]
 gpus = 1
 healthcheck = { command = "true" }
-mcp_servers = [{ name = "m", url = "http://x" }]
+build_timeout_secs = 30
 [agent]
 user = "agent"
+timeout_secs = 10
 """
     task = HarborTask.from_dir(make_task(tmp_path, toml=toml))
     assert task.config.model_extra == {"flavour": "x"}
-    assert task.unsupported == [
+    assert task.unknown == [
         "flavour: unknown key, ignored",
-        "[environment] healthcheck: not supported, ignored",
-        "[environment] mcp_servers: not supported, ignored",
+        "[agent] timeout_secs: unknown key, ignored (did you mean 'timeout_sec'?)",
+        "[environment] build_timeout_secs: unknown key, ignored (did you mean 'build_timeout_sec'?)",
+    ]
+    assert task.unsupported == [
+        *task.unknown,
         "[agent] user = 'agent': not supported; the agent runs as the sandbox's user",
         "[environment] gpus = 1: no GPUs are provided",
+        "[environment] healthcheck: not run; the agent starts once setup has finished",
     ]
 
 
@@ -228,7 +235,7 @@ def test_oracle_sends_the_solution(tmp_path):
     solution = {"solve.sh": "bash /solution/helper.sh\n", "helper.sh": "echo hi > /app/hello.txt\n"}
     task = HarborTask.from_dir(make_task(tmp_path, toml=toml, solution=solution))
     request = task.to_request("img", "/app", oracle=True)
-    assert request.solution == ["bash /solution/solve.sh"]
+    assert (request.solution, request.solution_as) == (["bash /solution/solve.sh"], "root")
     assert request.files == {
         "/solution/helper.sh": "echo hi > /app/hello.txt\n",
         "/solution/solve.sh": "bash /solution/helper.sh\n",
@@ -308,9 +315,10 @@ def test_a_missing_task_toml(tmp_path):
         HarborTask.from_dir(task_dir)
 
 
-def test_docker_compose_is_refused(tmp_path):
-    environment = {"Dockerfile": "FROM x\n", "docker-compose.yaml": "services: {}\n"}
-    with pytest.raises(TaskFormatError, match="docker-compose environments are not supported"):
+def test_a_compose_file_it_cannot_run_is_refused_by_file_and_field(tmp_path):
+    compose = "services:\n  db:\n    build: db\n    volumes: ['/var/run/docker.sock:/var/run/docker.sock']\n"
+    environment = {"Dockerfile": "FROM x\n", "docker-compose.yaml": compose}
+    with pytest.raises(TaskFormatError, match=r"docker-compose\.yaml: services\.db\.volumes: nothing of the host"):
         HarborTask.from_dir(make_task(tmp_path, environment=environment))
 
 
@@ -484,3 +492,159 @@ def test_a_docker_image_absent_locally_without_a_dockerfile(tmp_path):
     shutil.rmtree(task_dir / "environment")
     with pytest.raises(ImageBuildError, match="never pulled"):
         request_from_task_dir(task_dir)
+
+
+def test_environment_workdir_and_env_as_harbor_reads_them(tmp_path):
+    """`[environment] workdir` wins over the image's WORKDIR; `[environment.env]` is every phase's (the container's),
+    `[verifier.env]` verify's alone (written in with the tests, after the agent ran)."""
+    toml = """\
+schema_version = "1.1"
+[environment]
+workdir = "/workspace/project"
+[environment.env]
+PROJECT = "demo"
+[verifier.env]
+EXPECTED = "it's 42"
+"""
+    task = HarborTask.from_dir(make_task(tmp_path, toml=toml))
+    request = task.to_request("img", "/app")
+    assert (request.workdir, request.env) == ("/workspace/project", {"PROJECT": "demo"})
+    assert request.verify_files["/tests/.verifier-env"] == "EXPECTED='it'\"'\"'s 42'\n"
+    assert task.unsupported == []
+
+
+@pytest.mark.parametrize(
+    ("toml", "named"),
+    [
+        ('[environment]\nworkdir = "app"\n', r"\[environment\] workdir: Value error, 'app' is not an absolute path"),
+        ('[environment]\nworkdir = "/app/../etc"\n', r"has a '\.\.' component"),
+        ('[environment.env]\nPATH = "/app/.venv/bin"\n', r"PATH: reserved by opencode-env .*`ENV PATH="),
+        ('[environment.env]\n"A B" = "x"\n', r"\[environment\] env\.A B"),
+        ('[environment.env]\nLD_PRELOAD = "/x.so"\n', r"LD_PRELOAD: refused"),
+    ],
+)
+def test_bad_environment_settings_are_named(tmp_path, toml, named):
+    with pytest.raises(TaskFormatError, match=named):
+        HarborTask.from_dir(make_task(tmp_path, toml=toml))
+
+
+@pytest.mark.parametrize(
+    ("toml", "feature"),
+    [
+        (
+            '[verifier.tests]\nfail_to_pass = ["t"]\n[[steps]]\nname = "one"\n',
+            r"\[verifier\] tests with \[\[steps\]\]: each step is graded by its own tests/test.sh",
+        ),
+    ],
+)
+def test_features_we_cannot_carry_are_refused_by_name(tmp_path, toml, feature):
+    """Refused before tests/ is read: a multi-step task has no tests/test.sh of its own, and must not be told so."""
+    task = make_task(tmp_path, toml=toml)
+    shutil.rmtree(task / "tests")
+    with pytest.raises(TaskFormatError, match=feature):
+        HarborTask.from_dir(task)
+
+
+def test_an_empty_mcp_server_list_is_harbors_default(tmp_path):
+    task = HarborTask.from_dir(make_task(tmp_path, toml="[environment]\nmcp_servers = []\n"))
+    assert task.unsupported == []
+
+
+def test_mcp_servers_reach_the_request_as_harbor_declares_them(tmp_path):
+    toml = (
+        '[[environment.mcp_servers]]\nname = "codes"\ntransport = "stdio"\ncommand = "python3"\nargs = ["/s.py"]\n'
+        '[[environment.mcp_servers]]\nname = "kb"\nurl = "http://mcp-server:8000/sse"\n'
+    )
+    sidecar = Service(name="mcp-server", image="localhost/img:1", command=["python3", "/server.py"])
+    task = HarborTask.from_dir(make_task(tmp_path, toml=toml, solution={"solve.sh": "true\n"}))
+    request = task.to_request("img", "", oracle=True, services=[sidecar])
+    assert [(s.name, s.transport, s.command, s.args, s.url) for s in request.mcp_servers] == [
+        ("codes", "stdio", "python3", ["/s.py"], None),
+        ("kb", "sse", None, [], "http://mcp-server:8000/sse"),
+    ], "Harbor's default transport is sse"
+    with pytest.raises(TaskFormatError, match=r"mcp_servers\.codes: stdio MCP servers are not supported yet"):
+        task.to_request("img", "", services=[sidecar])
+
+
+@pytest.mark.parametrize(
+    ("toml", "named"),
+    [
+        ('[[environment.mcp_servers]]\nname = "m"\ntransport = "stdio"\n', r"mcp_servers.m.command"),
+        ('[[environment.mcp_servers]]\nname = "m"\ncommand = "x"\nenv = {A = "1"}\n', r"mcp_servers\.0\.env"),
+        ("[environment]\nmcp_servers = [" + '{name = "m", url = "http://127.0.0.1/"},' * 9 + "]\n", r"at most 8"),
+    ],
+)
+def test_bad_mcp_servers_are_named_when_the_task_is_read(tmp_path, toml, named):
+    with pytest.raises(TaskFormatError, match=named):
+        HarborTask.from_dir(make_task(tmp_path, toml=toml))
+
+
+def test_a_remote_mcp_server_off_the_rollouts_services_is_refused_naming_it(tmp_path):
+    """Harbor's hello-mcp shape without its compose sidecar: the URL's host is nothing the sandbox has."""
+    toml = '[[environment.mcp_servers]]\nname = "m"\ntransport = "streamable-http"\nurl = "http://m:8000/mcp"\n'
+    task = HarborTask.from_dir(make_task(tmp_path, toml=toml))
+    with pytest.raises(TaskFormatError, match=r"mcp_servers\.m\.url: host 'm' is not one of the rollout's services"):
+        task.to_request("img", "")
+
+
+def test_deviations_reach_the_caller(tmp_path):
+    warned: list[str] = []
+    toml = '[agent]\ntimeout_secs = 5\n[environment]\ndocker_image = "local/x:1"\n'
+    request_from_task_dir(make_task(tmp_path, toml=toml), builder=_Present(), warn=warned.append)
+    toml_path = tmp_path / "hello-task" / "task.toml"
+    assert warned == [f"{toml_path}: [agent] timeout_secs: unknown key, ignored (did you mean 'timeout_sec'?)"]
+
+
+class _Present(ImageBuilder):
+    """A builder whose storage has every image, its WORKDIR /app."""
+
+    def __init__(self) -> None:
+        self.podman = "/nonexistent/podman"
+
+    def image_exists(self, ref: str) -> bool:
+        return True
+
+    def image_workdir(self, ref: str) -> str:
+        return "/app"
+
+    def image_entrypoint(self, ref: str) -> list[str]:
+        return []
+
+    def image_user(self, ref: str) -> str:
+        return ""
+
+
+def test_the_entrypoint_starts_before_a_setup_the_caller_adds(tmp_path):
+    task = HarborTask.from_dir(make_task(tmp_path))
+    request = task.to_request("img", "/app", entrypoint=["/entrypoint.sh"], setup=["echo mine"])
+    assert request.setup == [entrypoint_command(["/entrypoint.sh"]), "echo mine"]
+    assert task.to_request("img", "/app", setup=["echo mine"]).setup == ["echo mine"]
+
+
+def test_the_verifier_table_declares_the_reward_key_and_range(tmp_path):
+    toml = TOML_1_0.replace("[verifier]\n", '[verifier]\nreward_key = "correctness"\nreward_range = [0, 10]\n')
+    assert toml != TOML_1_0
+    request = HarborTask.from_dir(make_task(tmp_path, toml=toml)).to_request("img", "/app")
+    assert (request.reward_key, request.reward_range) == ("correctness", (0.0, 10.0))
+    plain = HarborTask.from_dir(make_task(tmp_path, "plain")).to_request("img", "/app")
+    assert (plain.reward_key, plain.reward_range) == (None, (0.0, 1.0))
+
+
+def test_the_images_user_runs_the_oracle_and_the_entrypoint(tmp_path):
+    task = HarborTask.from_dir(make_task(tmp_path, solution={"solve.sh": "id -u > /app/uid\n"}))
+    oracle = task.to_request("img", "/app", oracle=True, entrypoint=["/e.sh"], user="app:5")
+    assert (oracle.solution_as, oracle.image_user) == ("image_user", "app:5")
+    assert "--reuid=app --regid=5 --clear-groups" in oracle.setup[0], "the entrypoint runs as the image's USER"
+    agent = task.to_request("img", "/app", user="app")
+    assert (agent.solution_as, agent.image_user) == ("user", "app"), "the agent's tools keep our user"
+    for root in ("", "root", "0", "0:0"):
+        assert task.to_request("img", "/app", oracle=True, user=root).solution_as == "root"
+    with pytest.raises(TaskFormatError, match="image_user"):
+        task.to_request("img", "/app", oracle=True, user="app;touch /x")
+
+
+def test_the_tasks_skills_dir_is_given_to_opencode(tmp_path):
+    task = HarborTask.from_dir(make_task(tmp_path, toml='[environment]\nskills_dir = "/skills"\n'))
+    assert (task.unsupported, task.to_request("img", "/app").skills_dir) == ([], "/skills")
+    relative = HarborTask.from_dir(make_task(tmp_path / "r", toml='[environment]\nskills_dir = "skills"\n'))
+    assert relative.to_request("img", "/app").skills_dir == "/app/skills"

@@ -20,8 +20,8 @@ from opencode_env.sandbox import make_backend, resolve_backend_name
 from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.cloud.hf import HFBackend, HFSandbox, default_image, reap
 from opencode_env.sandbox.cloud.hf_shell import parse_listing, parse_probe
+from opencode_env.scripted.demo import demo_request
 from opencode_env.settings import Settings
-from opencode_env.testing.demo import demo_request
 from opencode_env.testing.fake_hf import (
     FAKE_TOOLS_DIR,
     FakeHfApi,

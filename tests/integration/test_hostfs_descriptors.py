@@ -29,7 +29,7 @@ def test_a_3000_deep_tree_is_chowned_and_removed_with_a_few_descriptors(base: Pa
     output = run_with_few_descriptors(
         "import os\n"
         "from pathlib import Path\n"
-        "from opencode_env.sandbox.local import hostfs_write\n"
+        "from opencode_env.sandbox.local.files import hostfs_write\n"
         f"base = Path({str(base)!r})\n"
         "fd = os.open(base, os.O_RDONLY)\n"
         "for name in ['workdir'] + ['d'] * 3000:\n"
@@ -52,7 +52,7 @@ def test_a_wide_tree_is_listed_whole_with_a_few_descriptors(base: Path) -> None:
         (base / "work" / f"d{index:03}" / "f.txt").write_text("x")
     output = run_with_few_descriptors(
         "from pathlib import Path\n"
-        "from opencode_env.sandbox.local import hostfs\n"
+        "from opencode_env.sandbox.local.files import hostfs\n"
         f"print(len(hostfs.list_files(Path({str(base)!r}), 'work', limit=10_000)))\n"
     )
     assert output.strip() == "300"

@@ -19,10 +19,10 @@ import pytest
 from opencode_env.rollout.endpoints import EndpointError, resolve_upstream
 from opencode_env.sandbox.base import REWARD_TXT, ResourceLimits, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
+from opencode_env.sandbox.local.isolation.egress import EgressPolicy, EgressProxy
+from opencode_env.scripted.script import Script, bash, say
 from opencode_env.settings import Settings
 from opencode_env.testing.fake_e2b import host_path
-from opencode_env.testing.script import Script, bash, say
 from opencode_env.wire import RolloutRequest
 from tests.helpers import rollout
 from tests.shared_rollouts import Plan, SharedRollouts

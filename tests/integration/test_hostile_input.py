@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest
 from opencode_env.wire.answer import inline_result
 from tests.helpers import idle_model_url

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local.build.builder import ImageBuilder, ImageBuildError
-from opencode_env.sandbox.local.image_budget import BudgetExceeded, ImageBudget
-from opencode_env.sandbox.local.images import ImageStore, image_exists
+from opencode_env.sandbox.local.images.budget import BudgetExceeded, ImageBudget
+from opencode_env.sandbox.local.images.build.builder import ImageBuilder, ImageBuildError
+from opencode_env.sandbox.local.images.store import ImageStore, image_exists
 from tests.integration.test_images import busybox_image  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(900)

@@ -15,12 +15,12 @@ import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.build.builder import ImageBuilder, ImageBuildError, context_hash
-from opencode_env.sandbox.local.images import ImageRefused, ImageStore
+from opencode_env.sandbox.local.images.build.builder import ImageBuilder, ImageBuildError, context_hash
+from opencode_env.sandbox.local.images.store import ImageRefused, ImageStore
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from opencode_env.tasks import HarborTask, TaskFormatError
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.integration.test_images import busybox_image  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(900)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,14 @@ import pytest
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.host_ids import UID_BASE
-from opencode_env.sandbox.local.host_runtime import HOST_MOUNT
-from opencode_env.sandbox.local.images import ImageStore
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.images.store import ImageStore
+from opencode_env.sandbox.local.isolation.host_ids import UID_BASE
+from opencode_env.sandbox.local.isolation.host_runtime import HOST_MOUNT
 from opencode_env.sandbox.local.tools import cache_root, cached_tools
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from tests.helpers import RUN_MARK, rollout
 
 BUSYBOX_IMAGE = f"localhost/opencode-env-test/busybox:{os.getpid()}"
@@ -159,8 +160,9 @@ async def test_the_host_view_is_an_allow_list(image_box: LocalSandbox, canaries:
 async def test_a_sandbox_on_the_host_s_own_system_sees_only_its_system_directories(
     backend: LocalBackend, canaries: list[Path]
 ) -> None:
-    """Image "host": the host's programs, libraries and /etc, read-only; the checkout, /opt, /var and the operator's
-    homes are not there at all, and a build/test workload still runs."""
+    """Image "host": the host's programs, libraries and /etc, read-only; the checkout (but for the proxy's Python
+    environment when it lives there, read-only), /opt, /var and the operator's homes are not there at all, and a
+    build/test workload still runs."""
     sandbox = await backend.create(SandboxSpec(image="host"))
     try:
         for canary in canaries:
@@ -171,9 +173,17 @@ async def test_a_sandbox_on_the_host_s_own_system_sees_only_its_system_directori
         for hidden in ("/opt", "/srv", "/var/lib", "/var/log"):
             assert await _sh(sandbox, f"test -e {hidden} || echo hidden", "root") == "hidden", hidden
         checkout = Path(__file__).resolve().parents[2]
+        # the proxy's Python environment is a provided tool (cached_tools: this interpreter's), shown read-only at its
+        # own host path; when it lives in the checkout (a .venv), that is all of the checkout there is
         environment = Path(sys.executable).parent.parent
-        shown = await _sh(sandbox, f"find /{checkout.parts[1]} -type f -not -path '{environment}/*'", "root")
-        assert shown == str(checkout / "opencode_env/sandbox/local/userns.py")
+        listed = f"test -e {checkout} && find {checkout} -mindepth 1 -not -path '{environment}/*' || echo hidden"
+        shown = set((await _sh(sandbox, listed, "root")).splitlines())
+        if environment.is_relative_to(checkout):
+            assert shown == {str(p) for p in [environment, *environment.parents] if checkout in p.parents}
+            planted = await sandbox.run(f"touch {environment}/x", timeout_s=60, cwd="/", identity="root")
+            assert "Read-only file system" in planted.stderr
+        else:
+            assert shown == {"hidden"}
         written = await sandbox.run("touch /usr/bin/x /etc/x", timeout_s=60, cwd="/", identity="root")
         assert "Read-only file system" in written.stderr
         work = "cd /home/user/workdir && git init -q && printf 'def test_a():\\n    assert 1\\n' > test_a.py"
@@ -317,3 +327,16 @@ def test_busybox_image_has_no_libc(busybox_image: str) -> None:
     finally:
         subprocess.run(["podman", "image", "unmount", busybox_image], check=False, capture_output=True)
     assert shutil.which("podman") is not None
+
+
+def test_prunes_at_once_each_remove_a_tree_once_and_never_fail(tmp_path: Path) -> None:
+    """Every server and test worker of a machine shares one image cache, and each may prune it: prunes at once never
+    fail on a tree another removed, and each tree is removed by exactly one of them."""
+    trees = [f"{index:064x}" for index in range(8)]
+    for tree in trees:
+        (tmp_path / tree / "rootfs").mkdir(parents=True)
+        (tmp_path / tree / ".complete").touch()
+    with ThreadPoolExecutor(4) as pool:
+        removed = [tree for pruned in pool.map(lambda _: ImageStore(tmp_path).prune(), range(4)) for tree in pruned]
+    assert sorted(removed) == trees
+    assert list(tmp_path.iterdir()) == []

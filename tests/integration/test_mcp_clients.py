@@ -21,7 +21,7 @@ from opencode_env.server.mcp_endpoint import MAX_READ_BODY_BYTES, McpEndpoint
 from opencode_env.server.session_quota import SessionQuota
 from opencode_env.wire import VERSION
 from opencode_env.wire.answer import inline_result
-from tests.stub_server import StubServer, stub_arguments, stub_server
+from tests.stub_server import StubServer, stub_arguments, stub_server, wait_until
 
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@0.15.0"
 INSPECTOR_2_PACKAGE = "@modelcontextprotocol/inspector@2.12.0"
@@ -221,3 +221,16 @@ async def test_a_body_read_at_mcp_is_bounded() -> None:
 
 async def refuse(scope: Any, receive: Any, send: Any) -> None:
     raise AssertionError("a body over the limit went on")
+
+
+async def test_mcp_tool_client_s_timeout_leaves_the_rollout_running_until_its_context_exits() -> None:
+    """What the docs say happens: MCPToolClient's wait (message_timeout_s) ends in TimeoutError while the rollout
+    goes on on the server; leaving the client's context closes its /ws session, and the server cancels the rollout
+    and closes its sandbox."""
+    with stub_server(command_s=60) as running:
+        async with MCPToolClient(base_url=running.url, message_timeout_s=1) as env:
+            with pytest.raises(TimeoutError):
+                await env.call_tool("run_rollout", **stub_arguments("timed-out"))
+            assert await wait_until(lambda: running.backend.created == 1, 30)
+            assert running.backend.alive  # the wait ended, the rollout did not
+        assert await wait_until(lambda: not running.backend.alive, 60)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from opencode_env.sandbox.base import Sandbox, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.isolation import AGENT_CONFIG_DIR
+from opencode_env.sandbox.local.isolation.bubblewrap import AGENT_CONFIG_DIR
 from opencode_env.sandbox.local.tools import cached_tools
-from opencode_env.testing.demo import DEMO_VERIFY
-from opencode_env.testing.script import demo_script
+from opencode_env.scripted.demo import DEMO_VERIFY
+from opencode_env.scripted.script import demo_script
 from opencode_env.wire import OPENCODE_VERSION, PLUGIN_PACKAGE
 from tests.helpers import rollout
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.build.hints import OFFLINE_HINT, network_steps, offline_hint
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.images.build.hints import OFFLINE_HINT, network_steps, offline_hint
 from tests.integration.test_harbor_task import make_task
 
 pytestmark = pytest.mark.timeout(900)

@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, task, write
-from opencode_env.testing.scripted_model import ScriptedModel
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModel
+from opencode_env.scripted.script import Script, Step, ToolCallStep, bash, say, task, write
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.training.sequences import training_sequences
 from opencode_env.wire import RolloutResult
 
@@ -162,56 +161,6 @@ async def test_a_tool_with_opencodes_token_and_session_cannot_call_from_any_sock
     assert (result.attribution.refused_calls, result.attribution.caller_check) == (refused, True)
     assert f"{refused} model calls were refused by the capture proxy" in " ".join(result.warnings)
     assert result.proxy_log_tail.count("its socket is not OpenCode's") == refused
-
-
-FAILING_STRANGER = """python3 - <<'EOF'
-import json, os, urllib.request, urllib.error
-# OpenCode's environment, which the tools no longer inherit, read where its user can read it (E2B: one user)
-def environ(pid):
-    try:
-        raw = open(f"/proc/{pid}/environ", "rb").read()
-    except OSError:
-        return {}
-    return dict(item.decode().split("=", 1) for item in raw.split(b"\\0") if b"=" in item)
-environs = map(environ, filter(str.isdigit, os.listdir("/proc")))
-opencode = next(env for env in environs if "OPENCODE_ENV_UPSTREAM_KEY" in env)
-config = json.load(open(opencode["OPENCODE_CONFIG"]))
-base = next(iter(config["provider"].values()))["options"]["baseURL"]
-# no tools (it would pass as auxiliary) and a body the model server fails on (HTTP 500)
-body = json.dumps({"model": "policy", "stream": False, "messages": [1]}).encode()
-request = urllib.request.Request(base + "/chat/completions", data=body, headers={"content-type": "application/json",
-    "authorization": "Bearer " + opencode["OPENCODE_ENV_UPSTREAM_KEY"]})
-try:
-    print("STRANGER", urllib.request.urlopen(request, timeout=20).status)
-except urllib.error.HTTPError as error:
-    print("STRANGER", error.code)
-EOF
-"""
-
-
-async def test_a_call_opencode_did_not_make_never_decides_the_status(e2b_fake: E2BBackend, no_leaks: None) -> None:
-    """On E2B the tools hold OpenCode's token, and run as OpenCode's user: a tool's own call without tools, failed by
-    the model server, then the same tool kills OpenCode. The call is in the record, unattributed, and the last call
-    the proxy recorded; the status is the agent's failure (a policy outcome, graded), not the model endpoint's
-    failure (no reward).
-
-    The agent's failure is its crash rather than its timeout (as in an earlier round, which waited out a 150 s
-    deadline): the pipeline hands both to the one classification (`classify_agent_phase`), whose only step of its
-    own for a timeout relabels a last call cut by our deadline, which this rollout has none of, so the crash meets
-    the same decision without the idle wait."""
-    failing_then_crashing = bash(FAILING_STRANGER + "kill -9 $PPID", "Call the model, then end OpenCode")
-    script = Script(steps=[write("/home/user/workdir/add.py", ADD), failing_then_crashing, say("never")])
-    with leaking_model(script) as (model, url):
-        result = await run_rollout(demo_request(url, agent_timeout_s=150.0), e2b_fake)
-    assert any(exchange.request.get("messages") == [1] for exchange in model.exchanges)
-    [stranger] = [turn for turn in result.proxy_turns if turn.upstream_status == 500]
-    assert (stranger.kind, stranger.outcome) == ("unattributed", "upstream_error")
-    assert stranger.timestamp > max(turn.timestamp for turn in result.proxy_turns if turn is not stranger)
-    assert (result.status, result.failed_phase) == ("agent_error", "agent"), result.error
-    assert result.agent_exit_code not in (0, None)
-    assert result.reward == 1.0
-    assert result.usage.llm_calls == 2
-    assert trained_turns(result) == [turn.turn for turn in result.proxy_turns if turn.kind == "agent"]
 
 
 async def test_a_store_written_through_a_link_costs_only_the_labels(backend: LocalBackend, no_leaks: None) -> None:

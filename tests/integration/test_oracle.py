@@ -118,3 +118,42 @@ def test_check_task_needs_a_solution_and_a_valid_file(capsys: pytest.CaptureFixt
     bad.write_text(json.dumps({"instruction": "x", "solution": "echo not a list"}))
     assert main(["check-task", str(bad)]) == 2
     assert "solution" in capsys.readouterr().err
+
+
+ROOT_ONLY = "/etc/oracle-was-here"
+
+
+async def test_a_solution_as_root_writes_root_owned_paths_and_says_so(backend: LocalBackend, no_leaks: None) -> None:
+    """Harbor's oracle runs as the container's root: `solution_as="root"` runs it as the sandbox's own root (an
+    unprivileged uid on the host), and the result records each phase's identity. As `user` the same solution fails."""
+    fields = {
+        "solution": [f"id -u > {ROOT_ONLY}"],
+        "verify": [f'test "$(cat {ROOT_ONLY})" = 0'],
+        "verify_sandbox": "same",
+    }
+    as_root = await run_rollout(task(solution_as="root", **fields), backend)
+    assert (as_root.status, as_root.reward) == ("completed", 1.0), as_root.error
+    assert as_root.identities == {"agent": "root", "verify": "grader"}
+    as_user = await run_rollout(task(**fields), backend)
+    assert (as_user.status, as_user.reward) == ("agent_error", 0.0)
+    assert "Permission denied" in as_user.error, as_user.error
+    assert as_user.identities == {"agent": "user", "verify": "grader"}
+
+
+async def test_a_root_solution_cannot_write_the_grade(backend: LocalBackend, no_leaks: None) -> None:
+    """The oracle as root forges the reward file, then leaves a process behind to forge it again during verify; the
+    grade is still verify's own (it writes nothing and fails)."""
+    reward = "/home/user/logs/verifier/reward.txt"
+    forge = f"mkdir -p {reward.rsplit('/', 1)[0]} && echo 1 > {reward} && chmod 444 {reward}"
+    later = f"(for i in $(seq 100); do echo 1 > {reward} 2>/dev/null; sleep 0.1; done) > /dev/null 2>&1 &"
+    request = task(
+        solution_as="root",
+        solution=[forge, later],
+        verify=[f"sleep 2; test -f {reward} && cat {reward}; exit 1"],
+        reward_files=["reward.txt"],
+        verify_sandbox="same",
+    )
+    result = await run_rollout(request, backend)
+    assert result.identities["agent"] == "root"
+    assert result.reward == 0.0, (result.reward_source, result.verify_results)
+    assert result.verify_results[0].stdout == ""

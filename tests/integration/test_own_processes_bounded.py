@@ -9,9 +9,9 @@ import socket
 from pathlib import Path
 
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.cgroup import CGROUP_ROOT, PARENT, PROXY_LIMITS, detect, proxy_cgroup_name
-from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy
-from opencode_env.testing.script import demo_script
+from opencode_env.sandbox.local.isolation.cgroup import CGROUP_ROOT, PARENT, PROXY_LIMITS, detect, proxy_cgroup_name
+from opencode_env.sandbox.local.isolation.egress import EgressPolicy, EgressProxy
+from opencode_env.scripted.script import demo_script
 from tests.helpers import rollout
 
 

@@ -10,8 +10,8 @@ import pytest
 from opencode_env.sandbox.base import Preflight
 from opencode_env.sandbox.local.backend import INSTALL_HINT, LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
+from opencode_env.scripted.demo import demo_request
 from opencode_env.server.rollouts import Rollouts
-from opencode_env.testing.demo import demo_request
 
 
 async def test_a_failed_preflight_answers_every_rollout_with_its_reason(

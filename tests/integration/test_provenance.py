@@ -18,13 +18,13 @@ import pytest
 
 from opencode_env.rollout.endpoints import Upstream
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.probe import forget_probes, probe_endpoint
-from opencode_env.rollout.probe_diagnosis import EndpointUnreachable
+from opencode_env.rollout.preflight.probe import forget_probes, probe_endpoint
+from opencode_env.rollout.preflight.probe_diagnosis import EndpointUnreachable
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, demo_script, say, write
 from opencode_env.testing.proxy_process import running_proxy
-from opencode_env.testing.script import Script, demo_script, say, write
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from opencode_env.proxy.request import clamped_fields
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, say
 from opencode_env.testing.proxy_process import ProxyProcess, running_proxy
-from opencode_env.testing.script import Script, say
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.integration.test_proxy_http import VLLM, body, post
 
 REWRITTEN_FOR_VLLM = {

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import opencode_env
 from opencode_env.sandbox.base import ProvidedTools
-from opencode_env.sandbox.local.host_view import runtime_paths
-from opencode_env.sandbox.local.isolation import _hidden_tmpfs, _inside_hidden_roots, _runtime_binds
+from opencode_env.sandbox.local.isolation.bubblewrap import _hidden_tmpfs, _inside_hidden_roots, _runtime_binds
+from opencode_env.sandbox.local.isolation.host_view import runtime_paths
 
 UNPRIVILEGED = "2000123456"
 

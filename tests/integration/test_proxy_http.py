@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, fail, say, stall
 from opencode_env.testing.proxy_process import ProxyProcess, running_proxy
-from opencode_env.testing.script import Script, Step, fail, say, stall
-from opencode_env.testing.scripted_model import ScriptedModelServer
 
 VLLM = ("--endpoint-kind", "vllm", "--model-override", "scripted-policy")
 

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from opencode_env.proxy.peers import socket_owner
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, say
 from opencode_env.testing.proxy_process import running_proxy
-from opencode_env.testing.script import Script, say
-from opencode_env.testing.scripted_model import ScriptedModelServer
 
 TOKEN = "proxy-token-for-the-peer-test"
 OPENCODE_UID = 2_100_000_321
 TOOLS_UID = 2_100_000_322
 CALL = """
 import json, sys, urllib.request, urllib.error
-body = json.dumps({"model": "policy", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).encode()
+body = json.dumps({"model": sys.argv[3], "stream": False, "messages": [{"role": "user", "content": "hi"}]}).encode()
 request = urllib.request.Request(sys.argv[1] + "/chat/completions", data=body,
     headers={"authorization": "Bearer " + sys.argv[2], "content-type": "application/json"})
 try:
@@ -72,10 +72,11 @@ def proxy_admitting(uid: int, upstream: str, directory: Path) -> Iterator[str]:
         os.close(table)
 
 
-def call_as(uid: int, url: str, token: str) -> str:
+def call_as(uid: int, url: str, token: str, model: str = "scripted-policy") -> str:
+    """Call the proxy as `uid` for `model` (the name the scripted model serves: another name is answered 404)."""
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     done = subprocess.run(
-        [*drop, "/usr/bin/python3", "-c", CALL, url, token], capture_output=True, text=True, check=False
+        [*drop, "/usr/bin/python3", "-c", CALL, url, token, model], capture_output=True, text=True, check=False
     )
     return done.stdout.strip() or done.stderr
 

@@ -24,7 +24,7 @@ import pytest
 from opencode_env.sandbox.base import ProvidedTools
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.sandbox.local.tools import cached_tools
-from opencode_env.testing.script import Script, bash, demo_script, fail, say
+from opencode_env.scripted.script import Script, bash, demo_script, fail, say
 from tests.helpers import Outcome, rollout
 
 UNICODE_TEXT = "Done: a\u2028b\u2029c\u0085d."

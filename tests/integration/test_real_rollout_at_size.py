@@ -25,11 +25,11 @@ from mcp.client.client import Client as SdkClient
 
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import Exchange, ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, ToolCallStep
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.result_store import GZIP_LEVEL
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, ToolCallStep
-from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import SCHEMA_VERSION, UNPACKED_CONTEXT, RolloutRequest, RolloutResult
 from opencode_env.wire.answer import RolloutAnswer
 from tests.conftest import processes_mentioning

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.sandbox.local.isolation.cgroup import CGROUP_ROOT, PARENT, detect
 from opencode_env.sandbox.local.tools import cached_tools
 
 KILLED_SERVER = """
@@ -32,6 +33,11 @@ def mounted(path: Path) -> bool:
     return str(path) in Path("/proc/self/mounts").read_text()
 
 
+def cgroups_of(rollout: str) -> list[Path]:
+    """Every cgroup named for the rollout (its own, its proxy's, its services' freezer), under either version."""
+    return [*CGROUP_ROOT.glob(f"*/{PARENT}/{rollout}*"), *CGROUP_ROOT.glob(f"{PARENT}/{rollout}*")]
+
+
 async def test_a_killed_servers_sandboxes_are_reaped_and_live_ones_kept(tmp_path: Path) -> None:
     base = tmp_path / "sandboxes"
     base.mkdir()
@@ -48,10 +54,13 @@ async def test_a_killed_servers_sandboxes_are_reaped_and_live_ones_kept(tmp_path
         if server.stdout is not None:
             server.stdout.close()
     assert mounted(orphan / "fs")
+    assert cgroups_of(orphan.name) != [] or detect() is None
     newcomer = await LocalBackend(cached_tools, base_dir=base).create(SandboxSpec())
     try:
         assert not orphan.exists()
         assert not mounted(orphan / "fs")
+        assert cgroups_of(orphan.name) == []
+        assert cgroups_of(live.root.name) != [] or detect() is None
         assert live.root.is_dir()
         assert (await live.run("echo alive", timeout_s=10)).stdout == "alive\n"
     finally:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from opencode_env.rollout.graded_tests import MAX_JUNIT_BYTES, parse_junit
+from opencode_env.rollout.grading.graded_tests import MAX_JUNIT_BYTES, parse_junit
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
 from tests.integration.test_grader_integrity import shell_file

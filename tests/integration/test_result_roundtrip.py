@@ -25,8 +25,8 @@ from jsonschema import validators  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
 from opencode_env.rollout.collect import collect_files, read_tail
-from opencode_env.sandbox.local import hostfs
 from opencode_env.sandbox.local.backend import LocalSandbox
+from opencode_env.sandbox.local.files import hostfs
 from opencode_env.server.result_store import ResultStore
 from opencode_env.server.tool_result import mcp_tool_result, session_tool_result
 from opencode_env.wire import CommandResult, PhaseTimings, RolloutResult, RolloutTurn

@@ -4,17 +4,20 @@ reach OpenCode as labels, never as flags."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from opencode_env.proxy.request import turn_kind
+from opencode_env.rollout.opencode import project_config_removal_command
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.sandbox.base import WORKDIR, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, fail, say, stall
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.wire import RolloutRequest, RolloutResult
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, fail, say, stall
+from opencode_env.testing.stub_backend import StubBackend, StubSandbox
+from opencode_env.wire import CommandResult, RolloutRequest, RolloutResult
 from tests.helpers import gone_after_its_probe, idle_model_url, rollout
 from tests.stub_server import wait_until
 
@@ -132,3 +135,39 @@ async def test_a_result_carries_the_task_it_ran_without_its_key() -> None:
     assert "sk-never-in-a-result" not in result.model_dump_json()
     again = RolloutResult.model_validate_json(result.model_dump_json())
     assert again.task == result.task
+
+
+class _RemovalEnds(StubBackend):
+    """Stub sandboxes whose removal of OpenCode's project configuration (our step, as root) ends as `ending` says."""
+
+    def __init__(self, ending: CommandResult) -> None:
+        super().__init__()
+        self._ending = ending
+
+    async def create(self, spec: SandboxSpec) -> StubSandbox:
+        sandbox = await super().create(spec)
+        plain, ending = sandbox.run, self._ending
+
+        async def run(cmd: str, **options: Any) -> CommandResult:
+            if cmd.startswith(project_config_removal_command(WORKDIR)):
+                return ending.model_copy(update={"cmd": cmd})
+            return await plain(cmd, **options)
+
+        sandbox.run = run  # type: ignore[method-assign]
+        return sandbox
+
+
+@pytest.mark.parametrize(
+    ("ending", "status"),
+    [
+        (CommandResult(cmd="", exit_code=-1, timed_out=True, duration_s=30.0), "sandbox_error"),
+        (CommandResult(cmd="", exit_code=1, stderr="rm: cannot remove"), "setup_failed"),
+    ],
+)
+async def test_our_removal_of_project_config_timing_out_is_ours_and_failing_is_the_tasks(
+    ending: CommandResult, status: str
+) -> None:
+    request = RolloutRequest(base_url=idle_model_url(), model="m", instruction="do it", verify=["true"])
+    result = await run_rollout(request, _RemovalEnds(ending))
+    assert (result.status, result.failed_phase) == (status, "setup"), result.error
+    assert ("our step" in (result.error or "")) == (status == "sandbox_error")

@@ -4,11 +4,13 @@ results directory (atomic files, this user's only, the newest N, never a key) an
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import os
 import pwd
 import stat
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +18,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from opencode_env.server.result_store import ResultsDir, ResultStore, default_results_dir
 from opencode_env.server.rollouts import Rollouts
-from opencode_env.server.runs import (
-    ResultsDir,
-    Run,
-    Runs,
-    RunView,
-    default_results_dir,
-)
+from opencode_env.server.runs import Run, Runs, RunView
 from opencode_env.settings import Settings, variable
 from opencode_env.testing.stub_backend import StubBackend
 from opencode_env.wire import RolloutRequest, RolloutResult
@@ -104,10 +101,12 @@ async def test_every_transport_is_listed_and_a_restarted_server_still_lists_them
     assert before["form"]["reward"] == 1.0
     # A run is listed as finished before its files are written (the write runs in a thread): the restarted server
     # reads the directory once they are all there.
-    for _ in range(400):
+    for _ in range(1200):
         if len(list(results_env.glob("*.json"))) >= 2 * len(transports):
             break
         await asyncio.sleep(0.05)
+    written = sorted(path.name for path in results_env.glob("*.json"))
+    assert len(written) == 2 * len(transports), f"after 60 s, of {len(transports)} runs: {written}"
 
     with stub_server(command_s=0.02) as restarted:
         after = {row["task_id"]: row for row in await listed(restarted.url)}
@@ -230,3 +229,35 @@ async def test_a_directory_that_cannot_take_a_result_leaves_it_in_memory(tmp_pat
     await runs.finish(run, RolloutResult(task_id="kept", reward=0.5))
     saved = RolloutResult.model_validate_json(await runs.result_json(run.view.id) or b"")
     assert (saved.task_id, saved.reward) == ("kept", 0.5)
+
+
+def test_saves_at_once_never_remove_a_run_another_is_writing(tmp_path: Path) -> None:
+    """A server saves each finished run in a thread of its own, and several servers share a directory: a save's
+    pruning must never take a run written while it looked (a row would be left without its result)."""
+    results = ResultsDir(tmp_path, keep=1000)
+    saved = [finished_run(f"t{i}") for i in range(120)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda run: results.save(*run), saved))
+    rows = {path.name.removesuffix(".run.json") for path in tmp_path.glob("*.run.json")}
+    kept = {path.name.removesuffix(".json") for path in tmp_path.glob("*.json") if not path.name.endswith(".run.json")}
+    assert rows == kept == {view.id for view, _ in saved}
+
+
+def test_both_views_write_through_one_writer_and_sweep_what_a_killed_writer_left(tmp_path: Path) -> None:
+    """The history and the results by reference share the results directory's writer: private whole files, and a
+    temporary older than an hour (a server killed mid-write) is gone at the next write of either view."""
+    store = ResultStore.configured(str(tmp_path), retention_s=60)
+    history = ResultsDir(tmp_path)
+    old = [tmp_path / ".killed.tmp", store.directory / ".killed.tmp", store.directory / "expired.gz"]
+    for path in old:
+        path.write_bytes(b"x")
+        os.utime(path, (0, 0))
+    stored = store.put(b'{"reward": 1.0}')
+    view, result = finished_run("kept")
+    history.save(view, result)
+    history.load()
+    assert not any(path.exists() for path in old)
+    kept = [*tmp_path.glob("*.json"), *store.directory.glob("*.gz")]
+    assert len(kept) == 3
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in kept)
+    assert gzip.decompress(store.gzip_of(stored.id) or b"") == b'{"reward": 1.0}'

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import pytest
 
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import DEMO_VERIFY
-from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say, write
+from opencode_env.scripted.demo import DEMO_VERIFY
+from opencode_env.scripted.script import Script, Step, ToolCallStep, bash, say, write
 from opencode_env.wire import RolloutResult
 from tests.helpers import Outcome, rollout
 from tests.shared_rollouts import Plan, SharedRollouts

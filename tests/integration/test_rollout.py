@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pytest
 
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.script import Script, bash, demo_script, say, stall, write
+from opencode_env.scripted.script import Script, bash, demo_script, say, stall, write
 from tests.helpers import rollout
 from tests.shared_rollouts import Plan, SharedRollouts
 

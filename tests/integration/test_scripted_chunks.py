@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, ToolCallStep
 from opencode_env.testing.proxy_process import running_proxy
-from opencode_env.testing.script import Script, Step, ToolCallStep
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from tests.integration.test_proxy_http import VLLM, body, post
 
 TEXT = "word " * 40 + "end."
@@ -32,8 +32,11 @@ def token_chunks(raw: bytes) -> list[dict[str, Any]]:
 async def test_a_chunk_carries_up_to_n_tokens_of_one_segment_with_their_ids_and_logprobs() -> None:
     with ScriptedModelServer(Script(steps=[chunked_step()])) as model:
         async with httpx.AsyncClient(timeout=30) as client:
-            request = body(logprobs=True, top_logprobs=5, return_token_ids=True)
-            raw = (await client.post(f"{model.base_url}/chat/completions", json=request)).content
+            # Straight to the model (no proxy to override the name): ask for the name it serves, as vLLM requires.
+            request = body(model=model.model.model_name, logprobs=True, top_logprobs=5, return_token_ids=True)
+            response = await client.post(f"{model.base_url}/chat/completions", json=request)
+            assert response.status_code == 200, response.text
+            raw = response.content
     tokens = model.exchanges[0].tokens
     chunks = token_chunks(raw)
     assert len(tokens) // 8 < len(chunks) < len(tokens) // 2

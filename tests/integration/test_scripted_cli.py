@@ -15,8 +15,8 @@ import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.script import Script, bash
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.script import Script, bash
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
 from opencode_env.wire.answer import inline_result
 from tests.integration.test_harbor_rollout import _task_dir

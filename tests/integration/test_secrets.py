@@ -12,10 +12,10 @@ import pytest
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.base import Preflight, SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, bash, say, write
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, bash, say, write
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.wire import Mode
 from tests.server_app import app_for
 

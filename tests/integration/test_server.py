@@ -23,10 +23,10 @@ from openenv.core.mcp_client import MCPToolClient
 from opencode_env.client.by_reference import fetch_result
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, demo_script
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutRequest, RolloutResult
 from opencode_env.wire.answer import inline_result
 from tests.server_app import app_for

@@ -21,13 +21,13 @@ from websockets.asyncio.client import connect as ws_connect
 
 from opencode_env.client.client import OpenCodeEnv
 from opencode_env.sandbox.local.backend import LocalBackend
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, stall
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.disconnect import PendingReplies
 from opencode_env.server.mcp_endpoint import McpEndpoint
 from opencode_env.server.session_quota import SessionQuota
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, stall
-from opencode_env.testing.scripted_model import ScriptedModelServer
-from opencode_env.testing.threaded_server import ThreadedServer
 from opencode_env.wire import RolloutResult
 from opencode_env.wire.answer import inline_result
 from tests.conftest import processes_mentioning

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from opencode_env.client.client import OpenCodeEnv
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.staged import StagedApp
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from tests.server_app import app_for
 
 

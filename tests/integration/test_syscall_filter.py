@@ -11,9 +11,9 @@ import pytest
 
 from opencode_env.sandbox.base import SandboxSpec
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.images import HOST_IMAGE
-from opencode_env.testing.script import Script, bash
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.images.store import HOST_IMAGE
+from opencode_env.scripted.script import Script, bash
 from tests.helpers import rollout
 
 TRY_DENIED = r"""

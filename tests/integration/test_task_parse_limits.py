@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from opencode_env.evals.inputs import load_each
-from opencode_env.rollout.reward import parse_reward_json
+from opencode_env.rollout.grading.reward import parse_reward_json
 from opencode_env.tasks import HarborTask, TaskFormatError
-from opencode_env.wire.bounded_parse import REWARD_JSON, TASK_TOML, ParseLimit, loads_json, loads_toml
+from opencode_env.wire.bounded_parse import REWARD_JSON, TASK_TOML, loads_json, loads_toml
 from tests.integration.test_eval_runner import SOLVED
 from tests.integration.test_harbor_task import TOML_1_0, make_task
 
@@ -73,8 +73,9 @@ def test_check_task_refuses_a_deep_task_toml_by_name(tmp_path: Path) -> None:
 
 
 def test_a_deep_reward_json_is_a_reward_problem_not_a_crash() -> None:
-    with pytest.raises(ParseLimit, match=f"reward.json: over the nesting depth limit of {REWARD_JSON.max_depth}"):
-        parse_reward_json(('{"reward": 1, "x": ' + DEEP_JSON + "}").encode())
+    parsed = parse_reward_json(('{"reward": 1, "x": ' + DEEP_JSON + "}").encode())
+    assert parsed.value is None
+    assert f"reward.json: over the nesting depth limit of {REWARD_JSON.max_depth}" in (parsed.problem or "")
 
 
 def test_brackets_in_json_strings_are_not_nesting() -> None:

@@ -23,13 +23,13 @@ from websockets.exceptions import InvalidStatus
 from opencode_env.cli.app import main as cli_main
 from opencode_env.client.by_reference import ResultFetchError, fetch_result
 from opencode_env.client.client import OpenCodeEnv
+from opencode_env.scripted.threaded_server import ThreadedServer
 from opencode_env.server.app import create_app
 from opencode_env.server.auth import caller_token
 from opencode_env.server.mcp_endpoint import MAX_INITIALIZE_BYTES
 from opencode_env.server.runtime import Runtime
 from opencode_env.settings import Settings
 from opencode_env.testing.stub_backend import StubBackend
-from opencode_env.testing.threaded_server import ThreadedServer
 from tests.integration.test_results_at_size import SizedRollouts, arguments, sized_result
 from tests.stand_in import stand_in_server
 from tests.stub_server import StubServer, stub_arguments, stub_server

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from opencode_env.rollout.graded_tests import JUNIT, TESTS_DIR
+from opencode_env.rollout.grading.graded_tests import JUNIT, TESTS_DIR
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
@@ -31,6 +31,7 @@ TEST_ZERO = "from add import add\n\n\ndef test_zero():\n    assert add(0, 0) == 
 GRADED = {
     "files": {"test_calc.py": TEST_CALC, "test_zero.py": TEST_ZERO, "helper.py": HELPER},
     "fail_to_pass": ["test_calc.py::test_add"],
+    "mode": "in_process",
     "pass_to_pass": ["test_zero.py::test_zero"],
 }
 

@@ -22,13 +22,13 @@ from opencode_env.proxy.token_in import (
     suffix_in_full,
 )
 from opencode_env.rollout.pipeline import run_rollout
-from opencode_env.rollout.probe import forget_probes
+from opencode_env.rollout.preflight.probe import forget_probes
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.chat_template import IM_END, SPECIAL_IDS
-from opencode_env.testing.demo import demo_request
+from opencode_env.scripted.chat_template import IM_END, SPECIAL_IDS
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, ToolCallStep, bash, demo_script
 from opencode_env.testing.proxy_process import running_proxy
-from opencode_env.testing.script import Script, Step, ToolCallStep, bash
-from opencode_env.testing.scripted_model import ScriptedModelServer
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import RolloutResult
 
@@ -374,10 +374,14 @@ ROLLOUT_SCRIPT = Script(
 )
 
 
-async def token_in_rollout(backend: LocalBackend, token_in: str, **server: Any) -> RolloutResult:
+async def token_in_rollout(backend: LocalBackend, token_in: str | None, **server: Any) -> RolloutResult:
+    """A rollout of ROLLOUT_SCRIPT; token_in None: the request's default."""
     forget_probes()
     with ScriptedModelServer(ROLLOUT_SCRIPT, **server) as model:
-        request = demo_request(model.base_url, token_in=token_in, verify=["test -f /home/user/workdir/a.txt"])
+        chosen = {} if token_in is None else {"token_in": token_in}
+        request = demo_request(
+            model.base_url, verify=["test -f /home/user/workdir/a.txt"], agent_timeout_s=600, **chosen
+        )
         result = await run_rollout(request, backend)
     assert result.status == "completed", result.error
     assert [turn.kind for turn in result.proxy_turns].count("agent") == 3
@@ -391,9 +395,12 @@ async def token_in_rollout(backend: LocalBackend, token_in: str, **server: Any) 
 async def test_a_whole_rollout_in_token_in_mode_is_one_sequence_with_every_agent_token(
     backend: LocalBackend, no_leaks: None, server: str
 ) -> None:
-    """The real OpenCode, a thinking template that drops earlier reasoning: the probe proves the server's route, the
-    proxy takes it on every continued turn, and the TRL row carries every agent token."""
-    result = await token_in_rollout(backend, "auto", **SERVERS[server])
+    """The real OpenCode, a thinking template that drops earlier reasoning, a request that says nothing of token-in
+    (auto is the default): the probe proves the server's route, the proxy takes it on every continued turn, and the
+    TRL row carries every agent token."""
+    result = await token_in_rollout(backend, None, **SERVERS[server])
+    assert result.task is not None
+    assert result.task.token_in == "auto"
     agent = [turn for turn in result.proxy_turns if turn.kind == "agent"]
     assert [turn.prompt_source for turn in agent] == ["chat_template", SOURCES[server], SOURCES[server]]
     assert result.provenance is not None
@@ -428,9 +435,25 @@ async def test_a_server_with_neither_route_forks_at_every_turn_and_the_result_sa
     assert [fork.cause for fork in found.forks] == ["template_drift"] * 2
     row = training_summary(result, found).coverage.trl_row
     assert row.covered_tokens < row.agent_tokens * 0.9
-    assert any(warning.startswith("token-in: the server takes no prompt ids") for warning in result.warnings)
+    assert not [warning for warning in result.warnings if warning.startswith("token-in")]  # the TRL row's says it
     short = [warning for warning in result.warnings if warning.startswith("the TRL row holds")]
     assert len(short) == 1
     assert f"{row.covered_tokens:,} of {row.agent_tokens:,} agent tokens" in short[0]
     assert "2 fork(s)" in short[0]
     assert "token_in='auto'" in short[0]
+
+
+async def test_a_default_rollout_on_the_scripted_model_is_one_sequence_with_every_agent_token(
+    backend: LocalBackend, no_leaks: None
+) -> None:
+    """A newcomer's first rollout: the scripted model as it starts by default (neither token-in route; a template that
+    re-renders its history as it was sampled), a request that says nothing of token-in: the TRL row holds >= 99% of
+    the agent tokens and no warning says otherwise."""
+    forget_probes()
+    with ScriptedModelServer(demo_script()) as model:
+        result = await run_rollout(demo_request(model.base_url, agent_timeout_s=600), backend)
+    assert result.status == "completed", result.error
+    row = training_summary(result).coverage.trl_row
+    assert row.agent_tokens > 0
+    assert row.covered_tokens >= 0.99 * row.agent_tokens
+    assert not [warning for warning in result.warnings if warning.startswith("the TRL row holds")]

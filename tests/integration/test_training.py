@@ -14,9 +14,9 @@ from typing import Any
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import Script, Step, ToolCallStep, bash, demo_script, say
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, ToolCallStep, bash, demo_script, say
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind
 from tests.helpers import rollout
@@ -234,38 +234,30 @@ async def test_a_template_that_drops_reasoning_forks_at_the_right_turn(backend: 
     assert len(found.sequences[1].turns) == 2
 
 
-async def test_a_call_without_tools_stays_out_of_the_sequence(e2b_fake: E2BBackend, no_leaks: None) -> None:
-    # The agent's own command calls the model it was configured with (with its token), without tools and without
-    # OpenCode's session: unattributed, not auxiliary. On E2B the tools run as OpenCode's user and can read its
-    # token from its process (no longer from their own environment); the local backend refuses such a call.
+async def test_a_tools_own_call_never_reaches_the_sequence(e2b_fake: E2BBackend, no_leaks: None) -> None:
+    # The agent's own command looks for OpenCode's token in every process's environment to call the model without
+    # tools (it would be unattributed): on E2B OpenCode is another uid, so it finds none, and the sequence holds
+    # OpenCode's two calls alone.
     call = (
         "python3 - <<'EOF'\n"
-        "import json, os, urllib.request as u\n"
+        "import os\n"
         "def environ(pid):\n"
         "    try:\n"
-        "        raw = open(f'/proc/{pid}/environ', 'rb').read()\n"
+        "        return open(f'/proc/{pid}/environ', 'rb').read()\n"
         "    except OSError:\n"
-        "        return {}\n"
-        "    return dict(item.decode().split('=', 1) for item in raw.split(bytes(1)) if b'=' in item)\n"
-        "envs = map(environ, filter(str.isdigit, os.listdir('/proc')))\n"
-        "e = next(env for env in envs if 'OPENCODE_ENV_UPSTREAM_KEY' in env)\n"
-        "p = next(iter(json.load(open(e['OPENCODE_CONFIG']))['provider'].values()))\n"
-        "b = json.dumps({'model': 'm', 'stream': True, 'messages': [{'role': 'user', 'content': 'title?'}]}).encode()\n"
-        "h = {'content-type': 'application/json', 'authorization': 'Bearer ' + e['OPENCODE_ENV_UPSTREAM_KEY']}\n"
-        "print(u.urlopen(u.Request(p['options']['baseURL'] + '/chat/completions', b, h)).read()[-30:])\n"
+        "        return b''\n"
+        "pids = filter(str.isdigit, os.listdir('/proc'))\n"
+        "found = [pid for pid in pids if b'OPENCODE_ENV_UPSTREAM_KEY' in environ(pid)]\n"
+        "print('KEYS FOUND', len(found))\n"
         "EOF\n"
     )
     outcome = await rollout(e2b_fake, Script(steps=[bash(call), say("done")]), verify=[])
     result = outcome.result
     assert result.status == "completed", result.error
-    kinds = [t.kind for t in result.proxy_turns]
-    assert kinds.count("unattributed") == 1, (kinds, result.tool_calls)
-    found = training_sequences(result)
-    [sequence] = found.sequences
-    stranger = next(t for t in result.proxy_turns if t.kind == "unattributed")
-    assert stranger.turn not in sequence.turns
+    assert "KEYS FOUND 0" in str(outcome.exchanges[-1].request)
+    assert [t.kind for t in result.proxy_turns] == ["agent", "agent"]
+    [sequence] = training_sequences(result).sequences
     assert len(sequence.turns) == 2
-    assert training_summary(result).usage_by_kind["unattributed"].calls == 1
     assert result.usage.llm_calls == 2
 
 

@@ -28,13 +28,13 @@ from opencode_env.sandbox.base import SandboxError, SandboxSpec
 from opencode_env.sandbox.cloud.e2b import E2BBackend
 from opencode_env.sandbox.cloud.hf import HFBackend
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
-from opencode_env.sandbox.local.command_argv import TOOL_SHELL
-from opencode_env.sandbox.local.images import HOST_IMAGE
+from opencode_env.sandbox.local.images.base_image import build_base_image
+from opencode_env.sandbox.local.images.store import HOST_IMAGE
+from opencode_env.sandbox.local.isolation.command_argv import TOOL_SHELL
 from opencode_env.sandbox.local.layout import refuse_linked_mount_points
+from opencode_env.scripted.model import Exchange, ScriptedModelServer
+from opencode_env.scripted.script import Script, Step, ToolCallStep, bash, say
 from opencode_env.tasks.harbor import request_from_task_dir
-from opencode_env.testing.script import Script, Step, ToolCallStep, bash, say
-from opencode_env.testing.scripted_model import Exchange, ScriptedModelServer
 from tests.helpers import rollout
 
 BUILD_TIMEOUT = pytest.mark.timeout(900)
@@ -216,7 +216,7 @@ async def test_a_hostile_image_reaches_no_trusted_process(backend: LocalBackend,
     script = Script(steps=[_read_environ(), bash(LOOK, "look"), say("done")])
     with ScriptedModelServer(script) as model:
         request = request_from_task_dir(
-            _hostile_task(tmp_path), endpoint="vllm", base_url=model.base_url, model="scripted"
+            _hostile_task(tmp_path), endpoint="vllm", base_url=model.base_url, model=model.model.model_name
         )
         result = await run_rollout(request, backend)
         exchanges = list(model.exchanges)

@@ -18,7 +18,7 @@ import pytest
 from opencode_env.evals import load_tasks, run_eval
 from opencode_env.rollout.in_process import InProcess
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.sandbox.local.base_image import build_base_image
+from opencode_env.sandbox.local.images.base_image import build_base_image
 from opencode_env.tasks import HarborTask, TaskFormatError
 from opencode_env.wire import RolloutRequest, RolloutResult
 
@@ -249,14 +249,18 @@ async def test_a_task_planted_plugin_never_runs_in_opencode(backend: LocalBacken
     """The real OpenCode, driven by the scripted model, in a task that planted config and plugins: none runs (each
     would leave /tmp/plugin-ran-*), and the project config's `bash: deny` is not applied either."""
     from opencode_env.rollout.pipeline import run_rollout
+    from opencode_env.scripted.model import ScriptedModelServer
+    from opencode_env.scripted.script import Script, bash
     from opencode_env.tasks.harbor import request_from_task_dir
-    from opencode_env.testing.script import Script, bash
-    from opencode_env.testing.scripted_model import ScriptedModelServer
 
     script = Script(steps=[bash("ls /tmp > /app/tmp-listing.txt; echo ran > /app/bash-ran.txt", "look")])
     with ScriptedModelServer(script) as model:
         request = request_from_task_dir(
-            _plugin_task(tmp_path), endpoint="vllm", base_url=model.base_url, model="scripted", setup=_planting_setup()
+            _plugin_task(tmp_path),
+            endpoint="vllm",
+            base_url=model.base_url,
+            model=model.model.model_name,
+            setup=_planting_setup(),
         )
         result = await run_rollout(request, backend)
     assert result.status == "completed", result.error

@@ -26,9 +26,9 @@ from opencode_env.proxy.upstream import (
 )
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.demo import demo_request
-from opencode_env.testing.script import demo_script
-from opencode_env.testing.scripted_model import ScriptedModelServer
+from opencode_env.scripted.demo import demo_request
+from opencode_env.scripted.model import ScriptedModelServer
+from opencode_env.scripted.script import demo_script
 from tests.upstream_proxy import running_test_proxy
 from tests.upstream_servers import PIECES, SERVER_KINDS, PrivateCA, ServerKind, served
 

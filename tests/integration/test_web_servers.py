@@ -19,7 +19,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from opencode_env.server.runs import ResultsDir, Run, Runs, ServerOrigin
+from opencode_env.server.result_store import ResultsDir
+from opencode_env.server.runs import Run, Runs, ServerOrigin
 from opencode_env.viewer.rows import OPERATOR
 from opencode_env.viewer.web import web_router
 from opencode_env.wire import RolloutRequest, RolloutResult
@@ -89,7 +90,7 @@ async def test_a_rollout_cannot_claim_another_server(tmp_path: Path) -> None:
     forged = json.dumps({"server": there.model_dump(), **there.model_dump()})
     runs = Runs(results=ResultsDir(tmp_path), origin=here)
     run = runs.begin(RolloutRequest(instruction=forged, task_id="forged"))
-    claim = RolloutResult(task_id="forged", error=forged, warnings=[forged], status="agent_error")
+    claim = RolloutResult(task_id="forged", error=forged, warnings=[forged], status="agent_error", sandbox_id="box-1")
     await runs.finish(run, claim)
     row = json.loads((tmp_path / f"{run.view.id}.run.json").read_text())
     assert row["server"] == json.loads(here.model_dump_json())

@@ -4,7 +4,7 @@ task end to end."""
 from __future__ import annotations
 
 from opencode_env.sandbox.local.backend import LocalBackend
-from opencode_env.testing.script import demo_script
+from opencode_env.scripted.script import demo_script
 from tests.helpers import rollout
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from opencode_env.cli import main
-from opencode_env.rollout.attribution import attribute_turns
+from opencode_env.rollout.attribution import attribute_turns, attribution_check
 from opencode_env.training.formats import training_rows, trl_batch
 from opencode_env.training.sequences import training_sequences, training_summary
 from opencode_env.wire import RolloutTurn, TurnKind
@@ -141,3 +141,19 @@ def test_export_counts_the_unattributed_calls_it_left_out(tmp_path: Path, capsys
     [row] = [json.loads(line) for line in captured.out.splitlines()]
     assert (row["turns"], row["unattributed_turns"]) == ([0, 2], [1])
     assert "1 rows (1 usable, 0 not) from 1 rollouts (0 not completed, 1 unattributed calls)" in captured.err
+
+
+@pytest.mark.parametrize("callers_checked", [True, False])
+def test_each_step_of_a_multi_step_rollout_has_a_root_of_its_own(callers_checked: bool) -> None:
+    """OpenCode runs once per step: the first session of each run (from `starts`) is a root, its calls `agent`; a
+    sub-agent's stays a sub-agent where callers were checked, and without the check only the roots are OpenCode's."""
+    turns = [call(0, "ses_A"), call(1, "ses_S"), call(2, "ses_A"), call(3, "ses_B"), call(4, "ses_B")]
+    check, _ = attribution_check(turns, callers_checked=callers_checked, starts=[3])
+    if callers_checked:
+        assert kinds(turns) == ["agent", "sub_agent", "agent", "agent", "agent"]
+        assert (check.sessions, check.sub_agent_sessions) == (3, 1)
+    else:
+        assert kinds(turns) == ["agent", "unattributed", "agent", "agent", "agent"]
+        assert (check.sessions, check.sub_agent_sessions) == (2, 0)
+    attribution_check(turns, callers_checked=True)
+    assert kinds(turns)[3:] == ["sub_agent", "sub_agent"], "without the steps' starts, one root"

@@ -9,13 +9,13 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from opencode_env.inside.prefix import common_prefix_length
 from opencode_env.proxy.capture import (
     TraceCompactor,
     _newline_events,
     _separated_events,
     fold_response,
     fold_stream,
-    shared_prefix,
 )
 from opencode_env.proxy.request import RewriteConfig, neutral_error, recorded_headers, rewrite_request, turn_kind
 from opencode_env.rollout.proxy_session import parse_trace
@@ -295,11 +295,11 @@ def test_compact_records_rebuild_to_the_full_messages_and_prompt_ids() -> None:
     assert result.request_tools[trace.turns[2].tools_sha256 or ""] == tools
 
 
-def test_shared_prefix() -> None:
-    assert shared_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
-    assert shared_prefix([1, 2], [1, 2, 3]) == 2
-    assert shared_prefix([], [1]) == 0
-    assert shared_prefix([5], [6]) == 0
+def test_common_prefix_length() -> None:
+    assert common_prefix_length([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([5], [6]) == 0
 
 
 @given(st.lists(st.sampled_from([b"\n", b"\n\n", b"data: ", b"{}", b"x", b": comment"]), max_size=40))

@@ -20,7 +20,7 @@ from opencode_env.sandbox.addresses import (
     read_host_networks,
     refusal,
 )
-from opencode_env.sandbox.local.egress import EgressPolicy, EgressProxy, parse_trusted_hosts
+from opencode_env.sandbox.local.isolation.egress import EgressPolicy, EgressProxy, parse_trusted_hosts
 
 HOST_V4 = "81.2.69.160"
 HOST_V6 = "2a01:4f8:c17:1::1"

@@ -4,13 +4,17 @@ bytecode or module of a hostile work dir, and a forged report trips the canaries
 
 from __future__ import annotations
 
-import posixpath
-import re
-
 import pytest
 
-from opencode_env.rollout import graded_tests
-from opencode_env.rollout.graded_tests import Canaries, Report, junit_key, make_canaries, terminal_summary, tripwires
+from opencode_env.rollout.grading import graded_tests
+from opencode_env.rollout.grading.graded_tests import (
+    Canaries,
+    Report,
+    junit_key,
+    make_canaries,
+    terminal_summary,
+    tripwires,
+)
 from opencode_env.wire.grading import MAX_FINDING_PATH, MAX_FINDINGS, GradedTests, IntegrityFinding, capped, tampering
 
 SPEC = GradedTests.model_validate(
@@ -21,23 +25,22 @@ SPEC = GradedTests.model_validate(
 )
 
 
-def test_canaries_are_fresh_named_like_tests_and_placed_beside_the_graded_ones() -> None:
+def test_tripwires_live_in_the_graded_files_under_fresh_names() -> None:
+    spec = SPEC.model_copy(
+        update={
+            "files": {"test_calc.py": "def test_add():\n    pass\n", "sub/test_more.py": "class TestA:\n    pass\n"}
+        }
+    )
     seen = set()
     for _ in range(50):
-        canaries = make_canaries(SPEC)
+        canaries = make_canaries(spec)
         assert len(canaries.must_pass) == len(canaries.must_fail) == 2
-        assert len(canaries.files) == 2
-        for path in canaries.files:
-            name = posixpath.basename(path)
-            assert name.startswith("test_")
-            assert name.endswith(".py")
-            assert name.removesuffix(".py") not in {"test_calc", "test_more", "helper"}
-            assert posixpath.dirname(path) in {"", "sub"}
+        assert set(canaries.files) == {"test_calc.py"}
         ids = {*canaries.must_pass, *canaries.must_fail}
         assert len(ids) == 4
         assert all(test_id.split("::")[0] in canaries.files for test_id in ids)
-        seen.add(tuple(sorted(canaries.files)))
-    assert len(seen) > 40
+        seen.add(tuple(sorted(ids)))
+    assert len(seen) == 50
 
 
 def test_the_summary_line_is_pytests_last_one() -> None:
@@ -108,29 +111,28 @@ MIRRORED = GradedTests.model_validate(
         "files": {
             "test_calc.py": '"""Adding."""\n\nfrom __future__ import annotations\n\nimport pytest\nfrom add import (\n'
             "    add,\n)\n\nLIMIT = 3\n\n\ndef test_add():\n    assert add(1, 2) == LIMIT\n",
-            "sub/calc_test.py": "from add import add\n\n\nclass TestAdd:\n    def test_b(self):\n        pass\n",
+            "sub/calc_test.py": "from add import add\n\n\nclass TestAdd:\n    def test_b(self):\n"
+            "        assert add(1, 1) == 2\n",
         },
         "fail_to_pass": ["test_calc.py::test_add", "sub/calc_test.py::TestAdd::test_b"],
     }
 )
 
 
-def test_a_canary_is_the_graded_file_beside_it_with_tests_of_its_own() -> None:
+def test_the_copy_keeps_each_file_but_its_tests_names_and_adds_mutants_beside_them() -> None:
     header = MIRRORED.files["test_calc.py"].split("\n\n\ndef test_add")[0]
     for _ in range(30):
         canaries = make_canaries(MIRRORED)
+        assert canaries.files["test_calc.py"].startswith(header + "\n\n\ndef test_")
+        assert canaries.files["sub/calc_test.py"].startswith("from add import add\n\n\nclass TestAdd:\n    def test_")
+        assert canaries.copy_id("test_calc.py::test_add").startswith("test_calc.py::test_")
+        assert canaries.copy_id("sub/calc_test.py::TestAdd::test_b").startswith("sub/calc_test.py::TestAdd::test_")
+        assert [test_id for test_id, _ in canaries.twins] == ["sub/calc_test.py::TestAdd::test_b"]
         for path, source in canaries.files.items():
-            ids = [test_id for test_id in (*canaries.must_pass, *canaries.must_fail) if test_id.startswith(path)]
-            if posixpath.dirname(path) == "sub":
-                assert posixpath.basename(path).endswith("_test.py")
-                assert source.startswith("from add import add\n\n\nclass Test")
-                assert all(test_id.count("::") == 2 for test_id in ids)
-            else:
-                assert posixpath.basename(path).startswith("test_")
-                assert source.startswith(header + "\n\n\ndef test_")
-                assert "def test_add():" not in source
             compile(source, path, "exec")
-            assert re.search(r"\badd\(", source) is None
+            assert "def test_add(" not in source
+            assert "def test_b(" not in source
+        assert canaries.files["sub/calc_test.py"].count("assert add(1, 1) == ") == 2
 
 
 def test_a_canary_file_that_fails_to_import_excuses_its_missing_must_pass_canaries() -> None:

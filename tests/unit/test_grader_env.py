@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from opencode_env.rollout.check_task import task_warnings
-from opencode_env.rollout.graded_tests import grade, junit_key
-from opencode_env.rollout.grader_env import verify_environment
-from opencode_env.rollout.integrity import Entry, Listing, repair
+from opencode_env.rollout.grading.graded_tests import grade, junit_key
+from opencode_env.rollout.grading.grader_env import verify_environment
+from opencode_env.rollout.grading.integrity import Entry, Listing, repair
 from opencode_env.wire import RolloutRequest, RolloutResult, result_summary
 from opencode_env.wire.grading import GradedTest, GradedTests, IntegrityFinding, tampering
 

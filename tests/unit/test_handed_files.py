@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from opencode_env.rollout import task_dirs
-from opencode_env.rollout.reward import Reward, read_reward
+from opencode_env.rollout.grading.reward import Reward, read_reward
 from opencode_env.sandbox.base import REWARD_JSON, REWARD_TXT, Sandbox, sealed_dirs
 from opencode_env.wire import CommandResult, RolloutRequest
 
@@ -60,10 +60,10 @@ class Verifier:
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_tail(self, path: str, limit: int) -> bytes:
         if path not in self.files:
             raise FileNotFoundError(path)
-        return self.files[path]
+        return self.files[path][-limit:]
 
 
 PASSED = [CommandResult(cmd="true", exit_code=0), CommandResult(cmd="false", exit_code=1)]
@@ -78,6 +78,14 @@ async def test_an_undeclared_reward_file_is_never_read() -> None:
 async def test_both_declared_reward_files_written_is_a_conflict_graded_zero() -> None:
     sandbox = cast(Sandbox, Verifier({REWARD_TXT: b"0", REWARD_JSON: b'{"reward": 1}'}))
     reward = await read_reward(sandbox, PASSED, ("reward.json", "reward.txt"))
-    assert (reward.value, reward.conflict) == (0.0, (REWARD_JSON, REWARD_TXT))
-    one = cast(Sandbox, Verifier({REWARD_JSON: b'{"reward": 0.25}'}))
-    assert await read_reward(one, PASSED, ("reward.json", "reward.txt")) == Reward(0.25, "reward_json")
+    assert (reward.value, reward.finding, reward.paths) == (0.0, "reward_file", (REWARD_JSON, REWARD_TXT))
+    one = cast(Sandbox, Verifier({REWARD_JSON: b'{"reward": 0.25}', REWARD_TXT: b""}))
+    assert await read_reward(one, PASSED, ("reward.json", "reward.txt")) == Reward(
+        0.25, "reward_json", metrics={"reward": 0.25}
+    )
+
+
+async def test_a_reward_file_past_the_read_limit_is_no_reward_not_an_error() -> None:
+    huge = cast(Sandbox, Verifier({REWARD_TXT: b"1" + b" " * (2 << 20), REWARD_JSON: b""}))
+    reward = await read_reward(huge, PASSED, ("reward.txt", "reward.json"))
+    assert (reward.value, reward.finding) == (0.0, "reward_unparsable")

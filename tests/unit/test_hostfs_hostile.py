@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opencode_env.sandbox.local import hostfs, hostfs_write
+from opencode_env.sandbox.local.files import hostfs, hostfs_write
 
 OWNER = (2_100_000_001, 2_100_000_001)
 OTHER = (2_100_000_777, 2_100_000_777)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from opencode_env.rollout.probe import decide
+from opencode_env.rollout.preflight.probe import Decision, decide
 from opencode_env.wire import RolloutRequest, RolloutResult
 from opencode_env.wire.provenance import EndpointCapabilities, EndpointProbe
 
@@ -21,10 +21,14 @@ def test_a_model_that_calls_no_tool_is_a_warning_that_does_not_blame_the_flags()
     )
     decision = decide(probe, "tokens", top_logprobs=5, shaped_sampling=False)
     assert decision.refusal is None
-    [warning] = decision.warnings
+    [warning] = [notice.message for notice in decision.warnings]
     assert "did not call a tool" in warning
     assert "--tool-call-parser" in warning
     assert "start it with --enable-auto-tool-choice" not in warning
+
+
+def messages(decision: Decision) -> list[str]:
+    return [notice.message for notice in decision.warnings]
 
 
 def test_the_decision_names_what_is_missing_and_warns_of_the_rest() -> None:
@@ -34,10 +38,10 @@ def test_the_decision_names_what_is_missing_and_warns_of_the_rest() -> None:
     assert "prompt token ids" in refused.refusal
     accepted = decide(openai_like, "logprobs", top_logprobs=5, shaped_sampling=True)
     assert accepted.refusal is None
-    assert any("no token ids" in warning for warning in accepted.warnings)
-    assert any("processed_logprobs" in warning for warning in accepted.warnings)
+    assert any("no token ids" in warning for warning in messages(accepted))
+    assert any("processed_logprobs" in warning for warning in messages(accepted))
     unprobed = EndpointProbe(probed=False, problem="the endpoint did not answer the probe: ConnectError")
-    assert decide(unprobed, "tokens", top_logprobs=5, shaped_sampling=False).warnings == [
+    assert messages(decide(unprobed, "tokens", top_logprobs=5, shaped_sampling=False)) == [
         "capture not checked before the rollout: the endpoint did not answer the probe: ConnectError"
     ]
 

@@ -1,10 +1,17 @@
-"""Sampling warnings: what a trainer is told about logprobs that may not be those of the distribution that sampled."""
+"""Sampling warnings: what a trainer is told about logprobs that may not be those of the distribution that sampled,
+and only where it applies (a rollout that sampled; the raw-logprobs caveat only where the server's kind is unknown)."""
 
 from __future__ import annotations
 
-from opencode_env.rollout.sampling import sampling_warnings
+import pytest
+
+from opencode_env.rollout.sampling import sampling_notices
 from opencode_env.training.sequences import training_summary
 from opencode_env.wire import RolloutRequest, RolloutResult, Sampling
+
+
+def sampling_warnings(task: RolloutRequest | None, *, sampled: bool = True, kind: str | None = None) -> list[str]:
+    return [notice.message for notice in sampling_notices(task, sampled=sampled, logprobs_kind=kind)]
 
 
 def request(sampling: Sampling | None = None, **fields: object) -> RolloutRequest:
@@ -16,9 +23,27 @@ def test_a_result_without_its_request_gets_no_warning() -> None:
 
 
 def test_no_sampling_says_the_server_defaults_decided_unrecorded() -> None:
-    [warning] = sampling_warnings(request())
-    assert "model server's defaults decided the sampling, unrecorded" in warning
-    assert "generation_config" in warning
+    [notice] = sampling_notices(request(), sampled=True)
+    assert "model server's defaults decided the sampling, unrecorded" in notice.message
+    assert "generation_config" in notice.message
+    assert (notice.code, notice.severity) == ("sampling_unrecorded", "warning")
+    assert "temperature=1.0" in notice.fix
+
+
+@pytest.mark.parametrize(
+    "sampling", [None, Sampling(top_p=0.9), Sampling(temperature=0.6, top_p=0.95, top_k=20, min_p=0.0)]
+)
+def test_a_rollout_that_never_sampled_gets_no_sampling_warning(sampling: Sampling | None) -> None:
+    """Refused at validation, cut before the agent's first call: nothing was sampled, so nothing to doubt."""
+    assert sampling_warnings(request(sampling), sampled=False) == []
+    assert sampling_warnings(request(sampling), sampled=True) != []
+
+
+def test_the_raw_logprobs_caveat_applies_only_where_the_server_s_kind_is_unknown() -> None:
+    shaped = request(Sampling(temperature=0.6, top_p=0.95, top_k=20, min_p=0.0))
+    assert any("not neutral" in warning for warning in sampling_warnings(shaped, kind=None))
+    assert not any("not neutral" in warning for warning in sampling_warnings(shaped, kind="processed"))
+    assert not any("not neutral" in warning for warning in sampling_warnings(shaped, kind="raw"))  # the probe's own
 
 
 def test_neutral_sampling_gets_no_warning() -> None:
@@ -70,7 +95,9 @@ def test_runs_that_record_no_logprobs_get_no_warning() -> None:
 
 def test_the_training_summary_shows_the_warnings_of_the_result() -> None:
     task = request(Sampling(top_p=0.9))
-    result = RolloutResult(task=task, warnings=sampling_warnings(task))
+    result = RolloutResult(task=task)
+    for notice in sampling_notices(task, sampled=True):
+        result.warn(notice.code, notice.message, severity=notice.severity, fix=notice.fix)
     text = training_summary(result).text()
     assert "warning:    sampling is not neutral (top_p=0.9)" in text
     assert "warning:    sampling fields left unset (temperature, top_k, min_p)" in text

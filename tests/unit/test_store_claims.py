@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from opencode_env.rollout import collect_phase
 from opencode_env.rollout.attribution import attribution_check
-from opencode_env.rollout.collect_phase import attribution_warnings
 from opencode_env.rollout.opencode_store import StoreUnavailable, parse_store
 from opencode_env.training.sequences import training_sequences
-from opencode_env.wire import RolloutTurn
+from opencode_env.wire import AttributionCheck, RolloutTurn
 from tests.integration.test_training import result_of, turn
 
 ROOT, CHILD = "ses_root", "ses_child"
@@ -98,6 +98,10 @@ def test_a_lying_store_changes_no_kind_and_no_trained_turn(tmp_path: Path, claim
     assert check.disagreements
     [warning] = attribution_warnings(check, store_expected=True) or [""]
     assert "contradicts the proxy's record" in warning or "no complete turn" in " ".join(check.disagreements)
+
+
+def attribution_warnings(check: AttributionCheck, *, store_expected: bool) -> list[str]:
+    return [notice.message for notice in collect_phase.attribution_warnings(check, store_expected=store_expected)]
 
 
 def test_a_store_overwritten_with_garbage_costs_the_parents_only(tmp_path: Path) -> None:

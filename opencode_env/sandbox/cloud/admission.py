@@ -3,51 +3,46 @@
 Shared by the cloud backends (E2B, Hugging Face): a slot is taken before a sandbox is created and given back when
 it is closed (or its creation fails), and creations are spaced `stagger_s` apart so that a burst of rollouts does
 not hit the vendor's API all in the same instant.
+
+A rollout graded in the grader's box holds one slot while its agent runs and takes a second only for verify (its
+grader's VM is opened when the agent ends). Agents that will want a grader's VM ("planned") never hold every slot:
+at least one stays free or held by a sandbox that ends without waiting for another (a grader's VM, a rollout graded
+in its own VM), and a grader's VM is served before anything else waiting, so a rollout waiting for its grader's slot
+always gets one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+
+from opencode_env.sandbox.base import GraderBoxRole
+from opencode_env.sandbox.reservations import Reservations
 
 DEFAULT_LIMIT = 20
 """The default of each cloud backend's cap (OPENCODE_ENV_E2B_MAX_SANDBOXES, OPENCODE_ENV_HF_MAX_SANDBOXES)."""
 
 
 class Admission:
-    """Slots, taken first come, first served: a request for two (a rollout's VM and its grader's) is never passed
-    over by later ones for one, and never holds one slot while it waits for the second."""
+    """Slots, one a sandbox: graders' VMs first, then first come, first served; an agent that will want a grader's
+    VM is admitted only while the others holding slots leave one for it."""
 
     def __init__(self, limit: int, *, stagger_s: float) -> None:
         if limit < 1:
             raise ValueError(f"a cloud backend's cap on live sandboxes must be at least 1 (got {limit})")
         self.limit = limit
-        self._free = limit
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._slots = Reservations(limit, caps={"planned": limit - 1}, first=frozenset({"this"}))
         self._stagger = asyncio.Lock()
         self._stagger_s = stagger_s
         self._last_create = 0.0
 
-    async def acquire(self, slots: int = 1) -> None:
-        """Wait for `slots` free slots at once (at most the cap), then for this creation's turn; on cancellation no
-        slot is held."""
-        slots = min(slots, self.limit)
-        if not self._waiting and self._free >= slots:
-            self._free -= slots
-        else:
-            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            entry = (slots, turn)
-            self._waiting.append(entry)
-            try:
-                await turn
-            except asyncio.CancelledError:
-                if entry in self._waiting:
-                    self._waiting.remove(entry)
-                    self._wake()
-                elif turn.done() and not turn.cancelled():
-                    self.release(slots)
-                raise
+    @property
+    def held(self) -> int:
+        return self._slots.reserved
+
+    async def acquire(self, role: GraderBoxRole = "none") -> None:
+        """Wait for a slot `role` may take, then for this creation's turn; on cancellation no slot is held."""
+        await self._slots.reserve(1, role)
         try:
             async with self._stagger:
                 wait = self._last_create + self._stagger_s - time.monotonic()
@@ -55,17 +50,8 @@ class Admission:
                     await asyncio.sleep(wait)
                 self._last_create = time.monotonic()
         except BaseException:
-            self.release(slots)
+            self.release(role)
             raise
 
-    def release(self, slots: int = 1) -> None:
-        self._free += min(slots, self.limit)
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiting and self._free >= self._waiting[0][0]:
-            slots, turn = self._waiting.popleft()
-            if turn.done():
-                continue
-            self._free -= slots
-            turn.set_result(None)
+    def release(self, role: GraderBoxRole = "none") -> None:
+        self._slots.release(1, role)

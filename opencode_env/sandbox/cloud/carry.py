@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
+from opencode_env.inside import source
 from opencode_env.sandbox import tree_carry
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -57,7 +58,16 @@ TAR_HEADER_BYTES = 1536
 """A PAX tar's worst case per entry (its header and an extended header), for the archive's size bound."""
 SURVEY_OUTPUT_BYTES = tree_carry.SURVEY_MAX_BYTES + 2**16
 """The survey's JSON line at most (the walker stops adding paths past SURVEY_MAX_BYTES)."""
-WALKER_SOURCE = Path(tree_carry.__file__).read_text(encoding="utf-8")
+WALKER_SOURCE = f"""import sys, types
+for name in ("opencode_env", "opencode_env.inside", "opencode_env.inside.nofollow"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["opencode_env"].inside = sys.modules["opencode_env.inside"]
+sys.modules["opencode_env.inside"].nofollow = sys.modules["opencode_env.inside.nofollow"]
+exec(compile({source("nofollow.py")!r}, "nofollow.py", "exec"), sys.modules["opencode_env.inside.nofollow"].__dict__)
+exec(compile({Path(tree_carry.__file__).read_text(encoding="utf-8")!r}, "tree_carry.py", "exec"), globals())
+"""
+"""The walker and the one module of ours it imports (as `opencode_env.inside.nofollow`), as one program for
+`python3 -I -c`."""
 
 
 def _walker(sandbox: CloudSandbox, *args: str) -> str:

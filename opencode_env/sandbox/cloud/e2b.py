@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -56,7 +57,6 @@ E2B_CONCURRENCY = 16
 TASK_USER = "user"
 FILE_USERS = {"root": "root", "grader": GRADER_USER}
 """Who writes a file, by identity; the SDK's default user (the template's: `user`) otherwise."""
-CONTROL_DIR = "/home/user/.rollout"
 TAG = "opencode_env"
 PROBE = (
     f"echo template-format=${{{TEMPLATE_FORMAT_ENV_NAME}:-none}}; "
@@ -140,7 +140,8 @@ class E2BSandbox(CloudSandbox):
         self._processes: set[E2BProcess] = set()
         self.enforcement = {
             "isolation": "E2B microVM; task commands as user, the proxy as root",
-            "verify": "as grader (a second user), fresh HOME and TMPDIR; OpenCode and its tools both as user",
+            "verify": "as grader (a second user), fresh HOME and TMPDIR",
+            "agent": "OpenCode as its own uid, its tools as user through a root broker; proxy checks the caller's uid",
         }
 
     def _user(self, identity: Identity) -> str:
@@ -151,8 +152,8 @@ class E2BSandbox(CloudSandbox):
         self, identity: Identity, cmd: str, *, timeout_s: float, env: Mapping[str, str] | None, cwd: str, limit: int
     ) -> CommandResult:
         """Task commands run as `user` (the template gives it no sudo), install steps as root, verify as `grader`
-        with a fresh HOME and TMPDIR; OpenCode (`agent`) runs as `user` too: E2B gives no second user namespace.
-        A command's own process is killed when it ends."""
+        with a fresh HOME and TMPDIR; OpenCode's command comes here as root's, which drops to OpenCode's own uid
+        (CloudSandbox.run). A command's own process is killed when it ends."""
         capture = Capture(cmd, limit)
         envs = {**self._env, **(env or {}), **(GRADER_ENV if identity == "grader" else {})}
         process = await self._launch(cmd, envs, cwd, self._user(identity), capture)
@@ -194,10 +195,13 @@ class E2BSandbox(CloudSandbox):
             await self._sandbox.files.write(path, data, user=FILE_USERS.get(identity))
 
     async def write_control_file(self, name: str, data: str) -> str:
-        """In the user's home: E2B's boundary is the VM, and a task that rewrites its own agent's config only
-        loses its own capture."""
-        path = f"{CONTROL_DIR}/{name}"
-        await self.write_file(path, data)
+        """Root's, readable by all, in OpenCode's root: no task identity can change the config or the instruction."""
+        root = await self.made_agent_root()
+        path = f"{root.control}/{name}"
+        await self._write_as("root", path, data)
+        exit_code, output = await self.run_root(f"chmod 644 {shlex.quote(path)}", 30)
+        if exit_code != 0:
+            raise SandboxError(f"could not write {path} in {self.sandbox_id}: {output[-500:]}")
         return path
 
     async def read_tail(self, path: str, limit: int) -> bytes:
@@ -206,7 +210,7 @@ class E2BSandbox(CloudSandbox):
     async def read_file(self, path: str) -> bytes:
         try:
             with _mapped(self.sandbox_id, "reading a file"):
-                data = await self._sandbox.files.read(path, format="bytes")
+                data = await self._sandbox.files.read(path, format="bytes", user=self._owner_of(path))
         except FileNotFoundException as missing:
             raise FileNotFoundError(path) from missing
         return bytes(data)
@@ -214,7 +218,7 @@ class E2BSandbox(CloudSandbox):
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
         try:
             with _mapped(self.sandbox_id, "listing files"):
-                entries = await self._sandbox.files.list(root, depth=32)
+                entries = await self._sandbox.files.list(root, depth=32, user=self._owner_of(root))
         except FileNotFoundException:
             return []
         prefix = root.rstrip("/") + "/"
@@ -241,6 +245,7 @@ class E2BBackend:
         proxy_beside_task_root=True,
         default_concurrency=E2B_CONCURRENCY,
         risk="starts sandboxes billed to the server owner's E2B account",
+        grader_box_at_agent_end=True,
     )
     label = "E2B"
     cap_setting = variable("e2b_max_sandboxes")

@@ -20,12 +20,15 @@ from opencode_env.sandbox.base import (
     HANDED_FILE_MODE,
     HOME,
     LOGS_DIR,
+    REWARD_FILE_MODE,
+    REWARD_FILES,
     VERIFIER_DIR,
+    VERIFIER_DIR_MODE,
     WORKDIR,
     sealed_dirs,
     task_path,
 )
-from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
+from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, GRADER_PYTHON_FILES
 
 GRADER_USER = "grader"
 GRADER_UID = 1001
@@ -38,7 +41,9 @@ GRADER_ENV = {
     "PYTHONNOUSERSITE": "1",
 }
 
-_STARTUP_B64 = base64.b64encode(SITECUSTOMIZE_SOURCE.encode("utf-8")).decode("ascii")
+_STARTUP_B64 = {
+    name: base64.b64encode(text.encode("utf-8")).decode("ascii") for name, text in GRADER_PYTHON_FILES.items()
+}
 
 
 def _plain_dir(path: str) -> str:
@@ -60,7 +65,7 @@ def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
         f"find {GRADER_ROOT} -mindepth 1 -delete",
         f"mkdir -m 0700 {GRADER_ROOT}/home {GRADER_ROOT}/tmp",
         f"mkdir -m 0755 {GRADER_PYTHON_DIR}",
-        f"echo {_STARTUP_B64} | base64 -d > {GRADER_PYTHON_DIR}/{SITECUSTOMIZE}",
+        *(f"echo {packed} | base64 -d > {GRADER_PYTHON_DIR}/{name}" for name, packed in _STARTUP_B64.items()),
         f"chown -R {grader} {GRADER_ROOT}",
     ]
     # Root owns HOME and the logs directory from here on: a process the agent left behind can no longer rename
@@ -70,8 +75,13 @@ def handoff_script(protected: Iterable[str], workdir: str = WORKDIR) -> str:
         lines += [_plain_dir(directory), f"mkdir -p -- {shlex.quote(directory)}"]
     lines += [f"chown -h root:root -- {shlex.quote(LOGS_DIR)}", f"chmod 0755 -- {shlex.quote(LOGS_DIR)}"]
     lines += [f"chown -R -h {grader} -- {shlex.quote(workdir)}"]
-    lines += [f"rm -rf -- {shlex.quote(VERIFIER_DIR)}", f"mkdir -- {shlex.quote(VERIFIER_DIR)}"]
-    lines += [f"chown {grader} -- {shlex.quote(VERIFIER_DIR)}"]
+    # The reward channel (base.REWARD_FILES): root's files in a root's sticky directory, writable by the grader's
+    # group alone; made before the directory opens to that group, so nothing else is ever in it.
+    verifier, channel = shlex.quote(VERIFIER_DIR), f"root:{GRADER_USER}"
+    lines += [f"rm -rf -- {verifier}", f"mkdir -m 0755 -- {verifier}"]
+    for reward in map(shlex.quote, REWARD_FILES):
+        lines += [f": > {reward}", f"chown {channel} -- {reward}", f"chmod {REWARD_FILE_MODE:o} -- {reward}"]
+    lines += [f"chown {channel} -- {verifier}", f"chmod {VERIFIER_DIR_MODE:o} -- {verifier}"]
     for path in protected:
         lines += _clear_path(task_path(path, workdir), grader, workdir)
     return "\n".join(lines) + "\n"

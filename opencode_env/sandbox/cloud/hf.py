@@ -56,7 +56,8 @@ TRANSIENT_POLL_FAILURES = 3
 ENFORCEMENT = {
     "isolation": "Hugging Face Job (a dedicated VM); task commands as user (setpriv, no capabilities, "
     "no new privileges), the capture proxy as root",
-    "verify": "as grader (a second user), fresh HOME and TMPDIR; OpenCode and its tools both as user",
+    "verify": "as grader (a second user), fresh HOME and TMPDIR",
+    "agent": "OpenCode as its own uid, its tools as user through a root broker; proxy checks the caller's uid",
     "network": "the Job's own: the internet, unfiltered",
     "limits": "the Job's hardware flavor, not the per-rollout limits",
 }
@@ -203,7 +204,7 @@ class HFSandbox(CloudSandbox):
         await self._file_command(hf_shell.write_file(path), f"write {path}", stdin=payload, identity=identity)
 
     async def read_file(self, path: str) -> bytes:
-        result = await self._file_command(hf_shell.read_file(path), f"read {path}")
+        result = await self._file_command(hf_shell.read_file(path), f"read {path}", identity=self._owner_of(path))
         if result.exit_code == hf_shell.MISSING_EXIT:
             raise FileNotFoundError(path)
         if result.exit_code == hf_shell.TOO_BIG_EXIT:
@@ -211,7 +212,9 @@ class HFSandbox(CloudSandbox):
         return base64.b64decode(result.stdout)
 
     async def read_tail(self, path: str, limit: int) -> bytes:
-        result = await self._file_command(hf_shell.read_tail(path, limit), f"read {path}")
+        result = await self._file_command(
+            hf_shell.read_tail(path, limit), f"read {path}", identity=self._owner_of(path)
+        )
         if result.exit_code == hf_shell.MISSING_EXIT:
             raise FileNotFoundError(path)
         return base64.b64decode(result.stdout)
@@ -225,7 +228,9 @@ class HFSandbox(CloudSandbox):
         return path
 
     async def list_files(self, root: str, *, limit: int) -> list[FileEntry]:
-        result = await self._file_command(hf_shell.list_files(root, limit), f"list {root}")
+        result = await self._file_command(
+            hf_shell.list_files(root, limit), f"list {root}", identity=self._owner_of(root)
+        )
         return hf_shell.parse_listing(result.stdout)
 
     async def _kill_vm(self) -> None:
@@ -244,6 +249,7 @@ class HFBackend:
         proxy_beside_task_root=True,
         default_concurrency=per_cpu_concurrency(),
         risk="starts sandboxes billed to the server owner's Hugging Face account",
+        grader_box_at_agent_end=True,
     )
     label = "HF"
     cap_setting = variable("hf_max_sandboxes")

@@ -64,8 +64,8 @@ exec /bin/bash -c "$1"
 
 
 def as_identity(identity: Identity, cmd: str, *, grader_is_root: bool = False) -> list[str]:
-    """`agent` is `user` here: HF's containers give no second user namespace to separate OpenCode's tools. A grader
-    that is root (verify_as='root') keeps the grader's fresh HOME and TMPDIR."""
+    """OpenCode's command comes as root's, which drops to OpenCode's own uid (CloudSandbox.run). A grader that is
+    root (verify_as='root') keeps the grader's fresh HOME and TMPDIR."""
     grader = _AS_ROOT_GRADER if grader_is_root else _AS_GRADER
     shell = {"root": _AS_ROOT, "grader": grader}.get(identity, _AS_USER)
     return ["/bin/sh", "-c", shell, "opencode-env", cmd]

@@ -131,16 +131,20 @@ class Lifecycle(Generic[S_co]):
 
     async def create(self, spec: SandboxSpec, image: str) -> S_co:
         """A prepared sandbox on a new VM running `image`; it holds its slot until it closes."""
+        if spec.services:
+            raise SandboxError(
+                f"services: a {self._provider.label} sandbox is one VM per rollout, without sidecars (run the "
+                "services inside the main image, started by its ENTRYPOINT, or use the local backend)"
+            )
         credential = self._provider.credential()
-        slots = {"none": 1, "planned": 2, "this": 0}[spec.grader_box]
-        if slots > self._admission.limit:
+        role = spec.grader_box
+        if role == "planned" and self._admission.limit < 2:
             raise SandboxError(
                 f"{self._provider.cap_setting}={self._admission.limit} holds fewer {self._provider.label} sandboxes "
-                f"than a rollout graded in the grader's box needs ({slots}: the agent's VM and the grader's): raise it "
-                "to 2 or more, or ask for verify_sandbox='same'"
+                "than a rollout graded in the grader's box needs (2: the agent's VM and, for verify, the grader's): "
+                "raise it to 2 or more, or ask for verify_sandbox='same'"
             )
-        if slots:
-            await self._admission.acquire(slots)
+        await self._admission.acquire(role)
         try:
             vm = await self._create_killing_if_late(spec, image, credential)
             try:
@@ -150,13 +154,12 @@ class Lifecycle(Generic[S_co]):
                 await asyncio.shield(self._kill_quietly(vm))
                 raise
         except BaseException:
-            self._admission.release(slots)
+            self._admission.release(role)
             raise
         opened: S_co
 
         def release() -> None:
-            if slots:
-                self._admission.release(slots)
+            self._admission.release(role)
             self._open.discard(opened)
 
         opened = self._provider.open_sandbox(vm, tools, spec, release)

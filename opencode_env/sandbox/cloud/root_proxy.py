@@ -1,5 +1,7 @@
 """The capture proxy on a cloud sandbox (E2B, Hugging Face): run as root from a directory only root can open,
-while every task command runs as `user` without sudo; admin calls and file reads go through root commands too."""
+while every task command runs as `user` without sudo; admin calls and file reads go through root commands too.
+It admits a call only from a socket OpenCode's own uid (or root) owns, read from the VM's TCP table (proxy/peers.py):
+a token a tool found gets it nothing."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import shlex
 from typing import Any, Protocol
 
 from opencode_env.sandbox.base import PROXY_TOKEN_ENV_NAME, BackgroundProcess, ProxyLaunch, SandboxError
-from opencode_env.sandbox.cloud.agent_env import allow_listed
+from opencode_env.sandbox.cloud.agent_env import OPENCODE_UID, allow_listed
 
 PORT_WAIT_S = 20.0
 PROXY_ALLOWED = ("PATH", "HOME", "LANG")
+PEER_TABLE_FD = 3
 
 
 class RootRunner(Protocol):
@@ -89,10 +92,17 @@ async def start_root_proxy(sandbox: RootRunner, launch: ProxyLaunch) -> RootProx
         f"{private}/trace.jsonl",
         "--token-env",
         PROXY_TOKEN_ENV_NAME,
+        # the VM's TCP table, opened by root: only sockets OpenCode's uid (or root, asking the health) owns may call
+        "--peer-table-fd",
+        str(PEER_TABLE_FD),
+        "--peer-uid",
+        str(OPENCODE_UID),
+        "--peer-uid",
+        "0",
     ]
     command = (
         f"cd {private}/pkg && exec {shlex.quote(launch.python)} -E -s -m opencode_env.proxy {shlex.join(args)}"
-        f" >> {private}/proxy.log 2>&1"
+        f" >> {private}/proxy.log 2>&1 {PEER_TABLE_FD}< /proc/net/tcp"
     )
     # the VM's environment (its template's ENV, the sandbox's envs) never reaches the proxy: only ours does
     command = allow_listed(command, [*PROXY_ALLOWED, *launch.env, PROXY_TOKEN_ENV_NAME])

@@ -5,14 +5,16 @@ files through its SDK (`_run_as`, `_start_as`, `_write_as`) and kills its VM (`_
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 
 from opencode_env.sandbox.base import (
+    AGENT_LOG_DIR,
     DEFAULT_MAX_OUTPUT_BYTES,
-    OPENCODE_DATA_DIR,
+    HOME,
     WORKDIR,
     BackgroundProcess,
     CarryLimits,
@@ -26,22 +28,22 @@ from opencode_env.sandbox.base import (
     SandboxSpec,
     task_path,
 )
-from opencode_env.sandbox.cloud.agent_env import (
-    OPENCODE_ALLOWED,
-    allow_listed,
-    env_file_text,
-    split_agent_env,
-    tool_shell,
-)
+from opencode_env.sandbox.cloud.agent_env import AgentRoot, split_agent_env, tool_broker_source
 from opencode_env.sandbox.cloud.carry import carry_between
 from opencode_env.sandbox.cloud.grader import handoff_script, seal_script
 from opencode_env.sandbox.cloud.lifecycle import kill_quietly
 from opencode_env.sandbox.cloud.root_proxy import RootProxy, start_root_proxy
 from opencode_env.sandbox.output import BoundedOutput
 from opencode_env.wire import CommandResult, LimitHit
+from opencode_env.wire.task_paths import OutsideTaskRoots, confined_file
 
 ROOT_OUTPUT_BYTES = 64 * 2**20
 HANDOFF_TIMEOUT_S = 120
+TASK_USER = "user"
+STOP_ALL = "kill -STOP -1 2>/dev/null; true"
+CONTINUE_ALL = "kill -CONT -1 2>/dev/null; true"
+"""kill(-1) reaches every process the caller may signal but itself: all of `user`'s; none may be left (ESRCH)."""
+BROKER_WAIT_S = 20.0
 
 
 class Capture:
@@ -86,8 +88,10 @@ class CloudSandbox(ABC):
         self._spec = spec or SandboxSpec()
         self._release = release
         self._closer = CloseOnce(self._close)
-        self.opencode_data_dir = OPENCODE_DATA_DIR
-        self.opencode_isolated = False
+        self.agent_root = AgentRoot(f"/tmp/opencode-env-agent-{secrets.token_hex(8)}")
+        self._python: str | None = None
+        self.opencode_data_dir = f"{self.agent_root.home}/data"
+        self.opencode_isolated = True
 
     @abstractmethod
     async def _run_as(
@@ -128,28 +132,65 @@ class CloudSandbox(ABC):
         identity: Identity = "user",
     ) -> CommandResult:
         """What a command leaves in the background lives on in the VM until the sandbox closes, whatever
-        `keep_background` says (setup's services rely on it). OpenCode (`agent`) starts with an environment from an
-        allow-list, its tools with the task's (see agent_env.py)."""
+        `keep_background` says (setup's services rely on it). OpenCode (`agent`) starts as its own uid with an
+        environment from an allow-list, its tools as `user` with the task's, through the broker (agent_env.py)."""
         self._check_open()
-        if identity == "agent":
-            cmd, env = await self._opencode_command(cmd, env or {})
-        return await self._run_as(identity, cmd, timeout_s=timeout_s, env=env, cwd=cwd, limit=max_output_bytes)
+        if identity != "agent":
+            return await self._run_as(identity, cmd, timeout_s=timeout_s, env=env, cwd=cwd, limit=max_output_bytes)
+        command, own, broker = await self._opencode_command(cmd, env or {})
+        try:
+            return await self._run_as("root", command, timeout_s=timeout_s, env=own, cwd=cwd, limit=max_output_bytes)
+        finally:
+            await broker.kill()
 
-    async def _opencode_command(self, cmd: str, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    async def made_agent_root(self) -> AgentRoot:
+        """OpenCode's directories (see AgentRoot), made once, before anything of OpenCode's is written."""
+        if self._python is None:
+            exit_code, output = await self.run_root(self.agent_root.make_script(TASK_USER), 30)
+            if exit_code != 0 or not output.strip():
+                raise SandboxError(f"could not make OpenCode's directories in {self.sandbox_id}: {output[-500:]}")
+            self._python = output.strip().splitlines()[-1]
+        return self.agent_root
+
+    async def _opencode_command(
+        self, cmd: str, env: Mapping[str, str]
+    ) -> tuple[str, dict[str, str], BackgroundProcess]:
+        """OpenCode's command (run by root, which drops to OpenCode's uid), its own variables, and the tools'
+        broker, started here with the task's environment for the tools."""
         own, tools = split_agent_env(env)
+        root = await self.made_agent_root()
+        python = self._python or "python3"
+        await self.write_root_file(root.broker, tool_broker_source())
+        task_env = {**self._spec.env, **tools}
+        await self.write_root_file(
+            root.broker_config, root.broker_config_text(user=TASK_USER, home=HOME, task_env=task_env)
+        )
+        await self.write_root_file(root.shell, root.tool_shell(python))
         exit_code, output = await self.run_root(
-            "d=$(mktemp -d /tmp/opencode-env-shell-XXXXXXXX) && chmod 755 $d && echo $d", 30
+            f"chmod 600 {shlex.quote(root.broker_config)} && chmod 644 {shlex.quote(root.broker)}"
+            f" && chmod 755 {shlex.quote(root.shell)} && rm -f {shlex.quote(root.socket)}",
+            30,
         )
         if exit_code != 0:
             raise SandboxError(f"could not make the tools' shell in {self.sandbox_id}: {output[-500:]}")
-        directory = output.strip()
-        await self.write_root_file(f"{directory}/env", env_file_text({**self._spec.env, **tools}))
-        await self.write_root_file(f"{directory}/bash", tool_shell(f"{directory}/env", own))
-        exit_code, output = await self.run_root(f"chmod 644 {directory}/env && chmod 755 {directory}/bash", 30)
+        broker = await self.start_root(root.broker_command(python), {})
+        tries, socket = int(BROKER_WAIT_S * 20), shlex.quote(root.socket)
+        wait = f"for i in $(seq 1 {tries}); do test -S {socket} && exit 0; sleep 0.05; done; exit 1"
+        exit_code, output = await self.run_root(wait, BROKER_WAIT_S + 5)
         if exit_code != 0:
-            raise SandboxError(f"could not make the tools' shell in {self.sandbox_id}: {output[-500:]}")
-        own["SHELL"] = f"{directory}/bash"
-        return allow_listed(cmd, [*OPENCODE_ALLOWED, *own]), own
+            await broker.kill()
+            _, log_tail = await self.run_root(f"tail -c 2000 {shlex.quote(root.path)}/broker.log", 30)
+            raise SandboxError(f"the tools' broker did not start in {self.sandbox_id}: {log_tail}")
+        shared = shlex.join([self._spec.workdir, AGENT_LOG_DIR])
+        await self._run_as(
+            "user", f"chmod -R g+rwX -- {shared} 2>/dev/null; true", timeout_s=60, env=None, cwd="/", limit=4096
+        )
+        return root.launch(cmd, own, TASK_USER), own, broker
+
+    def _owner_of(self, path: str) -> Identity:
+        """Who reads `path`: root inside OpenCode's private directories, `user` elsewhere."""
+        inside = path == self.agent_root.path or path.startswith(self.agent_root.path + "/")
+        return "root" if inside else "user"
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
@@ -159,7 +200,15 @@ class CloudSandbox(ABC):
         return await self._start_as("user", logged, env=env, cwd=cwd)
 
     async def write_file(self, path: str, data: str | bytes) -> None:
-        await self._write_as("user", path, data)
+        """A task's file, inside the task's roots only (wire/task_paths.py): OpenCode's config and data dirs in
+        the home it shares with the tools, and everything of the VM's own, are out of a request's reach."""
+        await self._write_as("user", self._task_file(path), data)
+
+    def _task_file(self, path: str) -> str:
+        try:
+            return confined_file(path, self._spec.workdir)
+        except OutsideTaskRoots as error:
+            raise SandboxError(f"refusing to write {path[:200]!r}, outside the task's roots: {error}") from None
 
     async def run_root(self, cmd: str, timeout_s: float) -> tuple[int | None, str]:
         result = await self.run(cmd, timeout_s=timeout_s, cwd="/", identity="root", max_output_bytes=ROOT_OUTPUT_BYTES)
@@ -183,11 +232,12 @@ class CloudSandbox(ABC):
         """Root makes the work dir and the verifier directory the grader's (never following a link the agent left);
         the grader then writes each protected file itself, so no path the agent planted can make root write."""
         workdir = self._spec.workdir
+        targets = {self._task_file(task_path(path, workdir)): text for path, text in protected.items()}
         exit_code, output = await self.run_root(handoff_script(protected, workdir), HANDOFF_TIMEOUT_S)
         if exit_code != 0:
             raise SandboxError(f"could not hand the work dir to the grader in {self.sandbox_id}: {output[-500:]}")
-        for path, text in protected.items():
-            await self._write_as("grader", task_path(path, workdir), text)
+        for target, text in targets.items():
+            await self._write_as("grader", target, text)
         if not protected:
             return
         exit_code, output = await self.run_root(seal_script(protected, workdir), HANDOFF_TIMEOUT_S)
@@ -204,7 +254,22 @@ class CloudSandbox(ABC):
         await self.hand_to_grader({})
         return await carry_between(self, target, workdir=self._spec.workdir, keep=keep, limits=limits)
 
+    async def pause_services(self) -> bool:
+        """Every process of `user` stopped (SIGSTOP, which no process can catch or ignore, sent by one kill(-1) as
+        `user`): what setup left running cannot re-plant OpenCode's project configuration between its removal and
+        OpenCode reading it. Root's leftovers (setup_as="root") are the VM's root and are not stopped."""
+        result = await self._run_as("user", STOP_ALL, timeout_s=60, env=None, cwd="/", limit=4096)
+        if result.exit_code != 0:
+            raise SandboxError(f"setup's processes could not be stopped in {self.sandbox_id}: {result.stderr[-500:]}")
+        return True
+
+    async def resume_services(self) -> None:
+        await self._run_as("user", CONTINUE_ALL, timeout_s=60, env=None, cwd="/", limit=4096)
+
     def limits_hit(self) -> list[LimitHit]:
+        return []
+
+    async def services_down(self) -> list[str]:
         return []
 
     async def close(self) -> None:

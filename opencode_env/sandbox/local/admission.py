@@ -5,11 +5,10 @@ never fit is refused at once. The budget is the machine's memory times an overco
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.reservations import Reservations
 from opencode_env.settings import variable
 
 DEFAULT_OVERCOMMIT = 4.0
@@ -31,15 +30,19 @@ def memory_budget_mb(overcommit: float = DEFAULT_OVERCOMMIT) -> int:
     return int(machine_memory_mb() * overcommit)
 
 
-class MemoryAdmission:
-    """Reservations of memory limits (MiB) against a budget. `admit` reserves at once when nobody waits and it fits,
-    else waits its turn (first come, first served); `release` (synchronous, callable from a close hook) hands freed
-    room to the waiters in order."""
+class MemoryAdmission(Reservations):
+    """Reservations of memory limits (MiB) against a budget; one that could never fit is refused at once."""
 
     def __init__(self, budget_mb: int) -> None:
-        self.budget_mb = budget_mb
-        self.reserved_mb = 0
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        super().__init__(budget_mb)
+
+    @property
+    def budget_mb(self) -> int:
+        return self.capacity
+
+    @property
+    def reserved_mb(self) -> int:
+        return self.reserved
 
     async def admit(self, memory_mb: int) -> None:
         if memory_mb > self.budget_mb:
@@ -47,30 +50,4 @@ class MemoryAdmission:
                 f"memory_mb: {memory_mb} MiB (with the proxy's) is over this machine's budget of {self.budget_mb} MiB "
                 f"(its memory times {variable('memory_overcommit')}); it could never start here"
             )
-        if not self._waiting and self.reserved_mb + memory_mb <= self.budget_mb:
-            self.reserved_mb += memory_mb
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (memory_mb, turn)
-        self._waiting.append(entry)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if entry in self._waiting:
-                self._waiting.remove(entry)
-                self._wake()
-            elif turn.done() and not turn.cancelled():
-                self.release(memory_mb)
-            raise
-
-    def release(self, memory_mb: int) -> None:
-        self.reserved_mb -= memory_mb
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiting and self.reserved_mb + self._waiting[0][0] <= self.budget_mb:
-            memory_mb, turn = self._waiting.popleft()
-            if turn.done():
-                continue
-            self.reserved_mb += memory_mb
-            turn.set_result(None)
+        await self.reserve(memory_mb)

@@ -1,6 +1,6 @@
-"""The embedded local backend: one isolated compartment per rollout on this machine (see isolation.py).
+"""The embedded local backend: one isolated compartment per rollout on this machine (see isolation/bubblewrap.py).
 
-What holds, proven by tests/test_hostile.py: sandbox processes run as `user` (uid 1000) mapped to an
+What holds, proven by tests/integration/test_hostile.py: sandbox processes run as `user` (uid 1000) mapped to an
 unprivileged host uid of their own, with no capability over any host resource; they see the host read-only and
 only their own writable tree; they have their own network namespace (loopback, plus an egress proxy that refuses
 private addresses; unless the backend shares the host's network, see LocalBackend); the capture proxy and its key
@@ -19,7 +19,6 @@ from pathlib import Path
 
 from opencode_env.sandbox.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
-    HOME,
     WORKDIR,
     Capabilities,
     CarryLimits,
@@ -38,14 +37,14 @@ from opencode_env.sandbox.base import (
     per_cpu_concurrency,
 )
 from opencode_env.sandbox.local.admission import DEFAULT_OVERCOMMIT, MemoryAdmission, memory_budget_mb
-from opencode_env.sandbox.local.cgroup import PROXY_LIMITS
 from opencode_env.sandbox.local.compartment import Compartment
-from opencode_env.sandbox.local.host_ids import UidLease
-from opencode_env.sandbox.local.host_runtime import HOST_ROOT
-from opencode_env.sandbox.local.host_view import HELPERS, runtime_for
-from opencode_env.sandbox.local.image_budget import ImageBudget
-from opencode_env.sandbox.local.images import HOST_IMAGE, ImageProgress, ImageStore, default_image
-from opencode_env.sandbox.local.isolation import AGENT_ONLY_ENV, CONTROL_MOUNT, OUR_TOP_LEVEL
+from opencode_env.sandbox.local.images.budget import ImageBudget
+from opencode_env.sandbox.local.images.store import HOST_IMAGE, ImageProgress, ImageStore, default_image
+from opencode_env.sandbox.local.isolation.bubblewrap import AGENT_ONLY_ENV, CONTROL_MOUNT, HOSTS
+from opencode_env.sandbox.local.isolation.cgroup import PROXY_LIMITS
+from opencode_env.sandbox.local.isolation.host_ids import UidLease
+from opencode_env.sandbox.local.isolation.host_runtime import HOST_ROOT
+from opencode_env.sandbox.local.isolation.host_view import HELPERS, runtime_for, sandbox_tools
 from opencode_env.sandbox.local.layout import (
     OwnerLock,
     make_layout,
@@ -58,9 +57,12 @@ from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import SandboxBoot
 from opencode_env.sandbox.local.sandbox_files import SandboxFiles
 from opencode_env.sandbox.local.sandbox_processes import LocalProcess, SandboxProcesses
+from opencode_env.sandbox.local.sidecars import Sidecars
 from opencode_env.sandbox.local.tools import cache_root
 from opencode_env.settings import DEFAULT_IMAGE_STORAGE_MB
 from opencode_env.wire import CommandResult, LimitHit
+from opencode_env.wire.services import hosts_names
+from opencode_env.wire.task_paths import OutsideTaskRoots, confined_dir
 
 log = logging.getLogger("opencode_env.local")
 DISK_FULL_BYTES = 2**20
@@ -107,6 +109,7 @@ class LocalSandbox:
         self.on_close: Callable[[LocalSandbox], None] | None = None
         self._lease = lease
         self._owner_lock = owner_lock
+        self.sidecars = Sidecars()
         self._boot = SandboxBoot(compartment)
         self._processes = SandboxProcesses(compartment, self._boot)
         self._files = SandboxFiles(compartment)
@@ -146,10 +149,18 @@ class LocalSandbox:
         )
 
     async def spawn(
-        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, identity: Identity = "user"
+        self,
+        cmd: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        identity: Identity = "user",
+        own_pid_namespace: bool = True,
     ) -> LocalProcess:
         self._refuse_if_closed()
-        return await self._processes.spawn(cmd, env=env, cwd=cwd, identity=identity)
+        return await self._processes.spawn(
+            cmd, env=env, cwd=cwd, identity=identity, own_pid_namespace=own_pid_namespace
+        )
 
     async def start(
         self, cmd: str, *, log_path: str, env: Mapping[str, str] | None = None, cwd: str = WORKDIR
@@ -157,11 +168,22 @@ class LocalSandbox:
         self._refuse_if_closed()
         return await self._processes.start(cmd, log_path=log_path, env=env, cwd=cwd)
 
+    async def pause_services(self) -> bool:
+        self._refuse_if_closed()
+        return await self._processes.pause_services()
+
+    async def resume_services(self) -> None:
+        await self._processes.resume_services()
+
     async def start_proxy(self, launch: ProxyLaunch) -> LocalProxy:
         return await self._processes.start_proxy(launch)
 
     async def write_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
         await self._files.write_file(path, data, identity=identity)
+
+    async def write_machine_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
+        """For the cloud fakes, whose VMs are local sandboxes (SandboxFiles.write_machine_file)."""
+        await self._files.write_machine_file(path, data, identity=identity)
 
     async def write_control_file(self, name: str, data: str) -> str:
         return await self._files.write_control_file(name, data)
@@ -186,15 +208,23 @@ class LocalSandbox:
         target._refuse_if_closed()
         return await self._files.carry_workdir_to(target._files, keep=keep, limits=limits)
 
+    @property
+    def holder_pid(self) -> int:
+        return self._boot.holder_pid
+
     def limits_hit(self) -> list[LimitHit]:
         """The cgroup's record of what it enforced, and `disk` when the rollout's own file system is full now (the
         kernel keeps no count of refused writes; the 1% kept for the host does not count)."""
-        hit = self._boot.limits_hit()
+        hit = self._boot.limits_hit() + self.sidecars.limits_hit()
         if self.layout.disk_image.exists():
             free = os.statvfs(self.layout.fs)
             if free.f_bavail * free.f_frsize < DISK_FULL_BYTES:
                 hit.append("disk")
         return hit
+
+    async def services_down(self) -> list[str]:
+        self._refuse_if_closed()
+        return await self.sidecars.down()
 
     def egress_attempts(self) -> list[str]:
         return self._boot.egress_attempts()
@@ -204,6 +234,12 @@ class LocalSandbox:
 
     async def _close(self) -> None:
         """Each step runs whatever the one before it did: a sandbox is never left half-released."""
+        try:
+            await self.sidecars.close()
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
         try:
             await self._processes.kill_all()
         finally:
@@ -244,14 +280,18 @@ def image_env_aimed_at_us(env: Mapping[str, str]) -> list[str]:
 
 
 def _refuse_workdir_of_ours(workdir: str) -> None:
-    """OpenCode, in the sandbox's root (the host's files), sees an image's work dir at its own path only outside
-    the top-level directories that root keeps for itself (OUR_TOP_LEVEL), /home/user and /tmp aside."""
-    top = workdir.strip("/").split("/")[0]
-    if top in OUR_TOP_LEVEL and not any(workdir == kept or workdir.startswith(kept + "/") for kept in (HOME, "/tmp")):
-        raise SandboxError(
-            f"workdir {workdir}: an image's work dir must be under /home/user, /tmp or a top-level directory other "
-            f"than {', '.join(sorted(OUR_TOP_LEVEL))} (OpenCode runs from the host's own files there)"
-        )
+    """The work dir is one of the task's roots or inside one (wire/task_paths.py): OpenCode, in the sandbox's root
+    (the host's files), sees an image's work dir at its own path only outside the top-level names that root keeps
+    for itself, /home/user and /tmp aside."""
+    try:
+        confined_dir(workdir)
+    except OutsideTaskRoots as error:
+        raise SandboxError(f"workdir {workdir[:200]}: outside the task's roots: {error}") from None
+
+
+def hosts_file(names: tuple[str, ...]) -> str:
+    """/etc/hosts of a rollout with services: theirs on 127.0.0.1 too (a pod's containers share loopback)."""
+    return f"{HOSTS}127.0.0.1 {' '.join(names)}\n"
 
 
 def bwrap_available() -> bool:
@@ -276,6 +316,7 @@ class LocalBackend:
         proxy_beside_task_root=False,
         default_concurrency=per_cpu_concurrency(),
         risk="runs commands on this machine",
+        runs_services=True,
     )
 
     def __init__(
@@ -284,6 +325,7 @@ class LocalBackend:
         *,
         base_dir: Path | None = None,
         extra_path: tuple[str, ...] = (),
+        sandbox_path: tuple[str, ...] = (),
         share_host_network: bool = False,
         admission: MemoryAdmission | None = None,
         image: str = "",
@@ -299,7 +341,11 @@ class LocalBackend:
         proxy lets through even on private addresses. `cache_dir`: where unpacked images are kept (default
         tools.cache_root()). `image_archive_dir`: the operator's directory of image archives a request may name
         (`oci-archive:`/`docker-archive:`); None refuses them. `image_storage_bytes`: the image storage budget
-        (image_budget.py) the unpacked cache is charged to, with the task images the builder makes.
+        (images/budget.py) the unpacked cache is charged to, with the task images the builder makes.
+
+        `extra_path`: host directories put on the task's PATH (shown read-only in the sandbox, see
+        host_view.sandbox_runtime_paths); `sandbox_path`: directories inside the sandbox put on it first, as they are
+        (a fake cloud VM's npm prefix, where a run-time install puts OpenCode).
 
         `share_host_network=True` runs every sandbox in the host's network namespace, as a cloud VM has a network
         of its own: no egress policy and no loopback isolation (a sandbox reaches whatever the host reaches, the
@@ -311,6 +357,7 @@ class LocalBackend:
         self._preflight: Preflight | None = None
         self._tools_resolver = tools_resolver
         self._extra_path = extra_path
+        self._sandbox_path = sandbox_path
         self._open = OpenSandboxes()
         self._base_dir = base_dir
         images = (cache_dir or cache_root()) / "images"
@@ -335,11 +382,13 @@ class LocalBackend:
         """A sandbox, once its memory limit (and its proxy's) fits this machine's budget: see admission.py."""
         if self._admission is None:
             self._admission = MemoryAdmission(await asyncio.to_thread(memory_budget_mb, self._memory_overcommit))
-        admission, memory_mb = self._admission, spec.limits.memory_mb + PROXY_LIMITS.memory_bytes // 2**20
+        services_mb = sum(service.memory_mb for service in spec.services)
+        admission = self._admission
+        memory_mb = spec.limits.memory_mb + services_mb + PROXY_LIMITS.memory_bytes // 2**20
         if spec.grader_box == "this":
             return await self._create(spec)
         if spec.grader_box == "planned":
-            memory_mb = min(memory_mb + spec.limits.memory_mb, max(admission.budget_mb, memory_mb))
+            memory_mb = min(memory_mb + spec.limits.memory_mb + services_mb, max(admission.budget_mb, memory_mb))
         await admission.admit(memory_mb)
         try:
             sandbox = await self._create(spec)
@@ -356,7 +405,10 @@ class LocalBackend:
         sandbox.on_close = released
         return sandbox
 
-    async def _create(self, spec: SandboxSpec) -> LocalSandbox:
+    async def _create(self, spec: SandboxSpec, *, network_of: int = 0, names: tuple[str, ...] = ()) -> LocalSandbox:
+        """A sandbox, and its spec's sidecars in its network; a sidecar itself (`network_of`: the rollout's holder)
+        joins that network. `names`: what its /etc/hosts gives 127.0.0.1 (the rollout's services)."""
+        names = names or tuple(hosts_names(spec.services))
         if missing := _missing_requirement():
             raise SandboxError(missing)
         tools = await self._tools_resolver()
@@ -366,16 +418,22 @@ class LocalBackend:
         if self._default_image is None:
             self._default_image = await asyncio.to_thread(default_image, self._configured_image)
         ref = "" if spec.image == HOST_IMAGE else spec.image or self._default_image
+        if spec.services and (not ref or self._share_host_network):
+            raise SandboxError(
+                "services: sidecars run beside a sandbox of an image, in a network of its own (not the host's root, "
+                "not a shared host network)"
+            )
         image = await asyncio.to_thread(self._images.prepare, ref) if ref else None
         runtime = await asyncio.to_thread(runtime_for) if image is not None else None
-        if image is not None:
-            _refuse_workdir_of_ours(spec.workdir)
+        _refuse_workdir_of_ours(spec.workdir)
         layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb, HELPERS, runtime)
         try:
             lease = await asyncio.to_thread(UidLease)
             await asyncio.to_thread(own_tree, layout, lease.ids)
             if image is not None:
-                await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids)
+                await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids, spec.workdir)
+            if names:
+                await asyncio.to_thread(layout.task_hosts.write_text, hosts_file(names))
         except BaseException:
             await asyncio.to_thread(remove_rollout, layout)
             owner_lock.release()
@@ -384,13 +442,16 @@ class LocalBackend:
             layout,
             lease.ids,
             spec,
-            tools,
+            sandbox_tools(tools),
             tools,
             image=image,
             runtime=runtime or HOST_ROOT,
             extra_path=self._extra_path,
+            sandbox_path=self._sandbox_path,
             share_host_network=self._share_host_network,
             trusted_hosts=self._trusted_hosts,
+            network_of=network_of,
+            local_names=names,
         )
         sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock)
         if image is not None:
@@ -404,10 +465,21 @@ class LocalBackend:
         self._open.add(sandbox)
         try:
             await sandbox.boot()
+            if spec.services:
+                await self._start_sidecars(sandbox, spec, names)
         except BaseException:
             await sandbox.close()
             raise
         return sandbox
+
+    async def _start_sidecars(self, sandbox: LocalSandbox, spec: SandboxSpec, names: tuple[str, ...]) -> None:
+        holder = sandbox.holder_pid
+
+        async def create(sidecar: SandboxSpec) -> LocalSandbox:
+            return await self._create(sidecar, network_of=holder, names=names)
+
+        await sandbox.sidecars.start(spec.services, spec, create)
+        sandbox.enforcement["services"] = f"{sandbox.sidecars.described()}: sandboxes of their own in this network"
 
     async def preflight(self) -> Preflight:
         """Run the exact isolation once (one `true` command) and keep the verdict: a machine that cannot isolate

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opencode_env.sandbox.base import ProvidedTools, SandboxSpec
-from opencode_env.sandbox.local.host_ids import HostIds
-from opencode_env.sandbox.local.host_runtime import HOST_ROOT, HostRuntime
-from opencode_env.sandbox.local.images import PreparedImage
-from opencode_env.sandbox.local.isolation import Layout
+from opencode_env.sandbox.local.images.store import PreparedImage
+from opencode_env.sandbox.local.isolation.bubblewrap import Layout
+from opencode_env.sandbox.local.isolation.host_ids import HostIds
+from opencode_env.sandbox.local.isolation.host_runtime import HOST_ROOT, HostRuntime
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,16 @@ class Compartment:
     image: PreparedImage | None = None
     runtime: HostRuntime = HOST_ROOT
     extra_path: tuple[str, ...] = ()
+    """Host directories put on PATH, as the sandbox shows them (at RUNTIME_MOUNT + their host paths)."""
+    sandbox_path: tuple[str, ...] = ()
+    """Directories of the sandbox's own put on PATH first, as they are (an emulated cloud VM's npm prefix)."""
     share_host_network: bool = False
     trusted_hosts: frozenset[str] = frozenset()
+    network_of: int = 0
+    """A sidecar's: the host pid of the rollout's holder, whose network namespace it joins (0: a network of its
+    own)."""
+    local_names: tuple[str, ...] = ()
+    """Names its /etc/hosts gives 127.0.0.1 (the rollout's services) and its egress proxy is not asked for."""
 
     @property
     def sandbox_id(self) -> str:

@@ -11,20 +11,18 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from opencode_env.inside import source
 from opencode_env.sandbox.base import (
     AGENT_LOG_DIR,
+    HOME,
     OPENCODE_CONFIG_DIR,
     VERIFIER_DIR,
     WORKDIR,
     SandboxError,
+    proxy_file_bytes,
 )
-from opencode_env.sandbox.local import bounded_fs, hostfs_write, seccomp_exec
-from opencode_env.sandbox.local.cgroup import Cgroup, detect, proxy_cgroup_name
-from opencode_env.sandbox.local.command_argv import TOOL_ENV, TOOL_SHELL, Helpers, tool_shell_script
-from opencode_env.sandbox.local.host_ids import IMAGE_UIDS, HostIds
-from opencode_env.sandbox.local.host_runtime import HOST_MOUNT, HostRuntime
-from opencode_env.sandbox.local.idmap import mount_idmapped
-from opencode_env.sandbox.local.isolation import (
+from opencode_env.sandbox.local.files import bounded_fs, hostfs_write
+from opencode_env.sandbox.local.isolation.bubblewrap import (
     AGENT_SYSCALL_FILTER,
     AGENT_TMP,
     CONTROL_MOUNT,
@@ -35,9 +33,15 @@ from opencode_env.sandbox.local.isolation import (
     SECCOMP_EXEC,
     SYSCALL_FILTER,
     TASK_MOUNT_POINTS,
+    USERNS,
     Layout,
 )
-from opencode_env.sandbox.local.syscall_filter import filter_program
+from opencode_env.sandbox.local.isolation.cgroup import Cgroup, ServicesFreezer, detect, proxy_cgroup_name
+from opencode_env.sandbox.local.isolation.command_argv import TOOL_ENV, TOOL_SHELL, Helpers, tool_shell_script
+from opencode_env.sandbox.local.isolation.host_ids import IMAGE_UIDS, HostIds
+from opencode_env.sandbox.local.isolation.host_runtime import HOST_MOUNT, HostRuntime
+from opencode_env.sandbox.local.isolation.idmap import mount_idmapped
+from opencode_env.sandbox.local.isolation.syscall_filter import filter_program
 
 log = logging.getLogger("opencode_env.local")
 PREFIX = "opencode-env-"
@@ -65,8 +69,7 @@ def make_layout(
 ) -> tuple[Layout, OwnerLock]:
     """The rollout's tree, owned (locked) from its first moment, so a reaper never takes it for an orphan. The
     control directory (read-only in the sandbox) holds what our launchers read: the syscall filters and their
-    loader, passwd and group, the tools' shell, an empty managed config dir for OpenCode; with a `runtime` (an
-    image's), also the task root's /etc/hosts."""
+    loader, passwd and group, the tools' shell, an empty managed config dir for OpenCode."""
     root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base_dir))
     root.chmod(0o711)
     layout = Layout(root)
@@ -77,7 +80,8 @@ def make_layout(
         directory.mkdir()
     (layout.control / SYSCALL_FILTER).write_bytes(filter_program(task=True))
     (layout.control / AGENT_SYSCALL_FILTER).write_bytes(filter_program(task=False))
-    (layout.control / SECCOMP_EXEC).write_text(Path(seccomp_exec.__file__).read_text())
+    (layout.control / SECCOMP_EXEC).write_text(source(SECCOMP_EXEC))
+    (layout.control / USERNS).write_text(source(USERNS))
     (layout.control / "passwd").write_text(PASSWD)
     (layout.control / "group").write_text(GROUP)
     (layout.control / os.path.relpath(MANAGED_CONFIG_DIR, CONTROL_MOUNT)).mkdir()
@@ -87,14 +91,15 @@ def make_layout(
     shell.write_text(tool_shell_script(helpers, task_root=runtime))
     if runtime is not None:
         (layout.control / os.path.relpath(HOST_MOUNT, CONTROL_MOUNT)).mkdir()
-        (layout.control / "hosts").write_text(HOSTS)
     shell.chmod(0o755)
     return layout, lock
 
 
-def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
+def mount_image(layout: Layout, rootfs: Path, ids: HostIds, workdir: str = WORKDIR) -> Path:
     """The rollout's root: an overlay whose lower layer is the image's cached tree seen id-mapped (its in-image
-    owners become the rollout's host uids) and whose writes land on the rollout's own size-bounded disk."""
+    owners become the rollout's host uids) and whose writes land on the rollout's own size-bounded disk. The work
+    dir is made there now, as Docker's WORKDIR makes it (the image root's), when the image lacks it: the holder
+    binds the image's top-level directories into the sandbox's root as it starts, and every command enters it."""
     layout.image_lower.mkdir()
     mount_idmapped(rootfs, layout.image_lower, first=ids.root, count=IMAGE_UIDS)
     changes = layout.fs / "image"
@@ -116,7 +121,25 @@ def mount_image(layout: Layout, rootfs: Path, ids: HostIds) -> Path:
         if not os.path.lexists(layout.image_root / mount_point):
             hostfs_write.make_dirs(layout.image_root, mount_point, owner=(ids.root, ids.root))
     refuse_linked_mount_points(layout.image_root)
+    _make_workdir(layout.image_root, workdir, ids)
+    layout.task_hosts.write_text(HOSTS)
+    os.chown(layout.task_hosts, ids.root, ids.root)
+    layout.task_hosts.chmod(0o644)
     return layout.image_root
+
+
+def _make_workdir(image_root: Path, workdir: str, ids: HostIds) -> None:
+    """`workdir` made in the image's tree unless it lies in the rollout's own home or /tmp (bound over the image's)
+    or below a link of the image's (made as a link in the sandbox's root, and resolved there)."""
+    if any(workdir == kept or workdir.startswith(kept + "/") for kept in (HOME, "/tmp")):
+        return
+    parts = Path(workdir).parts[1:]
+    if any(image_root.joinpath(*parts[:depth]).is_symlink() for depth in range(1, len(parts) + 1)):
+        return
+    try:
+        hostfs_write.make_dirs(image_root, workdir.lstrip("/"), owner=(ids.root, ids.root))
+    except OSError as error:
+        raise SandboxError(f"the work dir {workdir} cannot be made in the image: {error.strerror or error}") from None
 
 
 def refuse_linked_mount_points(image_root: Path) -> None:
@@ -134,10 +157,13 @@ def _mount_disk(layout: Layout, disk_mb: int) -> None:
     """The rollout's writable tree on a file system of its own, so its size is bounded (and removal is one
     unmount); without loop devices the tree stays on the host's file system, unbounded, and the result says so.
     1% of it is kept for the host's root: an agent that fills its disk still gets verify's protected files
-    written in and its verifier directory made (then verify fails for want of space: the agent's doing)."""
+    written in and its verifier directory made (then verify fails for want of space: the agent's doing). The
+    capture proxy's two files (its trace and its log, each bounded by the kernel: proxy_file_bytes) count against
+    the same disk limit, so the tree gets what they leave."""
     if not bounded_fs.loop_devices_available():
         return
-    failure = bounded_fs.mount_bounded(layout.disk_image, layout.fs, disk_mb * 2**20)
+    size = disk_mb * 2**20 - 2 * proxy_file_bytes(disk_mb)
+    failure = bounded_fs.mount_bounded(layout.disk_image, layout.fs, size)
     if failure is not None:
         log.warning("no size-bounded file system for %s: %s", layout.root, failure)
 
@@ -205,6 +231,8 @@ def reap_orphans(base_dir: Path | None) -> list[str]:
                 continue
             version = detect()
             if version is not None:
+                if ServicesFreezer.available(version):
+                    ServicesFreezer(root.name, version).destroy()
                 for name in (root.name, proxy_cgroup_name(root.name)):
                     Cgroup(name, version).destroy()
             remove_rollout(Layout(root))

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from opencode_env.sandbox.base import BackgroundProcess
-from opencode_env.sandbox.local import hostfs
+from opencode_env.sandbox.local.files import hostfs
 
 ADMIN_BASE_URL = "http://proxy"
 

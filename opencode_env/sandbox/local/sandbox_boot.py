@@ -1,5 +1,5 @@
 """Starting a local sandbox and taking it down: its cgroups (the sandbox's and its capture proxy's), its namespace
-holder (see isolation.py), and its network: the egress proxy and the relays to model endpoints on the host's
+holder (see isolation/bubblewrap.py), and its network: the egress proxy and the relays to model endpoints on the host's
 loopback, listening inside the sandbox's own network namespace."""
 
 from __future__ import annotations
@@ -12,13 +12,21 @@ import subprocess
 from pathlib import Path
 
 from opencode_env.sandbox.base import SandboxError
-from opencode_env.sandbox.local import netns
-from opencode_env.sandbox.local.cgroup import PROXY_LIMITS, Cgroup, Limits, cgroup_prefix, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.compartment import Compartment
-from opencode_env.sandbox.local.egress import LOOPBACK_NAMES, EgressPolicy, EgressProxy, LoopbackRelay
-from opencode_env.sandbox.local.host_runtime import BASE_PATH
-from opencode_env.sandbox.local.host_view import sandbox_runtime_paths
-from opencode_env.sandbox.local.isolation import holder_argv
+from opencode_env.sandbox.local.isolation import netns
+from opencode_env.sandbox.local.isolation.bubblewrap import holder_argv
+from opencode_env.sandbox.local.isolation.cgroup import (
+    PROXY_LIMITS,
+    Cgroup,
+    Limits,
+    ServicesFreezer,
+    cgroup_prefix,
+    detect,
+    proxy_cgroup_name,
+)
+from opencode_env.sandbox.local.isolation.egress import LOOPBACK_NAMES, EgressPolicy, EgressProxy, LoopbackRelay
+from opencode_env.sandbox.local.isolation.host_runtime import BASE_PATH
+from opencode_env.sandbox.local.isolation.host_view import sandbox_runtime_paths
 from opencode_env.wire import LimitHit
 
 HOLDER_START_S = 120.0
@@ -38,6 +46,7 @@ class SandboxBoot:
         self._holder_pid = 0
         self._cgroup: Cgroup | None = None
         self._proxy_cgroup: Cgroup | None = None
+        self._services: ServicesFreezer | None = None
         self._egress: EgressProxy | None = None
         self._relays: list[LoopbackRelay] = []
 
@@ -54,6 +63,19 @@ class SandboxBoot:
     def proxy_cgroup(self) -> Cgroup | None:
         return self._proxy_cgroup
 
+    @property
+    def services(self) -> ServicesFreezer | None:
+        """The freezable cgroup setup's services start in; None without a writable cgroup freezer."""
+        return self._services
+
+    def services_prefix(self) -> list[str]:
+        """The argv prefix of a command whose background processes live on (setup's): the rollout's cgroup, then
+        the services' freezer."""
+        if self._cgroup is None:
+            return []
+        also = [self._services.procs_file()] if self._services is not None else []
+        return self._cgroup.join_prefix(*also)
+
     async def start(self) -> dict[str, str]:
         """Start the namespace holder, inside the rollout's cgroup, and its egress proxy; returns what was enforced
         (the sandbox's `enforcement` entries "limits" and "network")."""
@@ -69,16 +91,21 @@ class SandboxBoot:
             )
             self._proxy_cgroup = Cgroup(proxy_cgroup_name(layout.root.name), version)
             await asyncio.to_thread(self._proxy_cgroup.create, PROXY_LIMITS)
+            if ServicesFreezer.available(version):
+                self._services = ServicesFreezer(layout.root.name, version)
+                await asyncio.to_thread(self._services.create)
             enforcement["limits"] = f"cgroup {version}"
         else:
             enforcement["limits"] = "none (no writable cgroup)"
+        joined = compartment.network_of
         argv = [
             *cgroup_prefix(self._cgroup),
+            *(["nsenter", f"--net=/proc/{joined}/ns/net", "--"] if joined else []),
             *holder_argv(
                 layout,
                 sandbox_runtime_paths(compartment.host_tools, compartment.extra_path),
-                share_host_network=compartment.share_host_network,
-                config_deps=compartment.tools.opencode_config_deps,
+                share_host_network=compartment.share_host_network or bool(joined),
+                config_deps=compartment.host_tools.opencode_config_deps,
                 image_root=layout.image_root if compartment.image is not None else None,
                 runtime=compartment.runtime,
             ),
@@ -108,6 +135,9 @@ class SandboxBoot:
         self._holder_pid = _sandbox_init_pid(self._holder.pid)
         if compartment.share_host_network:
             enforcement["network"] = "the host's (share_host_network)"
+            return enforcement
+        if joined:
+            enforcement["network"] = "the rollout's (a sidecar in its namespace: its egress policy)"
             return enforcement
         await self._start_network()
         enforcement["network"] = f"own namespace, egress {spec.network}"
@@ -152,6 +182,8 @@ class SandboxBoot:
             try:
                 await self._stop_holder()
             finally:
+                if self._services is not None:
+                    await asyncio.to_thread(self._services.destroy)
                 for cgroup in (self._cgroup, self._proxy_cgroup):
                     if cgroup is not None:
                         await asyncio.to_thread(cgroup.destroy)

@@ -14,7 +14,11 @@ from opencode_env.sandbox import tree_carry
 from opencode_env.sandbox.base import (
     HANDED_FILE_MODE,
     HOME,
+    LOGS_DIR,
+    REWARD_FILE_MODE,
+    REWARD_FILES,
     VERIFIER_DIR,
+    VERIFIER_DIR_MODE,
     WORKDIR,
     CarryLimits,
     CarryReport,
@@ -24,10 +28,11 @@ from opencode_env.sandbox.base import (
     sealed_dirs,
     task_path,
 )
-from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, SITECUSTOMIZE, SITECUSTOMIZE_SOURCE
-from opencode_env.sandbox.local import hostfs, hostfs_write
+from opencode_env.sandbox.grader_python import GRADER_PYTHON_DIR, GRADER_PYTHON_FILES
 from opencode_env.sandbox.local.compartment import Compartment
-from opencode_env.sandbox.local.isolation import AGENT_HOME, CONTROL_MOUNT, GRADER_DIR, HARBOR_LOGS
+from opencode_env.sandbox.local.files import hostfs, hostfs_write
+from opencode_env.sandbox.local.isolation.bubblewrap import AGENT_HOME, CONTROL_MOUNT, GRADER_DIR, HARBOR_LOGS
+from opencode_env.wire.task_paths import TASK_TMP, OutsideTaskRoots, confined_dir, confined_file, task_root_of
 
 MAX_READ_BYTES = 64 * 1024 * 1024
 
@@ -56,9 +61,43 @@ class SandboxFiles:
             return self._layout.image_root, os.path.relpath(normal, "/")
         raise SandboxError(f"path {path!r} is outside the sandbox's writable area ({HOME}, /tmp and {AGENT_HOME})")
 
+    def _task_relative(self, path: str) -> tuple[Path, str]:
+        """The host directory and the path under it where a task's path (a request's file, its work dir) is
+        written: the task's home, its /tmp, or the image's own tree (its overlay), each by its allow-listed root
+        (wire/task_paths.py). OpenCode's home, the grader's, the control and the proxy's directories are none of
+        these, so no task path reaches them, however it is spelled."""
+        workdir = self._compartment.spec.workdir
+        try:
+            normal = confined_file(path, workdir) if path != workdir else confined_dir(path)
+        except OutsideTaskRoots as error:
+            raise SandboxError(f"refusing to write {path[:200]!r}, outside the task's roots: {error}") from None
+        if self._compartment.image is not None and task_root_of(normal) == HARBOR_LOGS:
+            normal = posixpath.normpath(f"{LOGS_DIR}/{posixpath.relpath(normal, HARBOR_LOGS)}")
+            if task_root_of(normal) is None:
+                raise SandboxError(
+                    f"refusing to write {path[:200]!r}: {HARBOR_LOGS} is {LOGS_DIR} here, and {normal} ours"
+                )
+        root = task_root_of(normal)
+        if root == HOME:
+            return self._layout.home, posixpath.relpath(normal, HOME)
+        if root == TASK_TMP:
+            return self._layout.tmp, posixpath.relpath(normal, TASK_TMP)
+        if root is not None and self._compartment.image is not None:
+            return self._layout.image_root, normal.lstrip("/")
+        raise SandboxError(f"refusing to write {path[:200]!r}: outside {HOME} and /tmp, a task's roots without image")
+
     async def write_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
-        """Written as `identity` (the sandbox's root writes mode 0600, the others 0644)."""
-        base, relative = self._relative(path)
+        """A task's file, written as `identity` (the sandbox's root writes mode 0600, the others 0644), inside the
+        task's roots only."""
+        await self._write(self._task_relative(path), path, data, identity)
+
+    async def write_machine_file(self, path: str, data: str | bytes, *, identity: Identity = "user") -> None:
+        """Where a machine's own file API would write (the cloud fakes' VMs are local sandboxes): through the host's
+        map of the sandbox, OpenCode's home included. Never a request's path: those go through `write_file`."""
+        await self._write(self._relative(path), path, data, identity)
+
+    async def _write(self, place: tuple[Path, str], path: str, data: str | bytes, identity: Identity) -> None:
+        base, relative = place
         raw = data.encode("utf-8") if isinstance(data, str) else data
         uid = self._ids.of(identity)
         owner, mode = (uid, uid), 0o600 if identity == "root" else 0o644
@@ -93,23 +132,31 @@ class SandboxFiles:
 
     async def hand_to_grader(self, protected: Mapping[str, str]) -> None:
         """From the host side, never following a link the agent left: the work dir becomes the grader's, the
-        verifier directory an empty one of the grader's, and each protected file is written in, replacing whatever
-        the agent left at its path (a directory in the way of one is replaced too)."""
+        verifier directory the reward channel (base.REWARD_FILES: nothing else in it), and each protected file is
+        written in, replacing whatever the agent left at its path (a directory in the way of one is replaced too)."""
         grader = (self._ids.grader, self._ids.grader)
+        workdir = self._compartment.spec.workdir
+        targets = {task_path(path, workdir): text for path, text in protected.items()}
+        placed = {target: self._task_relative(target) for target in targets}
         if self._layout.inode_reserve.is_dir():
             await asyncio.to_thread(hostfs_write.release_inodes, self._layout.inode_reserve)
         home = self._layout.home
-        workdir = self._compartment.spec.workdir
-        await asyncio.to_thread(hostfs_write.chown_tree, *self._relative(workdir), owner=grader)
-        await asyncio.to_thread(hostfs_write.reset_dir, home, VERIFIER_DIR.removeprefix(HOME + "/"), owner=grader)
+        await asyncio.to_thread(hostfs_write.chown_tree, *self._task_relative(workdir), owner=grader)
+        channel = (self._ids.root, self._ids.grader)
+        verifier = VERIFIER_DIR.removeprefix(HOME + "/")
+        await asyncio.to_thread(hostfs_write.reset_dir, home, verifier, owner=channel, mode=VERIFIER_DIR_MODE)
+        for reward in REWARD_FILES:
+            relative = reward.removeprefix(HOME + "/")
+            await asyncio.to_thread(hostfs_write.place_file, home, relative, b"", owner=channel, mode=REWARD_FILE_MODE)
         await asyncio.to_thread(hostfs_write.reset_dir, self._layout.grader_dir, "home", owner=grader, mode=0o700)
-        startup = posixpath.join(posixpath.relpath(GRADER_PYTHON_DIR, GRADER_DIR), SITECUSTOMIZE)
-        source = SITECUSTOMIZE_SOURCE.encode("utf-8")
-        await asyncio.to_thread(hostfs_write.place_file, self._layout.grader_dir, startup, source, owner=grader)
+        for name, text in GRADER_PYTHON_FILES.items():
+            startup = posixpath.join(posixpath.relpath(GRADER_PYTHON_DIR, GRADER_DIR), name)
+            await asyncio.to_thread(
+                hostfs_write.place_file, self._layout.grader_dir, startup, text.encode("utf-8"), owner=grader
+            )
         task = (self._ids.root, self._ids.root)
-        for path, text in protected.items():
-            target = task_path(path, workdir)
-            base, relative = self._relative(target)
+        for target, text in targets.items():
+            base, relative = placed[target]
             sealed_from = len(hostfs.components(relative)) - 1 - len(sealed_dirs(target, workdir))
             await asyncio.to_thread(
                 hostfs_write.place_file,
@@ -124,7 +171,7 @@ class SandboxFiles:
     def workdir_on_host(self) -> tuple[Path, str]:
         """The host directory and the path under it where this sandbox's work dir lives (its home, or the image's
         overlay root), to be walked from there without following a link."""
-        return self._relative(self._compartment.spec.workdir)
+        return self._task_relative(self._compartment.spec.workdir)
 
     async def carry_workdir_to(
         self, target: SandboxFiles, *, keep: tuple[str, ...], limits: CarryLimits

@@ -20,21 +20,23 @@ from opencode_env.sandbox.base import (
     WORKDIR,
     Identity,
     ProxyLaunch,
+    SandboxError,
 )
-from opencode_env.sandbox.local import netns
-from opencode_env.sandbox.local.cgroup import cgroup_prefix
-from opencode_env.sandbox.local.command_argv import TOOL_ENV, TOOL_SHELL, Roles, command_argv
 from opencode_env.sandbox.local.compartment import Compartment
-from opencode_env.sandbox.local.host_runtime import BASE_PATH
-from opencode_env.sandbox.local.host_view import HELPERS, runtime_paths, trust_settings
-from opencode_env.sandbox.local.isolation import (
+from opencode_env.sandbox.local.isolation import netns
+from opencode_env.sandbox.local.isolation.bubblewrap import (
     AGENT_HOME,
     AGENT_ONLY_ENV,
     AGENT_TMP,
     CONTROL_MOUNT,
     GRADER_HOME,
     proxy_argv,
+    runtime_inside,
 )
+from opencode_env.sandbox.local.isolation.cgroup import cgroup_prefix
+from opencode_env.sandbox.local.isolation.command_argv import TOOL_ENV, TOOL_SHELL, Roles, command_argv
+from opencode_env.sandbox.local.isolation.host_runtime import BASE_PATH
+from opencode_env.sandbox.local.isolation.host_view import HELPERS, runtime_paths, trust_settings
 from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import EGRESS_PORT, SandboxBoot
 from opencode_env.sandbox.output import BoundedOutput
@@ -96,7 +98,13 @@ class SandboxProcesses:
         backend's and then the caller's."""
         compartment = self._compartment
         image_env = compartment.image.env if compartment.image is not None else {}
-        path = ":".join([*compartment.extra_path, image_env.get("PATH", BASE_PATH)])
+        path = ":".join(
+            [
+                *compartment.sandbox_path,
+                *map(runtime_inside, compartment.extra_path),
+                image_env.get("PATH", BASE_PATH),
+            ]
+        )
         if compartment.tools.opencode and compartment.image is None:
             path = f"{Path(compartment.tools.opencode).parent}:{path}"
         home = HOME
@@ -115,22 +123,26 @@ class SandboxProcesses:
         (its config, its key). Nothing of the image's ENV or the caller's `env` (those go to its tools only): such
         a variable could name a config, a plugin, a preload or a proxy for OpenCode (OPENCODE_CONFIG_CONTENT,
         OPENCODE_CONFIG_DIR, NODE_OPTIONS, BUN_OPTIONS, LD_PRELOAD, ...)."""
-        opencode = self._compartment.host_tools.opencode
+        opencode = self._compartment.tools.opencode
         path = f"{Path(opencode).parent}:{BASE_PATH}" if opencode else BASE_PATH
         env = {"PATH": path, "HOME": AGENT_HOME, "USER": "user", "TERM": "dumb", "TMPDIR": AGENT_TMP}
         env["LANG"] = "C.UTF-8"
-        env.update(self._egress_proxy())
-        env.update(trust_settings(os.environ))
+        env.update(self._egress_proxy(task=False))
+        env.update({name: runtime_inside(value) for name, value in trust_settings(os.environ).items()})
         env.update(AGENT_ONLY_ENV, SHELL=TOOL_SHELL)
         env.update({name: value for name, value in extra.items() if name.startswith(AGENT_ENV_PREFIX)})
         return env
 
-    def _egress_proxy(self) -> dict[str, str]:
+    def _egress_proxy(self, *, task: bool = True) -> dict[str, str]:
+        """The egress proxy for everything but loopback; for the task's commands, the rollout's service names are
+        loopback too (its /etc/hosts, which OpenCode does not read, says so)."""
         if self._compartment.share_host_network:
             return {}
         proxy = f"http://127.0.0.1:{EGRESS_PORT}"
         env = dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy)
-        return {**env, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        names = self._compartment.local_names if task else ()
+        local = ",".join(("127.0.0.1", "localhost", *names))
+        return {**env, "NO_PROXY": local, "no_proxy": local}
 
     def _write_tool_environment(self, extra: Mapping[str, str]) -> None:
         """TOOL_ENV, the agent's tools' environment: the task's, as `user`, without OpenCode's own names."""
@@ -168,8 +180,9 @@ class SandboxProcesses:
                 runtime=compartment.runtime,
                 roles=Roles(grader_is_root=compartment.spec.grader_is_root),
             )
+            prefix = cgroup_prefix(self._boot.cgroup) if own_pid_namespace else self._boot.services_prefix()
             return await asyncio.create_subprocess_exec(
-                *cgroup_prefix(self._boot.cgroup),
+                *prefix,
                 *argv,
                 env={"PATH": BASE_PATH},
                 stdin=subprocess.DEVNULL,
@@ -180,6 +193,22 @@ class SandboxProcesses:
             )
         finally:
             os.close(environment)
+
+    async def pause_services(self) -> bool:
+        """Freeze every process setup left running (and wait until they are); False where there is no freezer."""
+        services = self._boot.services
+        if services is None:
+            return False
+        try:
+            await asyncio.to_thread(services.freeze)
+        except OSError as error:
+            raise SandboxError(f"setup's services could not be frozen: {error}") from error
+        return True
+
+    async def resume_services(self) -> None:
+        services = self._boot.services
+        if services is not None:
+            await asyncio.to_thread(services.thaw)
 
     async def run(
         self,
@@ -235,10 +264,19 @@ class SandboxProcesses:
         )
 
     async def spawn(
-        self, cmd: str, *, env: Mapping[str, str] | None = None, cwd: str = WORKDIR, identity: Identity = "user"
+        self,
+        cmd: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKDIR,
+        identity: Identity = "user",
+        own_pid_namespace: bool = True,
     ) -> LocalProcess:
-        """A process with piped stdout and stderr, owned (and killed on close) by the sandbox."""
-        process = await self._spawn(cmd, cwd, env, subprocess.PIPE, subprocess.PIPE, identity=identity)
+        """A process with piped stdout and stderr, owned (and killed on close) by the sandbox; without a pid
+        namespace of its own it shares the sandbox's, as every process of a VM does (the cloud fakes)."""
+        process = await self._spawn(
+            cmd, cwd, env, subprocess.PIPE, subprocess.PIPE, identity=identity, own_pid_namespace=own_pid_namespace
+        )
         handle = LocalProcess(process)
         self._processes.add(handle)
         return handle

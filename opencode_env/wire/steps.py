@@ -1,0 +1,91 @@
+"""A multi-step rollout's parts: what each step asks (`RolloutStep`, in the request's `steps`), what each step did
+(`StepResult`, in the result's `steps`), and the pure rules Harbor gives them: a step below its `min_reward` stops
+the run, and the rollout's reward is the steps' mean or the final step's."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from opencode_env.wire.shared import WireFloat
+
+MAX_STEPS = 32
+MAX_STEP_RESULT_CHARS = 2000
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+StepName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+MinReward = float | dict[MetricName, float]
+StepReward = Literal["mean", "final"]
+StepStatus = Literal["completed", "below_min_reward", "failed", "not_run"]
+RewardSourceName = Literal["reward_json", "reward_txt", "verify_pass_rate", "tests", "none"]
+
+
+def checked_min_reward(value: MinReward | None) -> MinReward | None:
+    """A threshold is a finite number (the `reward`) or a table of them (one per metric, at most 64)."""
+    if value is None:
+        return None
+    thresholds = value if isinstance(value, dict) else {"reward": value}
+    if len(thresholds) > 64:
+        raise ValueError(f"min_reward: {len(thresholds)} metrics, over the limit of 64")
+    for name, threshold in thresholds.items():
+        if not math.isfinite(threshold):
+            raise ValueError(f"min_reward: {name} = {threshold} is not a finite number")
+    return value
+
+
+class StepResult(BaseModel):
+    """What one step did. Its agent's model calls are `proxy_turns[first_turn:end_turn]` of the rollout's result (each
+    step's agent is a new OpenCode session; the proxy is drained between steps, so no call straddles two)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: StepName
+    instruction: str = Field("", max_length=MAX_STEP_RESULT_CHARS, description="The start of the step's instruction.")
+    status: StepStatus = Field(
+        "not_run",
+        description="completed; below_min_reward (graded under the step's min_reward: later steps not run); failed "
+        "(its setup, agent or verify failed: the rollout's status and error say how; later steps not run); not_run.",
+    )
+    reward: WireFloat | None = Field(None, description="The step's grade (None when it was not graded).")
+    reward_source: RewardSourceName = "none"
+    reward_metrics: dict[MetricName, WireFloat] = Field(default_factory=dict, max_length=64)
+    min_reward: MinReward | None = None
+    error: str | None = Field(None, max_length=MAX_STEP_RESULT_CHARS)
+    wall_s: WireFloat = Field(0.0, ge=0, description="Seconds from the step's setup to the end of its verify.")
+    first_turn: int = Field(0, ge=0, description="Its agent's first model call's index in proxy_turns.")
+    end_turn: int = Field(0, ge=0, description="One past its agent's last model call's index in proxy_turns.")
+    agent_exit_code: int | None = None
+
+    @field_validator("min_reward")
+    @classmethod
+    def _finite(cls, value: MinReward | None) -> MinReward | None:
+        return checked_min_reward(value)
+
+
+def below_min_reward(min_reward: MinReward | None, reward: float | None, metrics: dict[str, float]) -> str | None:
+    """Why a graded step stops the run (Harbor's rule: a missing reward or metric counts as -inf), or None."""
+    if min_reward is None:
+        return None
+    thresholds = min_reward if isinstance(min_reward, dict) else {"reward": min_reward}
+    got = {"reward": reward, **metrics} if reward is not None else dict(metrics)
+    for name, threshold in thresholds.items():
+        value = got.get(name)
+        if value is None or not value >= threshold:
+            shown = "missing" if value is None else f"{value:g}"
+            return f"{name} {shown} is below the step's min_reward {threshold:g}"
+    return None
+
+
+def combined(steps: Sequence[StepResult], strategy: StepReward) -> tuple[float | None, dict[str, float]]:
+    """The rollout's reward and metrics from its graded steps: `final`, the last graded step's; `mean`, each key's
+    mean over the graded steps (a key a step lacks counts 0 there). None when no step was graded."""
+    graded = [step for step in steps if step.reward is not None]
+    if not graded:
+        return None, {}
+    if strategy == "final":
+        return graded[-1].reward, dict(graded[-1].reward_metrics)
+    keys = dict.fromkeys(key for step in graded for key in step.reward_metrics)
+    metrics = {key: sum(step.reward_metrics.get(key, 0.0) for step in graded) / len(graded) for key in keys}
+    return sum(step.reward or 0.0 for step in graded) / len(graded), metrics

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'Good morning, harbor.\n' > greeting.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf '#!/bin/bash\necho Hello\n' > greet.sh
