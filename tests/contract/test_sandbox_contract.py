@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
 from typing import cast
@@ -155,26 +157,31 @@ async def test_close_kills_everything_and_is_idempotent(any_backend: SandboxBack
         await box.run("true", timeout_s=5)
 
 
-async def test_tools_under_hidden_host_dirs_stay_visible(tmp_path: Path, sandbox_base: Path, no_leaks: None) -> None:
-    """A checkout or cache under /tmp or a home directory (CI clones, the Space image) must still run inside."""
-    tool_home = tmp_path / "toolenv"
-    (tool_home / "bin").mkdir(parents=True)
-    tool = tool_home / "bin" / "python"
-    tool.write_text("#!/bin/sh\necho tool-ran\n")
-    tool.chmod(0o755)
-    tools = ProvidedTools(python=str(tool))
-
-    async def resolver() -> ProvidedTools:
-        return tools
-
-    box = await LocalBackend(resolver, base_dir=sandbox_base).create(SandboxSpec(image=HOST_IMAGE))
+@pytest.mark.parametrize("place", ["/tmp", os.path.expanduser("~"), "/"])
+async def test_tools_anywhere_on_the_host_stay_visible(place: str, sandbox_base: Path, no_leaks: None) -> None:
+    """A checkout or cache under /tmp, a home directory or a 0700 directory of the operator's (CI clones, the Space
+    image, `mktemp -d`) still runs inside."""
+    locked = Path(tempfile.mkdtemp(prefix="opencode-env-checkout-", dir=place))
     try:
-        assert str(tool).startswith("/tmp/")
-        result = await box.run(str(tool), timeout_s=10)
-        assert (result.exit_code, result.stdout) == (0, "tool-ran\n")
-        assert (await box.run("echo ok > /tmp/scratch && cat /tmp/scratch", timeout_s=10)).stdout == "ok\n"
+        tool_home = locked / "toolenv"
+        (tool_home / "bin").mkdir(parents=True)
+        tool = tool_home / "bin" / "python"
+        tool.write_text("#!/bin/sh\necho tool-ran\n")
+        tool.chmod(0o755)
+        tools = ProvidedTools(python=str(tool))
+
+        async def resolver() -> ProvidedTools:
+            return tools
+
+        box = await LocalBackend(resolver, base_dir=sandbox_base).create(SandboxSpec(image=HOST_IMAGE))
+        try:
+            result = await box.run(str(tool), timeout_s=10)
+            assert (result.exit_code, result.stdout) == (0, "tool-ran\n")
+            assert (await box.run("echo ok > /tmp/scratch && cat /tmp/scratch", timeout_s=10)).stdout == "ok\n"
+        finally:
+            await box.close()
     finally:
-        await box.close()
+        shutil.rmtree(locked)
 
 
 async def test_close_all_closes_what_is_still_open(any_backend: SandboxBackend, no_leaks: None) -> None:

@@ -50,10 +50,14 @@ def _wait_for_line(process: subprocess.Popen[str], needle: str, seen: list[str])
     raise AssertionError(f"the process ended before printing {needle!r}: {''.join(seen)}")
 
 
-def _wait_for_agent_command() -> None:
-    """Until the agent runs its command (OpenCode's start alone took minutes on this 2-core machine at load 30);
-    the test's own timeout bounds the wait."""
+def _wait_for_agent_command(process: subprocess.Popen[str], seen: list[str]) -> None:
+    """Until the agent runs its command (OpenCode's start alone took minutes on this 2-core machine at load 30), or
+    the process ends without it, which fails at once with what it printed; the test's own timeout bounds the wait."""
     while not processes_mentioning(f"sleep {SLEEP_MARK}", settle_s=0):
+        if process.poll() is not None:
+            assert process.stderr is not None
+            printed = "".join(seen) + process.stderr.read()
+            raise AssertionError(f"the process ended (exit {process.returncode}) before its agent's command: {printed}")
         time.sleep(0.2)
 
 
@@ -90,7 +94,7 @@ def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
         stdout_read = pool.submit(process.stdout.read)
         try:
             _wait_for_line(process, "[agent]", seen)
-            _wait_for_agent_command()
+            _wait_for_agent_command(process, seen)
             process.send_signal(ending)
             assert process.stderr is not None
             rest = process.stderr.read()
@@ -131,7 +135,7 @@ def test_a_signalled_eval_keeps_the_cut_attempt_apart_and_leaves_nothing(
     seen: list[str] = []
     try:
         _wait_for_line(process, "attempts: 1 in all", seen)
-        _wait_for_agent_command()
+        _wait_for_agent_command(process, seen)
         process.terminate()
         _, rest = process.communicate(timeout=120)
     finally:

@@ -58,8 +58,6 @@ OUR_TOP_LEVEL = frozenset(
 read, such as /var/run/nscd, and our binds): an image's directories of the same names are seen only in TASK_ROOT.
 The image's other top-level directories (/app, /opt, /srv, ...) are bound at their own names too, so OpenCode's
 file tools see the task's files where its bash tool does."""
-HIDDEN_ROOTS = ("/home", "/tmp", "/run", "/var/tmp", "/root", "/srv", "/mnt", "/media")
-"""Our own compartments on the host's root (the capture proxy) see it read-only without these."""
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 """All a sandbox on the host's own system (image "host") sees of the host, read-only: its programs, libraries and
 their configuration. The operator's files (checkouts and their results, homes, /opt, /srv, /var, data directories
@@ -197,22 +195,15 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def _hidden_roots() -> tuple[str, ...]:
-    return (*HIDDEN_ROOTS, _host_home())
-
-
 def _outside_system(path: str) -> bool:
     return not _under(path, SYSTEM_DIRS)
 
 
-def _inside_hidden_roots(path: str) -> bool:
-    return _under(path, _hidden_roots())
-
-
 def _runtime_binds(paths: Sequence[str], hidden: Callable[[str], bool], writable: Sequence[str] = ()) -> list[str]:
     """Bind the runtime paths that `hidden` says the root does not show. bubblewrap creates the directories leading
-    to them with their host modes (a 0700 CI checkout or /root), which the sandbox's uid could not cross: those
-    directories exist only in the sandbox's own tmpfs, so they are opened up there (never a host directory)."""
+    to them with their host modes (a 0700 CI checkout, /root, a 0700 test directory), which an unprivileged uid
+    could not cross: those directories exist only in the compartment's own tmpfs, so they are opened up there
+    (never a host directory)."""
     bound = [path for path in [*paths, *writable] if hidden(path)]
     argv: list[str] = []
     for path in paths:
@@ -269,29 +260,21 @@ def _shadow(path: str) -> str:
     return f"{place}/{os.path.relpath(path, place).split('/')[0]}"
 
 
-def _host_home() -> str:
-    home = os.path.expanduser("~")
-    return home if home not in ("", "/") else "/nonexistent"
-
-
-def _hidden_tmpfs() -> list[str]:
-    argv: list[str] = []
-    for root in sorted(set(_hidden_roots())):
-        if os.path.isdir(root) and not any(root.startswith(other + "/") for other in HIDDEN_ROOTS):
-            argv += ["--tmpfs", root]
-    return argv
-
-
-def system_root() -> list[str]:
-    """The root of a sandbox on the host's own system: SYSTEM_DIRS read-only (a merged-/usr link as a link), empty
-    places to write, and nothing else of the host."""
+def _system_dirs() -> list[str]:
+    """SYSTEM_DIRS read-only, a merged-/usr link as a link."""
     argv: list[str] = []
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
-    argv += ["--dev", "/dev", "--dir", "/proc"]
+    return argv
+
+
+def system_root() -> list[str]:
+    """The root of a sandbox on the host's own system: SYSTEM_DIRS read-only, empty places to write, and nothing
+    else of the host."""
+    argv = [*_system_dirs(), "--dev", "/dev", "--dir", "/proc"]
     for path in EMPTY_DIRS:
         argv += ["--tmpfs", path]
     return argv
@@ -421,23 +404,23 @@ def _config_deps_binds(config_deps: str | None) -> list[str]:
 
 def proxy_argv(layout: Layout, ids: HostIds, runtime_paths: Sequence[str], program: Sequence[str]) -> list[str]:
     """The capture proxy's compartment: outside the sandbox's namespaces (the host network, to reach the model),
-    its own PID namespace, the host read-only, nothing of the sandbox's tree, its private directory writable,
-    the rollout's second unprivileged uid, no capabilities."""
+    its own PID namespace, the host's system directories read-only and of the rest only its runtime paths, its
+    private directories writable (nothing of the sandbox's tree), the rollout's second unprivileged uid, no
+    capabilities. Wherever the host keeps those paths, the directories leading to them are the compartment's own."""
     private = str(layout.private)
     return [
         "bwrap",
         "--die-with-parent",
         "--unshare-pid",
         "--unshare-ipc",
-        "--ro-bind",
-        "/",
-        "/",
+        *_system_dirs(),
         "--dev",
         "/dev",
         "--proc",
         "/proc",
-        *_hidden_tmpfs(),
-        *_runtime_binds(runtime_paths, _inside_hidden_roots, writable=[private, str(layout.sockets)]),
+        "--tmpfs",
+        "/tmp",
+        *_runtime_binds(runtime_paths, _outside_system, writable=[private, str(layout.sockets)]),
         "--chdir",
         private,
         "--",
