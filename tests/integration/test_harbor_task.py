@@ -417,11 +417,13 @@ def podman_refs() -> Iterator[list[str]]:
 
 @pytest.fixture
 def scratch_base(tmp_path, podman_refs) -> str:
-    """A one-file base image imported from a tar: no registry, no pull."""
+    """A one-file base image imported from a tar: no registry, no pull. Its content names its tag, so its image id is
+    its own: another test's `podman rmi --force` of an identical image (this suite's or another run's on the machine)
+    would remove this one too."""
     ref = f"localhost/opencode-env-test/scratch-base-{uuid.uuid4().hex[:12]}:1"
     archive = tmp_path / "base.tar"
     with tarfile.open(archive, "w") as tar:
-        data = b"base\n"
+        data = f"base {ref}\n".encode()
         info = tarfile.TarInfo("base-marker.txt")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))

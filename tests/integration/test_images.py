@@ -57,8 +57,10 @@ def busybox_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link)
+    # an image id of its own: another worker's `podman rmi --force` of an identical image would remove this one too
+    own_id = ["--change", f"LABEL opencode-env-test={BUSYBOX_IMAGE}-{RUN_MARK}"]
     subprocess.run(
-        ["podman", "import", "--quiet", "--change", "ENV PATH=/bin", str(archive), BUSYBOX_IMAGE],
+        ["podman", "import", "--quiet", "--change", "ENV PATH=/bin", *own_id, str(archive), BUSYBOX_IMAGE],
         check=True,
         capture_output=True,
     )
