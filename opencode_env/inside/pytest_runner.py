@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import runpy
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
     plugins = image_plugins()
     for plugin in plugins:
         importlib.import_module(plugin)
-    sys.pycache_prefix = tempfile.mkdtemp(prefix="opencode-env-pycache-")
+    empty_pycache = sys.pycache_prefix = tempfile.mkdtemp(prefix="opencode-env-pycache-")
     if "--by-value" in named:
         install_by_value(named)
         sys.path[:] = [tests, os.path.dirname(tests), *image]
@@ -88,7 +89,10 @@ def main(argv: list[str]) -> int:
         sys.path[:] = [tests, os.path.dirname(tests), *image, *agents, workdir]
     for plugin in plugins:
         arguments = ["-p", plugin, *arguments]
-    return int(pytest.main(arguments))  # type: ignore[attr-defined]
+    try:
+        return int(pytest.main(arguments))  # type: ignore[attr-defined]
+    finally:
+        shutil.rmtree(empty_pycache, ignore_errors=True)
 
 
 if __name__ == "__main__":

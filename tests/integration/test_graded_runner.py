@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import marshal
+import os
 import posixpath
 import subprocess
 import sys
@@ -75,7 +76,17 @@ def run_graded(tmp_path: Path, add: str) -> graded_tests.TestsGrade:
     command = command.replace(posixpath.dirname(graded_tests.TESTS_DIR), str(verifier)).replace(
         "python3 -I", f"{sys.executable} -I"
     )
-    ran = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    ran = subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    assert not list(scratch.iterdir()), "the runner left its scratch behind"
     junit = verifier / posixpath.basename(graded_tests.JUNIT)
     raw = junit.read_bytes() if junit.exists() else None
     return graded_tests.grade(spec, raw, canaries=canaries, exit_code=ran.returncode, stdout=ran.stdout)

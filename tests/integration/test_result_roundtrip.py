@@ -60,19 +60,20 @@ def round_trip(result: RolloutResult) -> RolloutResult:
     via_dict = RolloutResult.model_validate(standard_json(json.dumps(result.model_dump(mode="json"), allow_nan=False)))
     assert via_dict.model_dump_json() == text
 
-    store = ResultStore(Path(tempfile.mkdtemp(prefix="roundtrip-")))
-    tool = mcp_tool_result(result, store, "json")
-    schema = RolloutAnswer.model_json_schema(mode="serialization")
-    validators.validator_for(schema)(schema).validate(tool.structured_content)
-    structured = json.dumps(tool.structured_content["result"], allow_nan=False)
-    assert RolloutResult.model_validate(standard_json(structured)).model_dump_json() == text
-    assert RolloutResult.model_validate_json(tool.content[0].text).model_dump_json() == text  # type: ignore[union-attr]
-    summary = mcp_tool_result(result, store).content[0].text  # type: ignore[union-attr]
-    assert f"status:     {result.status}" in summary
+    with tempfile.TemporaryDirectory(prefix="roundtrip-") as directory:
+        store = ResultStore(Path(directory))
+        tool = mcp_tool_result(result, store, "json")
+        schema = RolloutAnswer.model_json_schema(mode="serialization")
+        validators.validator_for(schema)(schema).validate(tool.structured_content)
+        structured = json.dumps(tool.structured_content["result"], allow_nan=False)
+        assert RolloutResult.model_validate(standard_json(structured)).model_dump_json() == text
+        assert RolloutResult.model_validate_json(tool.content[0].text).model_dump_json() == text  # type: ignore[union-attr]
+        summary = mcp_tool_result(result, store).content[0].text  # type: ignore[union-attr]
+        assert f"status:     {result.status}" in summary
 
-    frame = standard_json(json.dumps({"result": session_tool_result(tool)}, allow_nan=False))
-    by_reference = gzip.decompress(store.gzip_of(frame["result"]["data"]["result_ref"]["id"]) or b"")
-    assert RolloutResult.model_validate(standard_json(by_reference.decode())).model_dump_json() == text
+        frame = standard_json(json.dumps({"result": session_tool_result(tool)}, allow_nan=False))
+        by_reference = gzip.decompress(store.gzip_of(frame["result"]["data"]["result_ref"]["id"]) or b"")
+        assert RolloutResult.model_validate(standard_json(by_reference.decode())).model_dump_json() == text
     assert parsed.model_dump_json() == text
     return parsed
 
@@ -232,7 +233,7 @@ def test_javascript_reads_the_result_and_sees_named_non_finite_numbers() -> None
     assert as_numbers == ["-Infinity", "NaN", "Infinity", "-9999", "-0.5"]
 
 
-def test_the_answer_carries_the_first_integrity_findings_and_counts_them_all() -> None:
+def test_the_answer_carries_the_first_integrity_findings_and_counts_them_all(tmp_path: Path) -> None:
     """An agent that plants a file per name cannot push the MCP answer past a client's limit: the answer lists the
     first findings and counts them all; the whole list is in the result by reference."""
     planted = [
@@ -240,7 +241,7 @@ def test_the_answer_carries_the_first_integrity_findings_and_counts_them_all() -
         for n in range(20_000)
     ]
     result = RolloutResult(task_id="planted", integrity=planted)
-    store = ResultStore(Path(tempfile.mkdtemp(prefix="planted-")))
+    store = ResultStore(tmp_path)
     tool = mcp_tool_result(result, store)
     answer = RolloutAnswer.model_validate(tool.structured_content)
     assert answer.integrity_total == 20_000
