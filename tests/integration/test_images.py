@@ -342,3 +342,51 @@ def test_prunes_at_once_each_remove_a_tree_once_and_never_fail(tmp_path: Path) -
         removed = [tree for pruned in pool.map(lambda _: ImageStore(tmp_path).prune(), range(4)) for tree in pruned]
     assert sorted(removed) == trees
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tree_a_killed_pruner_took_goes_with_the_next_prune(tmp_path: Path) -> None:
+    """A pruner killed between taking a tree and removing it (its process ends at the removal) leaves the tree
+    renamed; the next prune removes it, and never a tree a live pruner has taken."""
+    dropped = f"{1:064x}"
+    (tmp_path / dropped / "rootfs" / "bin").mkdir(parents=True)
+    (tmp_path / dropped / ".complete").touch()
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, shutil, sys\n"
+            "shutil.rmtree = lambda *args, **kwargs: os._exit(9)\n"
+            "from opencode_env.sandbox.local.images.store import ImageStore\n"
+            "from pathlib import Path\n"
+            "ImageStore(Path(sys.argv[1])).prune()\n",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        check=False,
+    )
+    assert killed.returncode == 9, killed.stderr
+    [left] = list(tmp_path.iterdir())
+    assert left.name.startswith(f".pruned-{dropped}-")
+    live = tmp_path / f".pruned-{2:064x}-{os.getpid()}-1"
+    (live / "rootfs").mkdir(parents=True)
+
+    assert ImageStore(tmp_path).prune() == []
+    assert list(tmp_path.iterdir()) == [live]
+
+
+def test_a_killed_unpackers_tree_goes_with_the_next_unpack(busybox_image: str, tmp_path: Path) -> None:
+    """An unpacker killed mid-copy leaves its staging tree in the image's directory; the next unpack of that image
+    (under the same lock) removes it before copying again."""
+    store = ImageStore(tmp_path)
+    first = store.prepare(busybox_image)
+    directory = first.rootfs.parent
+    (directory / ".complete").unlink()
+    shutil.rmtree(first.rootfs)
+    staging = directory / ".rootfs-killed"
+    (staging / "bin").mkdir(parents=True)
+    (staging / "bin" / "half-copied").write_bytes(b"\0" * 1024)
+
+    again = store.prepare(busybox_image)
+
+    assert [path.name for path in directory.glob(".rootfs-*")] == []
+    assert (again.rootfs / "bin" / "busybox").is_file()

@@ -35,6 +35,11 @@ LOCK_POLL_S = 0.2
 ACCOUNT_FILE_BYTES = 1 << 20
 REFUSED = ".refused"
 """In an image's cache directory: why its content was refused (kept: an image id names its content)."""
+STAGING_PREFIX = ".rootfs-"
+"""In an image's cache directory: a tree being unpacked, renamed to `rootfs` when complete."""
+PRUNED_PREFIX = ".pruned-"
+"""In the cache: a tree a pruner took (`.pruned-<tree>-<pid>-<n>`), removed by that pruner or, once it is gone, by
+the next prune."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
 ACCOUNTS = (("user", 1000, "/home/user"), ("grader", 1001, "/home/grader/home"))
@@ -212,6 +217,7 @@ class ImageStore:
         returns the ids removed."""
         if not self.root.is_dir():
             return []
+        _remove_dead_pruners_leftovers(self.root)
         in_use = mounted_sources()
         removed = []
         for directory in sorted(self.root.iterdir()):
@@ -220,7 +226,7 @@ class ImageStore:
             rootfs = str(directory / "rootfs")
             if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
                 continue
-            doomed = directory.with_name(f".pruned-{directory.name}-{os.getpid()}-{time.monotonic_ns()}")
+            doomed = directory.with_name(f"{PRUNED_PREFIX}{directory.name}-{os.getpid()}-{time.monotonic_ns()}")
             try:
                 with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
                     (directory / ".complete").unlink(missing_ok=True)
@@ -246,9 +252,11 @@ class ImageStore:
             if (directory / ".complete").exists():
                 return rootfs
             _raise_refused(directory, ref)
+            for leftover in directory.glob(f"{STAGING_PREFIX}*"):
+                shutil.rmtree(leftover)  # a killed unpacker's: under this lock no other one is running
             if self.budget is not None:
                 self.budget.charge("tree", directory.name, charge, what=f"image {ref} unpacked", keep=(ref,))
-            staging = Path(tempfile.mkdtemp(prefix=".rootfs-", dir=directory))
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
             sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
             self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
             started = time.monotonic()
@@ -275,6 +283,28 @@ class ImageStore:
     def _release(self, tree: str) -> None:
         if self.budget is not None:
             self.budget.release(tree)
+
+
+def _remove_dead_pruners_leftovers(root: Path) -> None:
+    """Trees taken by a pruner that ended before removing them; a live pruner's are its own to remove."""
+    for leftover in root.glob(f"{PRUNED_PREFIX}*"):
+        pid = leftover.name.rsplit("-", 2)[-2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            shutil.rmtree(leftover)
+        except FileNotFoundError:
+            continue  # another prune is sweeping it at once: what either leaves goes with the next prune
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _raise_refused(directory: Path, ref: str) -> None:
