@@ -49,6 +49,12 @@ def trainable_sessions(result: RolloutResult) -> dict[SessionKey, list[RolloutTu
     return sessions
 
 
+def task_step_index(result: RolloutResult, position: int) -> int:
+    """The index of the task's step whose agent made proxy_turns[position] (0 for a task without steps). Each step's
+    agent is a new OpenCode session, so no sequence and no session's count of calls crosses a step."""
+    return next((index for index, step in enumerate(result.steps) if step.first_turn <= position < step.end_turn), 0)
+
+
 def ids_problem(turn: RolloutTurn) -> str | None:
     """Why a turn's engine ids cannot be trained on, or None."""
     if not turn.prompt_token_ids:

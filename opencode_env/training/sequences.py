@@ -26,16 +26,18 @@ from opencode_env.training.coverage import (
     coverage,
     ids_problem,
     rollout_failure,
+    task_step_index,
     trainable_sessions,
 )
 from opencode_env.training.steps import steps_coverage
 from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TurnKind, common_prefix_length
 from opencode_env.wire.notices import Notice, notice_lines, reconciled
 
-SequenceStart = Literal["first", "drift", "after_unusable_turn"]
+SequenceStart = Literal["first", "drift", "after_unusable_turn", "step"]
 """Why a sequence started: its session's first usable turn; a prompt that extends no open sequence (a fork
-is recorded); or the turn after an agent turn whose ids could not be used (its tokens would be masked as
-environment tokens otherwise, so the sequence is cut there rather than mislabelled)."""
+is recorded); the turn after an agent turn whose ids could not be used (its tokens would be masked as
+environment tokens otherwise, so the sequence is cut there rather than mislabelled); or the first agent turn of a
+multi-step task's later step (each step's agent is a new session: no sequence spans two steps, whatever the ids)."""
 
 ForkCause = Literal["template_drift", "history_rewritten"]
 """template_drift: the message history was append-only but the engine's prompt ids were not (a chat template that
@@ -205,12 +207,19 @@ def training_sequences(result: RolloutResult) -> TrainingSequences:
 def _merge_session(
     result: RolloutResult, out: TrainingSequences, key: SessionKey, turns: list[RolloutTurn], positions: dict[int, int]
 ) -> None:
-    kind, session_id = key
-    session_id = session_id or next((turn.session_id for turn in turns if turn.session_id), None)
+    kind, keyed_session_id = key
+    step_of = {turn.turn: task_step_index(result, positions[turn.turn]) for turn in turns}
+    session_of_step = {
+        step: keyed_session_id or next((t.session_id for t in turns if t.session_id and step_of[t.turn] == step), None)
+        for step in set(step_of.values())
+    }
     parent_session_id = next((turn.parent_session_id for turn in turns if turn.parent_session_id), None)
     open_sequences: list[_Open] = []
-    after_gap = False
+    after_gap = new_step = False
+    step = step_of[turns[0].turn]
     for turn in turns:
+        if step_of[turn.turn] != step:
+            step, open_sequences, new_step = step_of[turn.turn], [], True
         problem = ids_problem(turn)
         if problem:
             out.skipped.append(SkippedTurn(turn=turn.turn, reason=problem))
@@ -218,7 +227,9 @@ def _merge_session(
             continue
         target = _extended(open_sequences, turn.prompt_token_ids)
         if target is None:
-            start: SequenceStart = "after_unusable_turn" if after_gap else "drift" if open_sequences else "first"
+            start: SequenceStart = (
+                "step" if new_step else "after_unusable_turn" if after_gap else "drift" if open_sequences else "first"
+            )
             if start == "drift":
                 out.forks.append(_fork(result, open_sequences, turn, positions))
             target = _Open(len(out.sequences), list(turn.prompt_token_ids))
@@ -227,11 +238,12 @@ def _merge_session(
                     prompt_ids=list(turn.prompt_token_ids),
                     started=start,
                     kind=kind,
-                    session_id=session_id,
+                    session_id=session_of_step[step],
                     parent_session_id=parent_session_id,
                 )
             )
             open_sequences.append(target)
+            new_step = False
         else:
             suffix = turn.prompt_token_ids[len(target.ids) :]
             sequence = out.sequences[target.index]

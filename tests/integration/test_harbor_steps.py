@@ -246,9 +246,11 @@ async def test_each_steps_turns_are_its_own(backend: LocalBackend) -> None:
     assert sessions[0] != sessions[1]
     assert {turn.kind for turn in result.proxy_turns} == {"agent"}, "each step's session is a root, no sub-agent"
     numbers = [{t.turn for t in result.proxy_turns[s.first_turn : s.end_turn]} for s in result.steps]
-    sequences = training_sequences(result).sequences
-    assert sequences
-    assert all(any(set(seq.turns) <= step for step in numbers) for seq in sequences), "no sequence spans two steps"
+    found = training_sequences(result)
+    assert all(any(set(seq.turns) <= step for step in numbers) for seq in found.sequences), "a sequence spans steps"
+    started = [(seq.started, seq.session_id) for seq in found.sequences]
+    assert started == [("first", *sessions[0]), ("step", *sessions[1])]
+    assert found.forks == [], "a step's first call is a new session, not a fork"
 
 
 async def test_doing_nothing_stops_at_the_first_steps_min_reward(backend: LocalBackend, greet: RolloutRequest) -> None:

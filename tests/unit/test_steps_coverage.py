@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from opencode_env.training import (
     Coverage,
     sequences_coverage,
@@ -14,6 +19,7 @@ from opencode_env.training import (
 )
 from opencode_env.training.formats import training_rows, trl_batch
 from opencode_env.wire import RolloutResult, RolloutTurn, TurnKind
+from opencode_env.wire.steps import StepResult
 from tests.integration.test_training import history, result_of, turn
 
 EOS = 99
@@ -198,3 +204,68 @@ def test_the_summary_prints_the_results_warnings() -> None:
     summary = training_summary(result)
     assert summary.warnings == ["logprobs may not be the sampler's"]
     assert "warning:    logprobs may not be the sampler's" in summary.text().splitlines()
+
+
+def in_task_steps(result: RolloutResult, *bounds: int) -> RolloutResult:
+    """The rollout as a multi-step task's: step k's agent made proxy_turns[bounds[k]:bounds[k + 1]]."""
+    steps = [
+        StepResult(name=f"step-{index}", status="completed", first_turn=start, end_turn=end)
+        for index, (start, end) in enumerate(itertools.pairwise(bounds))
+    ]
+    return result.model_copy(update={"steps": steps})
+
+
+def test_a_later_task_steps_agent_starts_its_own_sequence_even_when_its_ids_extend_the_last() -> None:
+    """Step two's agent is a new session: its first call starts a sequence (`step`), no fork is recorded, and its
+    calls are counted from 0, even when its prompt ids happen to extend step one's sequence."""
+    result = in_task_steps(
+        result_of(
+            in_session(turn(0, [1, 2, 3], [10, EOS]), "ses_one"),
+            in_session(turn(1, [1, 2, 3, 10, EOS, 50], [11, EOS]), "ses_one"),
+            in_session(turn(2, [1, 2, 3, 10, EOS, 50, 11, EOS], [12, EOS]), "ses_two"),
+            in_session(turn(3, [1, 2, 3, 10, EOS, 50, 11, EOS, 12, EOS, 51], [13, EOS]), "ses_two"),
+        ),
+        0,
+        2,
+        4,
+    )
+    found = training_sequences(result)
+    assert found.forks == []
+    assert [(s.turns, s.started, s.session_id) for s in found.sequences] == [
+        ([0, 1], "first", "ses_one"),
+        ([2, 3], "step", "ses_two"),
+    ]
+    assert [(s.turn, s.session_id, s.session_turn_index) for s in training_steps(result)] == [
+        (0, "ses_one", 0),
+        (1, "ses_one", 1),
+        (2, "ses_two", 0),
+        (3, "ses_two", 1),
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    extends=st.lists(st.booleans(), min_size=1, max_size=12),
+    cuts=st.sets(st.integers(min_value=1, max_value=11), max_size=4),
+)
+def test_no_sequence_and_no_session_count_crosses_a_task_step(extends: list[bool], cuts: set[int]) -> None:
+    """Over any run of calls (each extending the conversation so far or not) and any step boundaries: every
+    sequence's calls are one step's, a step's first call is never a fork, and each step's calls count from 0."""
+    conversation: list[int] = [1, 2, 3]
+    records = []
+    for number, extend in enumerate(extends):
+        prompt = [*conversation, 50 + number] if extend else [7, number]
+        completion = [100 + number, EOS]
+        records.append(turn(number, prompt, completion))
+        conversation = prompt + completion
+    bounds = [0, *sorted(cut for cut in cuts if cut < len(extends)), len(extends)]
+    result = in_task_steps(result_of(*records), *bounds)
+    step_of = {number: index for index, (a, b) in enumerate(itertools.pairwise(bounds)) for number in range(a, b)}
+
+    found = training_sequences(result)
+    for sequence in found.sequences:
+        assert len({step_of[number] for number in sequence.turns}) == 1, (sequence.turns, bounds)
+        assert (sequence.started == "step") == (sequence.turns[0] in bounds[1:-1])
+    assert not {fork.turn for fork in found.forks} & set(bounds)
+    counted = [(step_of[s.turn], s.session_turn_index) for s in training_steps(result)]
+    assert counted == [(step, number - bounds[step]) for number, step in sorted(step_of.items())]
