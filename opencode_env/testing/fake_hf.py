@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,8 +104,10 @@ class FakeHfCloud:
         """Run `work` on the cloud's own loop and wait for it, as a remote call waits for its server."""
         with self._lock:
             if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="fake-hf-cloud", daemon=True).start()
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=_serve, args=(loop,), name="fake-hf-cloud", daemon=True).start()
+                weakref.finalize(self, loop.call_soon_threadsafe, loop.stop)
+                self._loop = loop
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def sandbox_class(self) -> type[FakeSandbox]:
@@ -129,6 +132,14 @@ class FakeHfCloud:
         backend = LocalBackend(tools, base_dir=self.base_dir, extra_path=(venv_bin,), share_host_network=True)
         machine = await as_a_vm(await backend.create(SandboxSpec(image=HOST_IMAGE)))
         return ServerMachine(machine, identity="user" if user_image else "root")
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The cloud's loop, until the cloud is gone."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
 
 
 class ServerMachine:

@@ -3,8 +3,10 @@ possible. The backend contract suite runs on it too (tests/test_sandbox_contract
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -218,3 +220,19 @@ async def test_a_live_rollout_on_hf() -> None:
         pytest.skip("set OPENCODE_ENV_LIVE_ENDPOINT (vllm, openai or hf_router, with its env vars) for a live rollout")
     result = await run_rollout(demo_request("", endpoint=endpoint, api_key="", model=""), make_backend("hf"))
     assert result.status == "completed", result.error
+
+
+def test_a_fake_cloud_s_loop_ends_with_the_cloud(sandbox_base: Path) -> None:
+    """Each fake cloud serves on a loop thread of its own; it ends once the cloud is gone, so a long test worker
+    does not gather one thread per cloud it ever made."""
+
+    async def serving() -> threading.Thread:
+        return threading.current_thread()
+
+    cloud = FakeHfCloud(base_dir=sandbox_base)
+    thread = cloud.remote(serving())
+    assert thread is not threading.current_thread()
+    del cloud
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
