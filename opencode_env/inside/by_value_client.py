@@ -15,13 +15,15 @@ import socket
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from opencode_env.inside import by_value_wire as wire
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}", re.ASCII)
 MAX_NOTE = 8192
+ENDS_ITERATION = (StopIteration, StopAsyncIteration)
+ENDS_ITERATION_NAMES = {f"builtins.{kind.__name__}" for kind in ENDS_ITERATION}
 BROKEN_SUFFIX = ".broken"
 """Beside the socket, made by this process (the grader's) when it starts listening: `intact`, overwritten in place
 with `broken: WHY` when the channel first breaks (in place, so a disk the agent filled cannot refuse it). The host
@@ -178,11 +180,11 @@ class Client:
         kind = next((self.classes[name] for name in names if name in self.classes), None) or _builtin_base(names)
         if kind is None:
             return ByValueBroken(f"the code under test raised {names[:1]}: {message}")
+        if kind not in self.classes.values() and ENDS_ITERATION_NAMES & set(names):
+            message = f"the code under test raised {names[0]}, which cannot end the tests' iteration: {message}"
+            raised = {**raised, "args": None}
         args = self.value(raised["args"]) if raised.get("args") is not None else (message,)
-        try:
-            error = kind(*args) if isinstance(args, tuple) else kind(message)
-        except Exception:
-            error = kind(message) if kind not in self.classes.values() else _plain(kind, message)
+        error = _built(kind, args if isinstance(args, tuple) else (message,), message)
         if kind in self.classes.values():
             error._by_value_text = message  # type: ignore[attr-defined]
         error.by_value_chain = names  # type: ignore[attr-defined]
@@ -190,6 +192,23 @@ class Client:
         if note and hasattr(error, "add_note"):
             error.add_note(f"raised in the code under test's process:\n{note}")
         return error
+
+
+def _built(kind: type[BaseException], args: tuple[object, ...], message: str) -> BaseException:
+    """`kind` made from the code's arguments, else from its message alone, else without its own constructor (a
+    UnicodeDecodeError wants five arguments, an ExceptionGroup a list); a plain Exception when none of them can be
+    made: the tests see an exception for every one the code raised."""
+    ways: tuple[Callable[[], BaseException], ...] = (
+        lambda: kind(*args),
+        lambda: kind(message),
+        lambda: _plain(kind, message),
+    )
+    for way in ways:
+        try:
+            return way()
+        except Exception:  # the next way of making it is tried
+            continue
+    return Exception(message)
 
 
 def _plain(kind: type[BaseException], message: str) -> BaseException:
@@ -212,14 +231,16 @@ def _chain(chain: object) -> list[str]:
 
 def _builtin_base(names: list[str]) -> type[BaseException] | None:
     """The first builtin Exception subclass among `names` (KeyboardInterrupt, SystemExit and the like are not
-    answers a test could expect by value)."""
+    answers a test could expect by value). One that ends an iteration (StopIteration, StopAsyncIteration) is a
+    RuntimeError here, as Python makes it inside a generator: raised by the code under test, it would otherwise
+    end the tests' own `map`, `filter` or `zip` early and turn `all(...)` into True."""
     for name in names:
         module, _, short = name.rpartition(".")
         if module != "builtins" or not IDENTIFIER.fullmatch(short):
             continue
         kind = getattr(builtins, short, None)
         if isinstance(kind, type) and issubclass(kind, Exception):
-            return kind
+            return RuntimeError if issubclass(kind, ENDS_ITERATION) else kind
     return None
 
 

@@ -121,3 +121,50 @@ async def test_check_task_names_the_declaration_when_auto_chooses_wrong(
     assert check.other_mode.reward == 1.0
     assert check.verdict == "broken"
     assert "declare tests.mode ([verifier.tests] mode in a Harbor task) = 'in_process'" in check.reason
+
+
+PRIMES_TESTS = """\
+from primes import is_prime
+
+
+def test_primes():
+    assert all(map(is_prime, [2, 3, 5, 7, 11, 13]))
+
+
+def test_composites():
+    assert not any(map(is_prime, [1, 4, 6, 8, 9, 15]))
+"""
+IS_PRIME = {
+    "right": ("def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n", 1.0),
+    "raises StopIteration": ("def is_prime(n):\n    raise StopIteration\n", 0.0),
+    "raises its own StopIteration": (
+        "class Done(StopIteration):\n    pass\n\n\ndef is_prime(n):\n    raise Done\n",
+        0.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("solution", sorted(IS_PRIME))
+async def test_what_the_code_raises_never_ends_the_tests_iteration(
+    backend: LocalBackend, no_leaks: None, image: str, solution: str
+) -> None:
+    """Tests that hand the code's function to `map` are graded by value; a wrong is_prime that raises StopIteration
+    would end the tests' map at once (`all` of nothing is True) if it crossed as itself: it crosses as a
+    RuntimeError, as Python makes it inside a generator, and scores 0."""
+    source, reward = IS_PRIME[solution]
+    request = RolloutRequest.model_validate(
+        {
+            "instruction": "Write primes.py with is_prime(n).",
+            "image": image,
+            "tests": {
+                "files": {"test_primes.py": PRIMES_TESTS},
+                "fail_to_pass": ["test_primes.py::test_primes", "test_primes.py::test_composites"],
+                "call_timeout_s": 5,
+            },
+            "solution": [shell_file(f"{WORKDIR}/primes.py", source)],
+            "task_id": "primes-auto",
+        }
+    )
+    result = await run_rollout(request, backend)
+    assert result.test_mode == "by_value", result.test_mode_reason
+    assert (result.status, result.reward) == ("completed", reward), (result.error, result.test_outcomes)

@@ -3,6 +3,8 @@ value, the code's own exception rebuilt from builtin types, or ByValueBroken (th
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import json
 import socket
 import threading
@@ -63,3 +65,40 @@ def test_whatever_a_server_answers_is_a_value_its_exception_or_a_failure(tmp_pat
     else:
         return
     assert hasattr(raised, "by_value_chain"), repr(raised)
+
+
+BUILTIN_EXCEPTIONS = sorted(
+    f"builtins.{name}"
+    for name, kind in vars(builtins).items()
+    if isinstance(kind, type) and issubclass(kind, BaseException)
+)
+CODE_CLASSES = ["calc.Done", "calc.Error", "x.y.Z"]
+CHAIN = st.lists(st.sampled_from(BUILTIN_EXCEPTIONS) | st.sampled_from(CODE_CLASSES), max_size=6)
+
+
+@settings(max_examples=500, deadline=None)
+@given(chain=CHAIN, registered=CHAIN, args=st.none() | st.lists(st.integers() | st.text(max_size=4), max_size=2))
+def test_nothing_the_code_raises_ends_the_tests_iteration(
+    chain: list[str], registered: list[str], args: list[object] | None
+) -> None:
+    """Whatever chain of names the code's process sends, and whatever classes the tests asked for first: the tests'
+    side makes an exception for it (even of a class whose constructor wants more than a message), and never a
+    StopIteration or StopAsyncIteration, which `map`, `filter` or `zip` would take for their end (a wrong function
+    raising it would make `all(map(f, xs))` True)."""
+    client = by_value_client.Client(channel=None)  # type: ignore[arg-type]  # rebuilding asks the channel nothing
+    with contextlib.suppress(by_value_client.ByValueBroken):
+        client.exception_class(registered)
+    try:
+        error = client.rebuilt({"chain": chain, "message": "m", "args": args})
+    except by_value_client.ByValueBroken:
+        return
+    if isinstance(error, by_value_client.ByValueBroken):
+        return  # the test fails, whatever it iterates
+    assert not isinstance(error, (StopIteration, StopAsyncIteration)), (chain, registered, type(error).__mro__)
+    assert error.by_value_chain == chain  # type: ignore[attr-defined]
+
+    def raising(_: object) -> bool:
+        raise error
+
+    with contextlib.suppress(Exception):
+        assert not all(map(raising, [1, 2])), "the error ended map() and all() read it as True"

@@ -36,6 +36,7 @@ SERVED = [
     "value = add(1, 2)\n    assert value.bit_length() == 2",
     "assert os.environ.get('X') is None",
     "try:\n        add(1, None)\n    except Error:\n        pass",
+    "assert all(map(add, [1, 2], [3, 4]))",
 ]
 UNSERVED = [
     "assert Calc().total == 0",
@@ -61,6 +62,7 @@ UNSERVED = [
     "from pathlib import Path",
     "exec('add(1, 2)')",
     "with pytest.raises(SystemExit):\n        calc.main([])",
+    "with pytest.raises(StopIteration):\n        calc.add(1, 2)",
 ]
 FIXTURE_TESTS = ["tmp_path", "monkeypatch", "capsys", "mocker", "request"]
 

@@ -37,6 +37,9 @@ UNSERVED_MODULES = frozenset(
 (the work dir is sealed to the tests by value), run programs, patch, reload or introspect the code."""
 UNSERVED_BUILTINS = frozenset({"open", "exec", "eval", "compile", "__import__", "setattr", "delattr", "vars"})
 NOT_EXCEPTIONS = frozenset({"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"})
+ENDS_ITERATION = frozenset({"StopIteration", "StopAsyncIteration"})
+"""By value, what the code raises of these is a RuntimeError on the tests' side (it would end the tests' own
+iteration otherwise): tests that name one expect it, and stay in process."""
 HOLDS_TYPE = frozenset({"isinstance", "issubclass", "type"})
 PLAIN_BUILTINS = frozenset(
     {"int", "float", "str", "bytes", "bool", "list", "tuple", "dict", "set", "frozenset", "sorted", "len", "abs",
@@ -172,6 +175,8 @@ class _FileShape:
                 raise self.fail(node, f"uses {node.id}()")
             if isinstance(node, ast.Name) and node.id in NOT_EXCEPTIONS:
                 raise self.fail(node, f"names {node.id} (by value only Exception's subclasses cross)")
+            if isinstance(node, ast.Name) and node.id in ENDS_ITERATION:
+                raise self.fail(node, f"names {node.id} (by value it crosses as a RuntimeError)")
             if isinstance(node, ast.Attribute) and _unserved_attribute(node):
                 raise self.fail(node, f"uses {ast.unparse(node)[:60]}")
         for node in nodes:
