@@ -437,6 +437,13 @@ async def _remove_opencode_project_config(rollout: RolloutState) -> None:
         identity="root",
         cwd="/",
     )
+    if removed.timed_out and rollout.after_agent:
+        raise PhaseFailure(
+            "agent_error",
+            "setup",
+            f"what the earlier steps' agent left where OpenCode reads its project configuration (the work dir and the "
+            f"directories above it) could not be removed in {removed.duration_s:.0f} s",
+        )
     if removed.timed_out:
         raise PhaseFailure(
             "sandbox_error",

@@ -8,14 +8,27 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from opencode_env.wire.shared import WireFloat
 
 MAX_STEPS = 32
 MAX_STEP_RESULT_CHARS = 2000
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-StepName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+def _a_directory_name(name: str) -> str:
+    if name in (".", ".."):
+        raise ValueError(f"a step's name is its directory under steps/: {name!r} is not one")
+    return name
+
+
+StepName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$"),
+    AfterValidator(_a_directory_name),
+]
+"""A step's directory under `steps/`: never `.` or `..`."""
 MinReward = float | dict[MetricName, float]
 StepReward = Literal["mean", "final"]
 StepStatus = Literal["completed", "below_min_reward", "failed", "not_run"]
@@ -69,7 +82,7 @@ def below_min_reward(min_reward: MinReward | None, reward: float | None, metrics
     if min_reward is None:
         return None
     thresholds = min_reward if isinstance(min_reward, dict) else {"reward": min_reward}
-    got = {"reward": reward, **metrics} if reward is not None else dict(metrics)
+    got: dict[str, float | None] = {**metrics, "reward": reward}
     for name, threshold in thresholds.items():
         value = got.get(name)
         if value is None or not value >= threshold:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from opencode_env.rollout import pipeline
 from opencode_env.rollout.pipeline import run_rollout
+from opencode_env.rollout.state import RolloutState
 from opencode_env.sandbox.base import SandboxBackend
 from opencode_env.sandbox.local.backend import LocalBackend
 from opencode_env.scripted.model import ScriptedModelServer
@@ -90,6 +92,8 @@ def test_each_step_maps_onto_a_step_of_the_request(tmp_path: Path) -> None:
         ('[[steps]]\nname = "one"\nmin_reward = nan\n', r"min_reward: reward = nan is not a finite number"),
         ('[[steps]]\nname = "one"\nmin_reward = { c = inf }\n', r"min_reward: c = inf is not a finite number"),
         ('[[steps]]\nname = "../up"\n', r"\[steps\] 0\.name: String should match pattern"),
+        ('[[steps]]\nname = ".."\n', r"\[steps\] 0\.name: Value error, a step's name is its directory"),
+        ('[[steps]]\nname = "."\n', r"\[steps\] 0\.name: Value error, a step's name is its directory"),
         ("[[steps]]\nmin_reward = 1.0\n", r"\[steps\] 0\.name: Field required"),
         ('[[steps]]\nname = "one"\n[[steps]]\nname = "one"\n', r"steps: Value error, name one declared twice"),
         ('[[steps]]\nname = "one"\n[steps.agent]\ntimeout_sec = -1\n', r"\[steps\] 0\.agent\.timeout_sec"),
@@ -324,3 +328,41 @@ async def test_each_steps_grader_box_replays_the_steps_so_far(
     assert (result.status, result.reward) == ("completed", 1.0), (result.error, result.verify_results)
     assert [(s.status, s.reward) for s in result.steps] == [("completed", 1.0), ("completed", 1.0)]
     assert result.grade_isolation == "fresh_box"
+
+
+HARD_LINKS = """python3 - <<'EOF'
+import os
+for start in range(0, 60000, 20000):
+    base = f'/home/user/.opencode/d{start}'
+    os.makedirs(base)
+    open(f'{base}/x', 'w').close()
+    for index in range(start, start + 20000):
+        os.link(f'{base}/x', f'{base}/l{index}')
+EOF"""
+
+
+async def test_what_step_ones_agent_leaves_in_the_way_is_its_zero_never_an_infrastructure_failure(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before each step's agent, OpenCode's project configuration is removed from the work dir and every directory
+    above it. Step one's agent fills /home/user/.opencode (above the work dir) with hard links (no inode each), more
+    than the removal can take in its time: step two is the agent's 0 (agent_error, in the mean), never a
+    sandbox_error that would drop the whole rollout's reward. The removal's time is scaled down (0.1 s after an
+    agent; ~2M links pass the real 30 s), so 60,000 links do it."""
+    removal = pipeline._remove_opencode_project_config
+
+    async def in_less_time(rollout: RolloutState) -> None:
+        monkeypatch.setattr(pipeline, "PROJECT_CONFIG_TIMEOUT_S", 0.1 if rollout.after_agent else 30.0)
+        await removal(rollout)
+
+    monkeypatch.setattr(pipeline, "_remove_opencode_project_config", in_less_time)
+    steps = [
+        RolloutStep(name="one", instruction="x", solution=[HARD_LINKS], verify=["true"]),
+        RolloutStep(name="two", instruction="y", verify=["true"]),
+    ]
+    request = RolloutRequest(instruction="x", steps=steps, solution=[], solution_as="user")
+    result = await run_rollout(request, backend)
+    assert [ran.exit_code for ran in result.solution_results] == [0], (result.error, result.solution_results)
+    assert (result.status, result.failed_phase) == ("agent_error", "setup"), result.error
+    assert [(s.status, s.reward) for s in result.steps] == [("completed", 1.0), ("failed", 0.0)]
+    assert result.reward == 0.5

@@ -5,9 +5,11 @@ step's), and each step's request and the grader's box's replay."""
 from __future__ import annotations
 
 import math
+import posixpath
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from opencode_env.rollout.steps import replayed_request, step_request
 from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStep, StepResult
@@ -20,15 +22,28 @@ metrics = st.dictionaries(metric_names.filter(lambda name: name != "reward"), fi
 thresholds = st.one_of(finite, st.dictionaries(metric_names, finite, min_size=1, max_size=3))
 
 
-@given(thresholds, st.one_of(st.none(), finite), metrics)
+@given(thresholds, st.one_of(st.none(), finite), st.dictionaries(metric_names, finite, max_size=3))
 def test_min_reward_stops_exactly_when_a_gated_value_is_under_or_missing(threshold, reward, got):
-    values = {**got, **({"reward": reward} if reward is not None else {})}
+    """The `reward` gate reads the step's reward, never a metric that happens to be named `reward` (with a task's
+    reward_key naming another metric, reward.json's own `reward` would otherwise lift the step over its gate)."""
+    values = {**got, "reward": reward}
     gates = threshold if isinstance(threshold, dict) else {"reward": threshold}
-    under = any(name not in values or values[name] < floor for name, floor in gates.items())
+    under = any(values.get(name) is None or values[name] < floor for name, floor in gates.items())
     why = below_min_reward(threshold, reward, got)
     assert (why is not None) == under
     if why is not None:
         assert "below the step's min_reward" in why
+
+
+@given(st.text(alphabet="./-_aZ9\\\x00", max_size=6))
+def test_a_step_name_is_always_one_directory_under_steps(name):
+    """Whatever a task names a step, an accepted name is one directory directly under steps/ (never steps/ itself,
+    its parent, or deeper)."""
+    try:
+        RolloutStep(name=name, instruction="x")
+    except ValidationError:
+        return
+    assert posixpath.dirname(posixpath.normpath(f"steps/{name}")) == "steps", name
 
 
 def test_no_min_reward_never_stops():
