@@ -226,6 +226,7 @@ async def test_the_code_under_test_can_write_nothing_the_tests_read(
     assert result.reward == 0.0, (result.verify_results, result.test_outcomes)
 
 
+@pytest.mark.timeout(900)  # four rollouts, each a cloud VM and its grader's VM: 120 s at load 12
 @pytest.mark.parametrize("cloud", ["e2b", "hf"])
 async def test_the_cloud_backends_grade_by_value_alike(
     fake_cloud: FakeCloud, hf_cloud: FakeHfCloud, leak_check: Callable[[], None], cloud: str

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,14 +25,17 @@ from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.timeout(900)
 
-SLEEP_MARK = "9137"
-"""The agent's long command: `sleep 9137.5` is this test's own process, found by its argument."""
+
+@pytest.fixture
+def agent_sleep() -> str:
+    """The agent's long command, this test's own: found by its argument, never another test's or another run's (a
+    shared mark let a test signal its run when a neighbour's agent reached its sleep, before its own had a turn)."""
+    return f"sleep 9137.{secrets.randbelow(10**9):09d}"
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedModelServer]:
-    script = Script(steps=[bash(f"sleep {SLEEP_MARK}.5", "Wait")])
-    with ScriptedModelServer(script) as server:
+@pytest.fixture
+def model(agent_sleep: str) -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer(Script(steps=[bash(agent_sleep, "Wait")])) as server:
         yield server
 
 
@@ -50,10 +54,10 @@ def _wait_for_line(process: subprocess.Popen[str], needle: str, seen: list[str])
     raise AssertionError(f"the process ended before printing {needle!r}: {''.join(seen)}")
 
 
-def _wait_for_agent_command(process: subprocess.Popen[str], seen: list[str]) -> None:
+def _wait_for_agent_command(process: subprocess.Popen[str], seen: list[str], agent_sleep: str) -> None:
     """Until the agent runs its command (OpenCode's start alone took minutes on this 2-core machine at load 30), or
     the process ends without it, which fails at once with what it printed; the test's own timeout bounds the wait."""
-    while not processes_mentioning(f"sleep {SLEEP_MARK}", settle_s=0):
+    while not processes_mentioning(agent_sleep, settle_s=0):
         if process.poll() is not None:
             assert process.stderr is not None
             printed = "".join(seen) + process.stderr.read()
@@ -61,10 +65,10 @@ def _wait_for_agent_command(process: subprocess.Popen[str], seen: list[str]) -> 
         time.sleep(0.2)
 
 
-def _leftovers(tmp_path: Path) -> list[str]:
+def _leftovers(tmp_path: Path, agent_sleep: str) -> list[str]:
     directories = [str(path) for path in (tmp_path / "tmp").iterdir()]
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]
-    processes = processes_mentioning(str(tmp_path), f"sleep {SLEEP_MARK}")
+    processes = processes_mentioning(str(tmp_path), agent_sleep)
     return directories + mounts + processes
 
 
@@ -74,7 +78,7 @@ def _leftovers(tmp_path: Path) -> list[str]:
     ids=["SIGTERM-out", "SIGINT-stdout", "SIGHUP-out"],
 )
 def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
-    ending: signal.Signals, to_file: bool, model: ScriptedModelServer, tmp_path: Path
+    ending: signal.Signals, to_file: bool, model: ScriptedModelServer, agent_sleep: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "opencode_env.cli", "run", "--base-url", model.base_url]
@@ -94,7 +98,7 @@ def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
         stdout_read = pool.submit(process.stdout.read)
         try:
             _wait_for_line(process, "[agent]", seen)
-            _wait_for_agent_command(process, seen)
+            _wait_for_agent_command(process, seen, agent_sleep)
             process.send_signal(ending)
             assert process.stderr is not None
             rest = process.stderr.read()
@@ -118,11 +122,11 @@ def test_a_signalled_run_writes_its_partial_result_and_leaves_nothing(
     assert (result.status, result.failed_phase) == ("cancelled", "agent")
     assert result.error == f"the rollout was ended by {ending.name} during agent"
     assert result.proxy_turns, "the turns captured before the signal are in the result"
-    assert _leftovers(tmp_path) == []
+    assert _leftovers(tmp_path, agent_sleep) == []
 
 
 def test_a_signalled_eval_keeps_the_cut_attempt_apart_and_leaves_nothing(
-    model: ScriptedModelServer, tmp_path: Path
+    model: ScriptedModelServer, agent_sleep: str, tmp_path: Path
 ) -> None:
     task = tmp_path / "wait.json"
     request = {"instruction": "Wait a while.", "task_id": "wait", "agent_timeout_s": 700}
@@ -135,7 +139,7 @@ def test_a_signalled_eval_keeps_the_cut_attempt_apart_and_leaves_nothing(
     seen: list[str] = []
     try:
         _wait_for_line(process, "attempts: 1 in all", seen)
-        _wait_for_agent_command(process, seen)
+        _wait_for_agent_command(process, seen, agent_sleep)
         process.terminate()
         _, rest = process.communicate(timeout=120)
     finally:
@@ -151,4 +155,4 @@ def test_a_signalled_eval_keeps_the_cut_attempt_apart_and_leaves_nothing(
     assert (cut.status, cut.failed_phase, cut.task_id) == ("cancelled", "agent", "wait")
     assert cut.proxy_turns
     assert not (out / "results" / "wait" / "1.json").exists(), "a rerun runs the cut attempt again"
-    assert _leftovers(tmp_path) == []
+    assert _leftovers(tmp_path, agent_sleep) == []

@@ -76,6 +76,7 @@ def slow_grader_request(total_s: float) -> RolloutRequest:
     )
 
 
+@pytest.mark.timeout(600)  # a rollout on the E2B fake and its grader's VM: 70 s at load 12
 async def test_a_tight_deadline_leaves_verify_the_grader_vms_start_or_no_grade(
     e2b_fake: E2BBackend, no_leaks: None
 ) -> None:

@@ -285,6 +285,7 @@ async def test_an_image_not_on_this_machine_is_never_pulled(backend: LocalBacken
     assert "never-pulled" in (result.error or "")
 
 
+@pytest.mark.timeout(600)  # an image imported, unpacked, mounted by a rollout and pruned: 119 s at load 12
 async def test_prune_removes_what_storage_dropped_but_never_what_is_mounted(
     backend: LocalBackend, tmp_path: Path
 ) -> None:
