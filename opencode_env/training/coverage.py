@@ -19,9 +19,10 @@ from opencode_env.wire import RolloutResult, RolloutTurn, is_infrastructure_fail
 
 ExportFormat = Literal["trl_row", "sequences", "steps"]
 SessionKind = Literal["agent", "sub_agent"]
-SessionKey = tuple[SessionKind, str | None]
-"""("agent", None) for the root agent's session (every attributed agent call is OpenCode's one session);
-("sub_agent", session_id) for each sub-agent session."""
+SessionKey = tuple[SessionKind, str | None, int]
+"""(kind, session id, task step): ("agent", None, step) for the root agent's session of each step of the task (every
+attributed agent call of a step is that step's one OpenCode session; a task without steps has step 0 only);
+("sub_agent", session_id, step) for each sub-agent session."""
 
 FORMAT_NAMES: dict[ExportFormat, str] = {"trl_row": "trl row", "sequences": "sequences", "steps": "steps"}
 
@@ -36,23 +37,21 @@ def is_root_agent_turn(turn: RolloutTurn) -> bool:
     return turn.kind == "agent" and turn.outcome == "complete"
 
 
-def session_key(turn: RolloutTurn) -> SessionKey:
-    return ("agent", None) if turn.kind == "agent" else ("sub_agent", turn.session_id)
+def session_key(result: RolloutResult, position: int) -> SessionKey:
+    """The session of proxy_turns[position]. Each step of a multi-step task runs a new OpenCode session, so no
+    sequence and no session's count of calls crosses a step, whatever the ids."""
+    turn = result.proxy_turns[position]
+    step = next((index for index, part in enumerate(result.steps) if part.first_turn <= position < part.end_turn), 0)
+    return ("agent", None, step) if turn.kind == "agent" else ("sub_agent", turn.session_id, step)
 
 
 def trainable_sessions(result: RolloutResult) -> dict[SessionKey, list[RolloutTurn]]:
     """The trainable turns by session, sessions in the order of their first turn, turns in the rollout's order."""
     sessions: dict[SessionKey, list[RolloutTurn]] = {}
-    for turn in result.proxy_turns:
+    for position, turn in enumerate(result.proxy_turns):
         if is_trainable_turn(turn):
-            sessions.setdefault(session_key(turn), []).append(turn)
+            sessions.setdefault(session_key(result, position), []).append(turn)
     return sessions
-
-
-def task_step_index(result: RolloutResult, position: int) -> int:
-    """The index of the task's step whose agent made proxy_turns[position] (0 for a task without steps). Each step's
-    agent is a new OpenCode session, so no sequence and no session's count of calls crosses a step."""
-    return next((index for index, step in enumerate(result.steps) if step.first_turn <= position < step.end_turn), 0)
 
 
 def ids_problem(turn: RolloutTurn) -> str | None:

@@ -26,7 +26,6 @@ from opencode_env.training.coverage import (
     coverage,
     ids_problem,
     rollout_failure,
-    task_step_index,
     trainable_sessions,
 )
 from opencode_env.training.steps import steps_coverage
@@ -207,19 +206,13 @@ def training_sequences(result: RolloutResult) -> TrainingSequences:
 def _merge_session(
     result: RolloutResult, out: TrainingSequences, key: SessionKey, turns: list[RolloutTurn], positions: dict[int, int]
 ) -> None:
-    kind, keyed_session_id = key
-    step_of = {turn.turn: task_step_index(result, positions[turn.turn]) for turn in turns}
-    session_of_step = {
-        step: keyed_session_id or next((t.session_id for t in turns if t.session_id and step_of[t.turn] == step), None)
-        for step in set(step_of.values())
-    }
+    kind, session_id, step = key
+    session_id = session_id or next((turn.session_id for turn in turns if turn.session_id), None)
     parent_session_id = next((turn.parent_session_id for turn in turns if turn.parent_session_id), None)
     open_sequences: list[_Open] = []
-    after_gap = new_step = False
-    step = step_of[turns[0].turn]
+    after_gap = False
+    later_step = kind == "agent" and step > 0
     for turn in turns:
-        if step_of[turn.turn] != step:
-            step, open_sequences, new_step = step_of[turn.turn], [], True
         problem = ids_problem(turn)
         if problem:
             out.skipped.append(SkippedTurn(turn=turn.turn, reason=problem))
@@ -228,7 +221,7 @@ def _merge_session(
         target = _extended(open_sequences, turn.prompt_token_ids)
         if target is None:
             start: SequenceStart = (
-                "step" if new_step else "after_unusable_turn" if after_gap else "drift" if open_sequences else "first"
+                "step" if later_step else "after_unusable_turn" if after_gap else "drift" if open_sequences else "first"
             )
             if start == "drift":
                 out.forks.append(_fork(result, open_sequences, turn, positions))
@@ -238,12 +231,12 @@ def _merge_session(
                     prompt_ids=list(turn.prompt_token_ids),
                     started=start,
                     kind=kind,
-                    session_id=session_of_step[step],
+                    session_id=session_id,
                     parent_session_id=parent_session_id,
                 )
             )
             open_sequences.append(target)
-            new_step = False
+            later_step = False
         else:
             suffix = turn.prompt_token_ids[len(target.ids) :]
             sequence = out.sequences[target.index]

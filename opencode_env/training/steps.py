@@ -24,7 +24,6 @@ from opencode_env.training.coverage import (
     is_trainable_turn,
     rollout_failure,
     session_key,
-    task_step_index,
 )
 from opencode_env.training.provenance_columns import ProvenanceColumns, provenance_columns
 from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn
@@ -53,11 +52,11 @@ class StepSample(ProvenanceColumns):
 def training_steps(result: RolloutResult, rollout_index: int = 0) -> list[StepSample]:
     """Every completed agent and sub-agent turn of the rollout as a step, in the rollout's order."""
     failure = rollout_failure(result)
-    seen: Counter[tuple[SessionKey, int]] = Counter()
+    seen: Counter[SessionKey] = Counter()
     steps = []
     for position, turn in enumerate(result.proxy_turns):
         if is_trainable_turn(turn):
-            key = (session_key(turn), task_step_index(result, position))
+            key = session_key(result, position)
             steps.append(_step(result, turn, seen[key], failure, rollout_index))
             seen[key] += 1
     return steps

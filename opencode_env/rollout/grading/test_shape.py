@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
+from opencode_env.inside import by_value_client
 from opencode_env.wire.grading import GradedTests
 
 ResolvedMode = Literal["in_process", "by_value"]
@@ -37,7 +38,7 @@ UNSERVED_MODULES = frozenset(
 (the work dir is sealed to the tests by value), run programs, patch, reload or introspect the code."""
 UNSERVED_BUILTINS = frozenset({"open", "exec", "eval", "compile", "__import__", "setattr", "delattr", "vars"})
 NOT_EXCEPTIONS = frozenset({"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"})
-ENDS_ITERATION = frozenset({"StopIteration", "StopAsyncIteration"})
+ENDS_ITERATION = frozenset(kind.__name__ for kind in by_value_client.ENDS_ITERATION)
 """By value, what the code raises of these is a RuntimeError on the tests' side (it would end the tests' own
 iteration otherwise): tests that name one expect it, and stay in process."""
 HOLDS_TYPE = frozenset({"isinstance", "issubclass", "type"})
