@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from opencode_env.rollout.opencode_mcp import unserved_servers
 from opencode_env.rollout.state import PhaseFailure
 from opencode_env.wire import (
     RolloutResult,
@@ -16,7 +17,25 @@ def classify_agent_phase(failure: PhaseFailure | None, result: RolloutResult, pr
     attribute to OpenCode never makes the rollout an infrastructure failure). A rollout that only looks clean (the
     agent exited 0 without ever calling the model) fails; a timeout or crash caused by the model or the proxy says
     so: a deadline that hits while OpenCode retries a failing model is the model's failure, however busy the
-    machine was."""
+    machine was. An agent that ran without a task's MCP server (none of its tools in any call, so not in the first,
+    made before the agent did anything) ran in an environment that was not the task's: no outcome of its counts."""
+    outcome = _agent_outcome(failure, result, proxy_died)
+    unserved = unserved_servers(result.task.mcp_servers, result.request_tools) if result.task is not None else []
+    if unserved and (outcome is None or outcome.status in AGENT_OUTCOMES):
+        names = ", ".join(f"mcp_servers.{name}" for name in unserved)
+        message = (
+            f"{names}: none of its tools reached the model (OpenCode could not connect to it or list its tools before "
+            "the agent's first call), so the agent ran without the task's tools"
+        )
+        return PhaseFailure("sandbox_error", "agent", f"{failure}; {message}" if failure is not None else message)
+    return outcome
+
+
+AGENT_OUTCOMES = ("agent_error", "agent_timeout")
+"""What the agent phase ends with when the failure is the agent's (or the task's, through the agent)."""
+
+
+def _agent_outcome(failure: PhaseFailure | None, result: RolloutResult, proxy_died: bool) -> PhaseFailure | None:
     turns = [turn for turn in result.proxy_turns if turn.kind != "unattributed"]
     if failure is not None and failure.status == "proxy_error":
         return failure
@@ -26,7 +45,7 @@ def classify_agent_phase(failure: PhaseFailure | None, result: RolloutResult, pr
         if result.agent_exit_code == 0 and result.usage.llm_calls == 0:
             return PhaseFailure("agent_error", "agent", "OpenCode exited 0 without calling the model")
         return None
-    if failure.status not in ("agent_error", "agent_timeout"):
+    if failure.status not in AGENT_OUTCOMES:
         return failure
     if failure.status == "agent_timeout" and turns and turns[-1].outcome in AGENT_SIDE_CUTS:
         # Our deadline killed the agent mid-call or mid-read: that turn was cut by us, not failed by the model.

@@ -7,7 +7,7 @@ import logging
 from opencode_env.rollout import opencode
 from opencode_env.rollout.attribution import attribution_check
 from opencode_env.rollout.collect import collect_artifacts, collect_files, read_tail
-from opencode_env.rollout.opencode_mcp import servers_without_tools
+from opencode_env.rollout.opencode_mcp import unserved_servers
 from opencode_env.rollout.opencode_store import attribution_store
 from opencode_env.rollout.provenance import complete_provenance
 from opencode_env.rollout.proxy_session import (
@@ -65,15 +65,13 @@ async def collect_turns(rollout: RolloutState, proxy: ProxyHandle) -> None:
     await stop_proxy(proxy)
     trace = await read_trace(proxy)
     result.proxy_turns, result.request_tools = trace.turns, trace.tools
-    if trace.tools:
-        sent = [schema for schemas in trace.tools.values() for schema in schemas]
-        for name in servers_without_tools(rollout.request.mcp_servers, sent):
-            result.warn(
-                "mcp_server_missing",
-                f"mcp_servers.{name}: none of its tools reached the model (OpenCode could not start or list it, and "
-                "went on without it; agent_log_tail may say why)",
-                fix="run its command in the task's image as `user`: it must answer MCP on stdio within 60 s",
-            )
+    for name in unserved_servers(rollout.request.mcp_servers, trace.tools):
+        result.warn(
+            "mcp_server_missing",
+            f"mcp_servers.{name}: none of its tools reached the model (OpenCode could not connect to it or list its "
+            "tools, and went on without it; agent_log_tail may say why)",
+            fix="the server must answer MCP (initialize, then tools/list) at its URL within 60 s of the agent's start",
+        )
     for problem in trace.problems:
         log.warning("%s: %s", result.sandbox_id, problem)
     result.proxy_log_tail = await proxy_log_tail(proxy)

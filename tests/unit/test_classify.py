@@ -4,10 +4,15 @@ what the proxy recorded, and the status and message the result then carries."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opencode_env.rollout.classify import classify_agent_phase
 from opencode_env.rollout.state import PhaseFailure
-from opencode_env.wire import RolloutResult, RolloutStatus, RolloutTurn, TokenUsage
+from opencode_env.wire import RolloutRequest, RolloutResult, RolloutStatus, RolloutTurn, TokenUsage
+from opencode_env.wire.mcp import McpServer
+from opencode_env.wire.result import is_infrastructure_failure
+from opencode_env.wire.services import Service
 
 OVERFLOW = "This model's maximum context length is 32768 tokens. Your prompt contains at least 40000 input tokens."
 
@@ -175,3 +180,64 @@ def test_the_agent_phase_ending_is_named_for_what_happened(
     assert (named.status if named else None) == status
     assert message in (str(named) if named else "")
     assert (rollout.proxy_turns[-1].outcome if rollout.proxy_turns else None) == last_outcome
+
+
+SERVER_NAMES = ["kv", "kv_admin", "docs", "a-b"]
+tool_names = st.one_of(
+    st.sampled_from(["bash", "read", "kv_get", "kv_admin_drop", "docs_search", "a-b_x", "kvx_get", "docs"]),
+    st.text("abkvdocs_-", max_size=12),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    case=st.sampled_from(CASES),
+    declared=st.lists(st.sampled_from(SERVER_NAMES), unique=True, max_size=4),
+    sent=st.lists(st.lists(tool_names, max_size=5), max_size=3),
+)
+def test_an_agent_without_a_tasks_mcp_server_never_earns_an_outcome_of_its_own(
+    case: tuple[str, PhaseFailure | None, RolloutResult, bool, RolloutStatus | None, str, str | None],
+    declared: list[str],
+    sent: list[list[str]],
+) -> None:
+    """Over every ending above, any declared servers and any tools the agent's calls carried: when a declared
+    server's tools were in no call (so not in the first, sent before the agent did anything), the agent ran in an
+    environment that was not the task's: an ending that would be the agent's (clean, its error, its timeout) is an
+    infrastructure failure naming the server instead; any other ending, and every ending when each server's tools
+    were sent, is what it is without servers."""
+    _, reported, rollout, proxy_died, _, _, _ = case
+    services = [Service(name=name.replace("_", "-"), image="x", command=["true"]) for name in declared]
+    servers = [
+        McpServer(name=name, transport="streamable-http", url=f"http://{name.replace('_', '-')}:8000/mcp")
+        for name in declared
+    ]
+    with_servers = rollout.model_copy(
+        deep=True,
+        update={
+            "task": RolloutRequest(instruction="x", services=services, mcp_servers=servers),
+            "request_tools": {
+                str(n): [{"type": "function", "function": {"name": name}} for name in names]
+                for n, names in enumerate(sent)
+            },
+        },
+    )
+    named = classify_agent_phase(reported, with_servers, proxy_died)
+    alone = classify_agent_phase(reported, rollout.model_copy(deep=True), proxy_died)
+    served = {name for name in declared for names in sent for tool in names if _owner(tool, declared) == name}
+    unserved = [name for name in declared if name not in served] if sent else []
+    if not unserved:
+        assert (named and (named.status, str(named))) == (alone and (alone.status, str(alone)))
+        return
+    assert named is not None, unserved
+    if alone is None or alone.status in ("agent_error", "agent_timeout"):
+        assert named.status == "sandbox_error"
+        assert is_infrastructure_failure(named.status)
+        assert all(f"mcp_servers.{name}" in str(named) for name in unserved), str(named)
+    else:
+        assert (named.status, str(named)) == (alone.status, str(alone)), "an ending that is not the agent's stays"
+
+
+def _owner(tool: str, servers: list[str]) -> str | None:
+    """The server a tool is OpenCode's name for (`<server>_<tool>`, the longest such server)."""
+    owners = [name for name in servers if tool.startswith(f"{name}_")]
+    return max(owners, key=len) if owners else None

@@ -1,10 +1,15 @@
 """An MCP server over streamable HTTP (POST /mcp, JSON answers; the standard library only) with one tool,
-sign_guestbook; GET /guestbook lists the names signed, for the test."""
+sign_guestbook; GET /guestbook lists the names signed, for the test. It speaks HTTP/1.0, one request per
+connection; its one argument, when given, is how many seconds it keeps a connection open after answering before
+closing it (a slow close, as a busy machine makes one)."""
 
 import json
+import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GUESTBOOK: list[str] = []
+LINGER_S = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
 TOOL = {
     "name": "sign_guestbook",
     "description": "Sign the guestbook with a name.",
@@ -32,6 +37,10 @@ def answer(message):
 
 
 class Handler(BaseHTTPRequestHandler):
+    def handle(self):
+        super().handle()
+        time.sleep(LINGER_S)
+
     def _send(self, status, body=b"", kind="application/json"):
         self.send_response(status)
         self.send_header("Content-Type", kind)
