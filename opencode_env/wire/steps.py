@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
 from opencode_env.wire.shared import WireFloat
 
@@ -29,7 +29,22 @@ StepName = Annotated[
     AfterValidator(_a_directory_name),
 ]
 """A step's directory under `steps/`: never `.` or `..`."""
-MinReward = float | dict[MetricName, float]
+
+
+def _numbers(value: object) -> object:
+    """Each threshold as written is a number: `true` or `"0.5"` would otherwise be read as 1.0 or 0.5, silently."""
+    thresholds = (
+        {f"min_reward.{name}": threshold for name, threshold in value.items()}
+        if isinstance(value, dict)
+        else {"min_reward": value}
+    )
+    for where, threshold in thresholds.items():
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise ValueError(f"{where}: {threshold!r} is not a number (a threshold, or a table of them by metric)")
+    return value
+
+
+MinReward = Annotated[float | dict[MetricName, float], BeforeValidator(_numbers)]
 StepReward = Literal["mean", "final"]
 StepStatus = Literal["completed", "below_min_reward", "failed", "not_run"]
 RewardSourceName = Literal["reward_json", "reward_txt", "verify_pass_rate", "tests", "none"]

@@ -89,6 +89,9 @@ def test_each_step_maps_onto_a_step_of_the_request(tmp_path: Path) -> None:
     ("toml", "named"),
     [
         ('[[steps]]\nname = "one"\nmin_reward = "high"\n', r"\[steps\] 0\.min_reward"),
+        ('[[steps]]\nname = "one"\nmin_reward = true\n', r"\[steps\] 0\.min_reward: .*min_reward: True is not a"),
+        ('[[steps]]\nname = "one"\nmin_reward = "0.5"\n', r"min_reward: '0.5' is not a number"),
+        ('[[steps]]\nname = "one"\nmin_reward = { c = false }\n', r"min_reward\.c: False is not a number"),
         ('[[steps]]\nname = "one"\nmin_reward = nan\n', r"min_reward: reward = nan is not a finite number"),
         ('[[steps]]\nname = "one"\nmin_reward = { c = inf }\n', r"min_reward: c = inf is not a finite number"),
         ('[[steps]]\nname = "../up"\n', r"\[steps\] 0\.name: String should match pattern"),

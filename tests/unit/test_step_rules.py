@@ -46,6 +46,32 @@ def test_a_step_name_is_always_one_directory_under_steps(name):
     assert posixpath.dirname(posixpath.normpath(f"steps/{name}")) == "steps", name
 
 
+toml_values = st.recursive(
+    st.one_of(st.booleans(), st.integers(), st.floats(), st.text(max_size=4), st.datetimes()),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(metric_names, inner, max_size=3)),
+    max_leaves=6,
+)
+
+
+@given(toml_values)
+def test_a_min_reward_is_taken_only_as_the_numbers_written(value):
+    """Whatever TOML or JSON puts in a step's min_reward, it is refused naming the field, or it is the numbers as
+    written: no boolean read as 1.0, no string as the number it spells, nothing infinite."""
+    try:
+        step = RolloutStep(name="a", instruction="x", min_reward=value)
+    except ValidationError as error:
+        refusal = str(error)
+    else:
+        refusal = ""
+    if refusal:
+        assert "min_reward" in refusal
+        return
+    written = value if isinstance(value, dict) else {"": value}
+    taken = step.min_reward if isinstance(step.min_reward, dict) else {"": step.min_reward}
+    assert all(type(number) in (int, float) and math.isfinite(number) for number in written.values()), value
+    assert taken == {name: float(number) for name, number in written.items()}
+
+
 def test_no_min_reward_never_stops():
     assert below_min_reward(None, None, {}) is None
 
