@@ -19,7 +19,7 @@ from opencode_env.wire import RESERVED_ENV, Network, VerifyAs, VerifySandbox, lo
 from opencode_env.wire.grading import TestMode
 from opencode_env.wire.mcp import MAX_MCP_SERVERS, McpServer
 from opencode_env.wire.request import EnvName, EnvValue
-from opencode_env.wire.steps import MAX_STEPS, MinReward, StepName, StepReward, checked_min_reward
+from opencode_env.wire.steps import MAX_STEPS, MinReward, StepName, StepReward
 
 TaskEnv = dict[EnvName, EnvValue]
 HARBOR_ARTIFACTS = "/logs/artifacts"
@@ -218,11 +218,6 @@ class StepConfig(_Table):
     verifier: StepVerifierConfig = Field(default_factory=StepVerifierConfig)
     healthcheck: dict[str, Any] | None = None
     artifacts: list[str | ArtifactSource] = Field(default_factory=list)
-
-    @field_validator("min_reward")
-    @classmethod
-    def _finite(cls, value: MinReward | None) -> MinReward | None:
-        return checked_min_reward(value)
 
 
 class TaskConfig(_Table):

@@ -28,7 +28,7 @@ from opencode_env.wire.grading import GradedTests
 from opencode_env.wire.mcp import MAX_MCP_SERVERS, McpServer, mcp_problems
 from opencode_env.wire.provenance import Capture
 from opencode_env.wire.services import MAX_SERVICES, Service, service_problems, services_budget_s
-from opencode_env.wire.steps import MAX_STEPS, MinReward, StepName, StepReward, checked_min_reward
+from opencode_env.wire.steps import MAX_STEPS, MinReward, StepName, StepReward
 from opencode_env.wire.suggest import EXTRA, with_suggestions
 from opencode_env.wire.task_paths import WORKDIR, OutsideTaskRoots, confined_dir, confined_file
 
@@ -155,11 +155,6 @@ class RolloutStep(BaseModel):
         description="A grade under it stops the run (later steps not run): a number gates the reward, a table of "
         "metric names gates each metric (a missing one counts as under).",
     )
-
-    @field_validator("min_reward")
-    @classmethod
-    def _finite(cls, value: MinReward | None) -> MinReward | None:
-        return checked_min_reward(value)
 
 
 class RolloutRequest(BaseModel):

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from opencode_env.wire.shared import WireFloat
 
@@ -44,16 +44,8 @@ def _numbers(value: object) -> object:
     return value
 
 
-MinReward = Annotated[float | dict[MetricName, float], BeforeValidator(_numbers)]
-StepReward = Literal["mean", "final"]
-StepStatus = Literal["completed", "below_min_reward", "failed", "not_run"]
-RewardSourceName = Literal["reward_json", "reward_txt", "verify_pass_rate", "tests", "none"]
-
-
-def checked_min_reward(value: MinReward | None) -> MinReward | None:
+def _finite(value: float | dict[str, float]) -> float | dict[str, float]:
     """A threshold is a finite number (the `reward`) or a table of them (one per metric, at most 64)."""
-    if value is None:
-        return None
     thresholds = value if isinstance(value, dict) else {"reward": value}
     if len(thresholds) > 64:
         raise ValueError(f"min_reward: {len(thresholds)} metrics, over the limit of 64")
@@ -61,6 +53,13 @@ def checked_min_reward(value: MinReward | None) -> MinReward | None:
         if not math.isfinite(threshold):
             raise ValueError(f"min_reward: {name} = {threshold} is not a finite number")
     return value
+
+
+MinReward = Annotated[float | dict[MetricName, float], BeforeValidator(_numbers), AfterValidator(_finite)]
+"""Every min_reward (a request's step, a task.toml's step, a step's result) is checked by its type alone."""
+StepReward = Literal["mean", "final"]
+StepStatus = Literal["completed", "below_min_reward", "failed", "not_run"]
+RewardSourceName = Literal["reward_json", "reward_txt", "verify_pass_rate", "tests", "none"]
 
 
 class StepResult(BaseModel):
@@ -85,11 +84,6 @@ class StepResult(BaseModel):
     first_turn: int = Field(0, ge=0, description="Its agent's first model call's index in proxy_turns.")
     end_turn: int = Field(0, ge=0, description="One past its agent's last model call's index in proxy_turns.")
     agent_exit_code: int | None = None
-
-    @field_validator("min_reward")
-    @classmethod
-    def _finite(cls, value: MinReward | None) -> MinReward | None:
-        return checked_min_reward(value)
 
 
 def below_min_reward(min_reward: MinReward | None, reward: float | None, metrics: dict[str, float]) -> str | None:
