@@ -57,7 +57,8 @@ def write_privately(path: Path, data: bytes) -> None:
 
 def remove_older_than(directory: Path, age_s: float, *, suffix: str, dotted: bool = False) -> None:
     """Remove the regular files of `directory` named `*suffix` (`.*suffix` with `dotted`: the temporaries a writer
-    killed mid-write left) last written more than `age_s` ago."""
+    killed mid-write left) last written more than `age_s` ago. Other writers rename or remove their files at any
+    moment: one gone while this looked is not old."""
     cutoff = time.time() - age_s
     with os.scandir(directory) as entries:
         old = [
@@ -66,10 +67,17 @@ def remove_older_than(directory: Path, age_s: float, *, suffix: str, dotted: boo
             if entry.name.endswith(suffix)
             and entry.name.startswith(".") == dotted
             and entry.is_file(follow_symlinks=False)
-            and entry.stat(follow_symlinks=False).st_mtime < cutoff
+            and _written_before(entry, cutoff)
         ]
     for path in old:
         Path(path).unlink(missing_ok=True)
+
+
+def _written_before(entry: os.DirEntry[str], cutoff: float) -> bool:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime < cutoff
+    except FileNotFoundError:
+        return False
 
 
 def without_key(result: RolloutResult) -> RolloutResult:

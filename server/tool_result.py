@@ -11,12 +11,13 @@ megabytes of JSON to encode and compress.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastmcp.tools import ToolResult
 from mcp_types import ResourceLink, TextContent
 
-from opencode_env.server.result_store import ResultStore
+from opencode_env.server.result_store import ResultStore, Stored
 from opencode_env.training.sequences import sequences_coverage
 from opencode_env.wire import VERSION, ResultText, RolloutResult, result_summary
 from opencode_env.wire.answer import (
@@ -32,6 +33,7 @@ from opencode_env.wire.answer import (
 SERVER_NAME = "opencode_env"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 RESULT_MIME = "application/json"
+log = logging.getLogger("opencode_env.server")
 SESSION_INLINE_MAX_BYTES = 16 * 1024
 """OpenEnv's sessions carry a result inline only up to this (a failed or token-less run); above it by reference only,
 where it travels gzip'd: ~26-39 B per sampled token against ~54-79 inline (bench.answer_paths)."""
@@ -39,22 +41,15 @@ where it travels gzip'd: ~26-39 B per sampled token against ~54-79 inline (bench
 
 def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str | None = "") -> tuple[RolloutAnswer, bytes]:
     """The answer's summary with the result kept by reference, and the result's JSON. `base_url` None: the server
-    has no HTTP route (stdio), so the reference has no URL."""
+    has no HTTP route (stdio), so the reference has no URL. A store that cannot keep it (a full or broken disk) does
+    not lose a finished rollout: the result is then inline whatever its size, and the answer has no reference."""
     result_json = result.model_dump_json().encode()
-    stored = store.put(result_json)
-    path = f"{RESULT_PATH}/{stored.id}"
-    parts = max(1, -(-stored.gzip_bytes // PART_BYTES))
-    ref = ResultRef(
-        id=stored.id,
-        url=None if base_url is None else base_url.rstrip("/") + path,
-        path=path,
-        resources=[resource_uri(stored.id, part) for part in range(parts)],
-        json_bytes=stored.json_bytes,
-        gzip_bytes=stored.gzip_bytes,
-        sha256=stored.sha256,
-        retention_s=store.retention_s,
-        expires_at=round(stored.expires_at, 3),
-    )
+    try:
+        stored = store.put(result_json)
+    except OSError:
+        log.exception("the results store at %s could not keep a result: it is answered inline", store.directory)
+        stored = None
+    ref = None if stored is None else _reference(stored, store.retention_s, base_url)
     answer = RolloutAnswer(
         task_id=result.task_id,
         status=result.status,
@@ -80,9 +75,25 @@ def rollout_answer(result: RolloutResult, store: ResultStore, base_url: str | No
         test_outcomes_total=len(result.test_outcomes),
         schema_version=result.schema_version,
         result_ref=ref,
-        result=result if len(result_json) <= INLINE_MAX_BYTES else None,
+        result=result if ref is None or len(result_json) <= INLINE_MAX_BYTES else None,
     )
     return answer, result_json
+
+
+def _reference(stored: Stored, retention_s: float, base_url: str | None) -> ResultRef:
+    path = f"{RESULT_PATH}/{stored.id}"
+    parts = max(1, -(-stored.gzip_bytes // PART_BYTES))
+    return ResultRef(
+        id=stored.id,
+        url=None if base_url is None else base_url.rstrip("/") + path,
+        path=path,
+        resources=[resource_uri(stored.id, part) for part in range(parts)],
+        json_bytes=stored.json_bytes,
+        gzip_bytes=stored.gzip_bytes,
+        sha256=stored.sha256,
+        retention_s=retention_s,
+        expires_at=round(stored.expires_at, 3),
+    )
 
 
 def answer_text(answer: RolloutAnswer, result: RolloutResult) -> str:

@@ -247,3 +247,24 @@ def test_the_answer_carries_the_first_integrity_findings_and_counts_them_all(tmp
     assert answer.integrity_total == 20_000
     assert [finding.path for finding in answer.integrity] == [finding.path for finding in planted[:ANSWER_LIST_MAX]]
     assert len(orjson.dumps(tool.structured_content)) < 256 * 1024
+
+
+def test_a_store_that_cannot_keep_the_result_answers_it_inline(tmp_path: Path) -> None:
+    """A finished rollout is never lost to the server's disk: when the store cannot write (here its directory became
+    a file), every transport's answer carries the whole result inline, however large, and says it was not kept."""
+    store = ResultStore(tmp_path / "by-reference")
+    (tmp_path / "by-reference").rmdir()
+    (tmp_path / "by-reference").write_text("not a directory any more")
+    turns = [
+        RolloutTurn(turn=n, completion_token_ids=list(range(4000)), completion_logprobs=[-0.5] * 4000)
+        for n in range(20)
+    ]
+    result = RolloutResult(task_id="large", reward=1.0, proxy_turns=turns)
+    tool = mcp_tool_result(result, store)
+    answer = RolloutAnswer.model_validate(tool.structured_content)
+    assert answer.result_ref is None
+    assert answer.result is not None
+    assert answer.result.model_dump_json() == result.model_dump_json()
+    assert "the full RolloutResult was not kept" in tool.content[0].text  # type: ignore[union-attr]
+    frame = session_tool_result(tool)
+    assert RolloutResult.model_validate(frame["data"]["result"]).model_dump_json() == result.model_dump_json()

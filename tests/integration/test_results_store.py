@@ -261,3 +261,22 @@ def test_both_views_write_through_one_writer_and_sweep_what_a_killed_writer_left
     assert len(kept) == 3
     assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in kept)
     assert gzip.decompress(store.gzip_of(stored.id) or b"") == b'{"reward": 1.0}'
+
+
+def test_writers_at_once_never_fail_on_each_others_temporaries(tmp_path: Path) -> None:
+    """Every write sweeps the directory it writes to while other writers (threads of a server, or servers sharing
+    the directory) have temporaries there that they rename or remove at any moment: a sweep must never fail on a
+    file that went while it looked, for either view."""
+    store = ResultStore.configured(str(tmp_path), retention_s=60)
+    history = ResultsDir(tmp_path, keep=1000)
+    runs = [finished_run(f"t{i}") for i in range(160)]
+
+    def write(i: int) -> None:
+        store.put(b'{"reward": 1.0}')
+        history.save(*runs[i])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(len(runs))))
+    assert len(list(store.directory.glob("*.gz"))) == len(runs)
+    assert len(list(tmp_path.glob("*.run.json"))) == len(runs)
+    assert not [*store.directory.glob(".*.tmp"), *tmp_path.glob(".*.tmp")]
