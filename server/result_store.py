@@ -153,24 +153,34 @@ class ResultsDir:
     def _kept_ids(self, listed: list[str] | None = None) -> list[str]:
         """The ids of each owner's newest `keep` saved runs among `listed` (default: the directory now), oldest
         first. A save prunes from the one listing it counted: a run another writer adds meanwhile is not in it, so
-        it is never taken for one beyond `keep`."""
+        it is never taken for one beyond `keep`; nor is a run whose row another writer has yet to write (its result
+        is younger than STALE_TEMP_S). Rows that cannot be read, and are older, count as one owner's."""
         seen: Counter[str] = Counter()
         kept = []
         for run_id in reversed(self._ids() if listed is None else listed):
             owner = self._owner(run_id)
-            seen[owner] += 1
-            if seen[owner] <= self.keep:
+            if owner is None and self._written_since(run_id, time.time() - STALE_TEMP_S):
+                kept.append(run_id)
+                continue
+            seen[owner or ""] += 1
+            if seen[owner or ""] <= self.keep:
                 kept.append(run_id)
         return kept[::-1]
 
-    def _owner(self, run_id: str) -> str:
-        """Who a saved run belongs to, from its row ("" for a row that cannot be read: those go together)."""
+    def _owner(self, run_id: str) -> str | None:
+        """Who a saved run belongs to, from its row; None for a row not written yet or that cannot be read."""
         if run_id not in self._owners:
             try:
                 self._owners[run_id] = RunView.model_validate_json(self._row(run_id).read_bytes()).owner
             except (OSError, ValidationError):
-                return ""
+                return None
         return self._owners[run_id]
+
+    def _written_since(self, run_id: str, moment: float) -> bool:
+        try:
+            return (self.path / f"{run_id}.json").stat().st_mtime >= moment
+        except FileNotFoundError:
+            return False
 
     def read(self, run_id: str) -> bytes | None:
         if not RUN_ID.match(run_id):

@@ -9,6 +9,7 @@ import logging
 import os
 import pwd
 import stat
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -280,3 +281,33 @@ def test_writers_at_once_never_fail_on_each_others_temporaries(tmp_path: Path) -
     assert len(list(store.directory.glob("*.gz"))) == len(runs)
     assert len(list(tmp_path.glob("*.run.json"))) == len(runs)
     assert not [*store.directory.glob(".*.tmp"), *tmp_path.glob(".*.tmp")]
+
+
+def save_together(servers: list[ResultsDir], runs: list[tuple[RunView, RolloutResult]]) -> None:
+    """Each server saves its run in a thread of its own, all released at one moment."""
+    together = threading.Barrier(len(servers))
+
+    def save(n: int) -> None:
+        together.wait()
+        servers[n].save(*runs[n])
+
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(save, range(len(servers))))
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_callers_only_run_survives_saves_at_once_of_other_callers(tmp_path: Path, keep: int) -> None:
+    """keep + 2 servers sharing the directory each save one run of a caller of its own at the same moment: every
+    caller keeps their run. A save's pruning must not count a run whose row another server has yet to write as a
+    run beyond `keep` (it used to: all such runs counted as one unknown caller's)."""
+    for trial in range(30):
+        directory = tmp_path / str(trial)
+        servers = [ResultsDir(directory, keep) for _ in range(keep + 2)]
+        runs = []
+        for n in range(len(servers)):
+            run = Run.of(request(f"t{n}"), owner=f"caller{n}")
+            run.finish(RolloutResult(task_id=f"t{n}", reward=1.0))
+            assert run.result is not None
+            runs.append((run.view, run.result))
+        save_together(servers, runs)
+        assert {view.id for view in ResultsDir(directory, keep).load()} == {view.id for view, _ in runs}

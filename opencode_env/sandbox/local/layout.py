@@ -21,6 +21,7 @@ from opencode_env.sandbox.base import (
     SandboxError,
     proxy_file_bytes,
 )
+from opencode_env.sandbox.file_lock import try_lock
 from opencode_env.sandbox.local.files import bounded_fs, hostfs_write
 from opencode_env.sandbox.local.isolation.bubblewrap import (
     AGENT_SYSCALL_FILTER,
@@ -221,14 +222,10 @@ def reap_orphans(base_dir: Path | None) -> list[str]:
     base = base_dir or Path(tempfile.gettempdir())
     reaped = []
     for root in sorted(base.glob(f"{PREFIX}*")):
-        lock_path = root / OWNER_LOCK
-        if not lock_path.is_file() or lock_path.is_symlink():
+        handle = try_lock(root / OWNER_LOCK, create=False)
+        if handle is None:
             continue
-        with lock_path.open("a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
+        with handle:
             version = detect()
             if version is not None:
                 if ServicesFreezer.available(version):

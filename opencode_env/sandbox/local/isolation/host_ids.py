@@ -3,14 +3,12 @@ machine for the rollout's life (see command_argv.py for how commands drop to the
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from opencode_env.sandbox.base import Identity
+from opencode_env.sandbox.file_lock import try_lock
 
 SANDBOX_UID = 1000
 GRADER_UID = 1001
@@ -58,18 +56,15 @@ class UidLease:
         registry.mkdir(parents=True, exist_ok=True, mode=0o700)
         for _ in range(64):
             slot = random.randrange(UID_SLOTS)
-            handle = (registry / str(slot)).open("a")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            self._handle = handle
-            self.ids = HostIds.of_slot(slot)
-            return
+            path = registry / str(slot)
+            handle = try_lock(path)
+            if handle is not None:
+                self._path, self._handle = path, handle
+                self.ids = HostIds.of_slot(slot)
+                return
         raise RuntimeError("no free host uid pair for a sandbox")
 
     def release(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self._handle.name)
+        """The slot's file goes while it is held (a locker that opened it finds it replaced and tries again)."""
+        self._path.unlink(missing_ok=True)
         self._handle.close()
