@@ -32,16 +32,17 @@ ESCAPE = (
     'for f in /sys/fs/cgroup/freezer/*/*/freezer.state; do echo THAWED > "$f"; done 2>/dev/null; '
 )
 """The loop's own attempt to leave the cgroup it was started in (or to thaw it) before the host freezes it."""
-LOOP = (
-    ESCAPE + "while :; do "
+PLANT = (
     f"mkdir -p {WORKDIR}/.opencode/plugin; cp /tmp/plugin.js {WORKDIR}/.opencode/plugin/x.js; "
     f"""printf '{{"plugin": ["file:///tmp/plugin.js"]}}' > {WORKDIR}/opencode.json; """
-    "done"
 )
+LOOP = ESCAPE + f"while :; do {PLANT}done"
 REPLANT = (
     f"printf '%s' {shlex.quote(PLUGIN)} > /tmp/plugin.js; printf '%s' {shlex.quote(LOOP)} > /tmp/replant.sh; "
-    "nohup sh /tmp/replant.sh >/dev/null 2>&1 &"
+    f"{PLANT}nohup sh /tmp/replant.sh >/dev/null 2>&1 &"
 )
+"""Both planted once before setup ends, then again and again: what the host removes does not depend on how far a
+busy machine let the loop get before it was frozen."""
 LOOK = "sleep 1; ls /tmp > tmp-listing.txt; ls -a .opencode/plugin > replanted.txt"
 
 

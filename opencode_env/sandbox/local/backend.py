@@ -39,7 +39,7 @@ from opencode_env.sandbox.base import (
 from opencode_env.sandbox.local.admission import DEFAULT_OVERCOMMIT, MemoryAdmission, memory_budget_mb
 from opencode_env.sandbox.local.compartment import Compartment
 from opencode_env.sandbox.local.images.budget import ImageBudget
-from opencode_env.sandbox.local.images.store import HOST_IMAGE, ImageProgress, ImageStore, default_image
+from opencode_env.sandbox.local.images.store import HOST_IMAGE, HeldImage, ImageProgress, ImageStore, default_image
 from opencode_env.sandbox.local.isolation.bubblewrap import AGENT_ONLY_ENV, CONTROL_MOUNT, HOSTS
 from opencode_env.sandbox.local.isolation.cgroup import PROXY_LIMITS
 from opencode_env.sandbox.local.isolation.host_ids import UidLease
@@ -95,7 +95,14 @@ class LocalSandbox:
 
     backend = "local"
 
-    def __init__(self, compartment: Compartment, *, lease: UidLease, owner_lock: OwnerLock) -> None:
+    def __init__(
+        self,
+        compartment: Compartment,
+        *,
+        lease: UidLease,
+        owner_lock: OwnerLock,
+        image_hold: HeldImage | None = None,
+    ) -> None:
         self.compartment = compartment
         self.layout = compartment.layout
         self.root = compartment.layout.root
@@ -109,6 +116,7 @@ class LocalSandbox:
         self.on_close: Callable[[LocalSandbox], None] | None = None
         self._lease = lease
         self._owner_lock = owner_lock
+        self._image_hold = image_hold
         self.sidecars = Sidecars()
         self._boot = SandboxBoot(compartment)
         self._processes = SandboxProcesses(compartment, self._boot)
@@ -251,6 +259,8 @@ class LocalSandbox:
                 finally:
                     self._owner_lock.release()
                     self._lease.release()
+                    if self._image_hold is not None:
+                        self._image_hold.release()
                     if self.on_close is not None:
                         self.on_close(self)
 
@@ -423,20 +433,28 @@ class LocalBackend:
                 "services: sidecars run beside a sandbox of an image, in a network of its own (not the host's root, "
                 "not a shared host network)"
             )
-        image = await asyncio.to_thread(self._images.prepare, ref) if ref else None
-        runtime = await asyncio.to_thread(runtime_for) if image is not None else None
-        _refuse_workdir_of_ours(spec.workdir)
-        layout, owner_lock = await asyncio.to_thread(make_layout, self._base_dir, spec.limits.disk_mb, HELPERS, runtime)
-        try:
-            lease = await asyncio.to_thread(UidLease)
-            await asyncio.to_thread(own_tree, layout, lease.ids)
-            if image is not None:
-                await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids, spec.workdir)
-            if names:
-                await asyncio.to_thread(layout.task_hosts.write_text, hosts_file(names))
+        held = await asyncio.to_thread(self._images.hold, ref) if ref else None
+        image = held.image if held is not None else None
+        try:  # the image's tree held from here for the sandbox's life: no eviction or prune takes it
+            runtime = await asyncio.to_thread(runtime_for) if image is not None else None
+            _refuse_workdir_of_ours(spec.workdir)
+            layout, owner_lock = await asyncio.to_thread(
+                make_layout, self._base_dir, spec.limits.disk_mb, HELPERS, runtime
+            )
+            try:
+                lease = await asyncio.to_thread(UidLease)
+                await asyncio.to_thread(own_tree, layout, lease.ids)
+                if image is not None:
+                    await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids, spec.workdir)
+                if names:
+                    await asyncio.to_thread(layout.task_hosts.write_text, hosts_file(names))
+            except BaseException:
+                await asyncio.to_thread(remove_rollout, layout)
+                owner_lock.release()
+                raise
         except BaseException:
-            await asyncio.to_thread(remove_rollout, layout)
-            owner_lock.release()
+            if held is not None:
+                held.release()
             raise
         compartment = Compartment(
             layout,
@@ -453,7 +471,7 @@ class LocalBackend:
             network_of=network_of,
             local_names=names,
         )
-        sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock)
+        sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock, image_hold=held)
         if image is not None:
             sandbox.enforcement["image"] = f"{image.ref} ({image.image_id[:19]}), id-mapped overlay"
             if aimed := image_env_aimed_at_us(image.env):

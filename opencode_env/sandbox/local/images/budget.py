@@ -1,7 +1,8 @@
 """One budget for everything task images leave on this machine: the task images we build, in podman's storage (their
 archives' size), and the unpacked image cache (each tree at its image's size). A ledger beside the cache records
 each charge and when it was last used; making room evicts the least recently used charge that is not in use (a
-tree a rollout has mounted or another process is unpacking stays), and a charge that cannot fit is the task's error.
+tree a rollout has mounted or holds to mount, or another process is unpacking, stays: take_tree), and a charge that
+cannot fit is the task's error.
 
 The build box's own file system is bounded apart (build/box.py); an image the operator put in podman's storage is never
 charged or evicted, only ours (`TASK_REPOSITORY`)."""
@@ -9,26 +10,28 @@ charged or evicted, only ours (`TASK_REPOSITORY`)."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 from opencode_env.sandbox.base import SandboxError
+from opencode_env.sandbox.file_lock import try_lock, wait_lock
 
 TASK_REPOSITORY = "localhost/opencode-env-task"
 LEDGER = "budget.json"
 LOCK_WAIT_S = 1800.0
 """The longest a charge waits for another one (which may be evicting: podman rmi, removing a tree)."""
-LOCK_POLL_S = 0.2
 RMI_TIMEOUT_S = 120.0
 SETTING = "OPENCODE_ENV_IMAGE_STORAGE_MB"
+PRUNED_PREFIX = ".pruned-"
+"""In the cache: a tree an evictor or a pruner took (`.pruned-<tree>-<pid>-<n>`), removed by it or, once its process
+is gone, by the next prune."""
 Kind = Literal["image", "tree"]
 
 
@@ -47,23 +50,6 @@ class Charge:
 
 def megabytes(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
-
-
-@contextlib.contextmanager
-def locked(path: Path, wait_s: float) -> Iterator[None]:
-    """An exclusive lock on `path`, waited for at most `wait_s`: a thread never waits on another without a
-    deadline."""
-    with path.open("w") as lock:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SandboxError(f"{path}: held by another process over {wait_s:g} s") from None
-                time.sleep(LOCK_POLL_S)
-        yield
 
 
 def mounted_sources() -> set[str]:
@@ -130,7 +116,7 @@ class ImageBudget:
     @contextlib.contextmanager
     def _ledger(self) -> Iterator[dict[str, Charge]]:
         self.root.mkdir(parents=True, exist_ok=True)
-        with locked(self.root / f"{LEDGER}.lock", LOCK_WAIT_S):
+        with wait_lock(self.root / f"{LEDGER}.lock", LOCK_WAIT_S):
             path = self.root / LEDGER
             try:
                 stored = json.loads(path.read_text())
@@ -158,16 +144,36 @@ class ImageBudget:
 
     def _evict_tree(self, image_id: str) -> bool:
         directory = self.root / image_id.removeprefix("sha256:")[:64]
-        rootfs = str(directory / "rootfs")
-        if any(source == rootfs or source.startswith(rootfs + "/") for source in mounted_sources()):
-            return False
         if not directory.is_dir():
             return True
-        with (directory / ".lock").open("w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # being unpacked (or pruned) by another process right now
-            (directory / ".complete").unlink(missing_ok=True)
-        shutil.rmtree(directory)
+        doomed = take_tree(directory)
+        if doomed is None:
+            return not directory.is_dir()  # in use, or another evictor or pruner took it first
+        shutil.rmtree(doomed)
         return True
+
+
+def take_tree(directory: Path, *, taken: Callable[[], None] | None = None) -> Path | None:
+    """The unpacked image tree at `directory` taken for removal, unless it is in use: its `.lock` held exclusively,
+    never waited for (a holder is unpacking it, or is a rollout using it: see ImageStore.hold), and, while held, no
+    mount of it in the mount table (a sandbox of a server that died before its reaper ran). Under that lock the
+    directory is renamed to a name of the taker's, which is returned for the caller to remove outside the lock: a
+    preparer that was waiting on the lock then finds no tree there and starts over, never one half removed. None
+    when in use or already gone. `taken` runs once the tree is renamed, still under the lock (a pruner drops the
+    tree's charge there, before a preparer can make the tree and charge it again)."""
+    try:
+        lock = try_lock(directory / ".lock")
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # taken (renamed away) by another evictor or pruner
+    if lock is None:
+        return None
+    with lock:
+        rootfs = str(directory / "rootfs")
+        if any(source == rootfs or source.startswith(rootfs + "/") for source in mounted_sources()):
+            return None
+        (directory / ".complete").unlink(missing_ok=True)
+        doomed = directory.with_name(f"{PRUNED_PREFIX}{directory.name}-{os.getpid()}-{time.monotonic_ns()}")
+        directory.rename(doomed)
+        if taken is not None:
+            taken()
+    return doomed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -19,9 +20,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from opencode_env.sandbox.base import SandboxError
-from opencode_env.sandbox.local.images.budget import ImageBudget, locked, mounted_sources
+from opencode_env.sandbox.file_lock import wait_lock
+from opencode_env.sandbox.local.images.budget import PRUNED_PREFIX, SETTING, ImageBudget, take_tree
 
 log = logging.getLogger("opencode_env.images")
 ARCHIVE_PREFIXES = ("oci-archive:", "docker-archive:")
@@ -31,15 +34,16 @@ BASE_IMAGE = "localhost/opencode-env-base:bookworm"
 PODMAN_TIMEOUT_S = 600.0
 UNPACK_LOCK_WAIT_S = 3 * PODMAN_TIMEOUT_S
 """The longest a preparer waits for another one unpacking the same image (that one's own calls are bounded)."""
-LOCK_POLL_S = 0.2
+UNPACK_ATTEMPTS = 8
+"""How often a preparer starts over on finding the tree it waited for taken (evicted or pruned) meanwhile."""
+LOADED = "loaded.json"
+"""In the cache: each archive loaded (its path, size and time) and the name loading it gave in podman's storage."""
+LOADED_LOCK_WAIT_S = 60.0
 ACCOUNT_FILE_BYTES = 1 << 20
 REFUSED = ".refused"
 """In an image's cache directory: why its content was refused (kept: an image id names its content)."""
 STAGING_PREFIX = ".rootfs-"
 """In an image's cache directory: a tree being unpacked, renamed to `rootfs` when complete."""
-PRUNED_PREFIX = ".pruned-"
-"""In the cache: a tree a pruner took (`.pruned-<tree>-<pid>-<n>`), removed by that pruner or, once it is gone, by
-the next prune."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOADED = re.compile(r"Loaded image(?:\(s\))?:\s*(\S+)")
 ACCOUNTS = (("user", 1000, "/home/user"), ("grader", 1001, "/home/grader/home"))
@@ -71,6 +75,26 @@ class PreparedImage:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = ""
     has_shell: bool = True
+
+
+@dataclass(frozen=True)
+class HeldImage:
+    """A prepared image whose tree stays in the cache until `release`: its directory's lock is held shared, and an
+    evictor or a pruner takes a tree only holding that lock exclusively (images/budget.py take_tree). A local
+    sandbox holds it for its life, so that a live rollout's tree never depends on reading the mount table (which
+    names a tree by its path within its own file system: the host's path only when the cache is on the root's)."""
+
+    image: PreparedImage
+    lock: BinaryIO
+
+    def release(self) -> None:
+        self.lock.close()
+
+    def __enter__(self) -> PreparedImage:
+        return self.image
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
 
 
 def default_image(configured: str = "") -> str:
@@ -129,6 +153,14 @@ class ImageStore:
         self._resolved: dict[str, tuple[int, dict[str, object]]] = {}
 
     def prepare(self, ref: str) -> PreparedImage:
+        """The image unpacked, not held: nothing keeps its tree past the return (for a caller that wants its id, or
+        it unpacked; a rollout that mounts the tree holds it until then: `hold`)."""
+        with self.hold(ref) as image:
+            return image
+
+    def hold(self, ref: str) -> HeldImage:
+        """The image unpacked (once per image), its tree held in the cache until released: no eviction or prune
+        removes it between this decision to use it and the caller's mount of it."""
         inspected = self._inspect(self._in_storage(ref))
         image_id = str(inspected["Id"])
         config = inspected.get("Config") or {}
@@ -136,16 +168,21 @@ class ImageStore:
         size = inspected.get("Size")
         if self.budget is not None:
             self.budget.touch(ref)
-        rootfs = self._unpacked(image_id, ref, size)
-        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
-        return PreparedImage(
-            ref=ref,
-            image_id=image_id,
-            rootfs=rootfs,
-            env=env,
-            workdir=str(config.get("WorkingDir") or ""),
-            has_shell=os.path.lexists(rootfs / "bin" / "sh"),
-        )
+        rootfs, lock = self._unpacked(image_id, ref, size)
+        try:
+            env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+            image = PreparedImage(
+                ref=ref,
+                image_id=image_id,
+                rootfs=rootfs,
+                env=env,
+                workdir=str(config.get("WorkingDir") or ""),
+                has_shell=os.path.lexists(rootfs / "bin" / "sh"),
+            )
+        except BaseException:
+            lock.close()
+            raise
+        return HeldImage(image, lock)
 
     def _in_storage(self, ref: str) -> str:
         """The storage name of `ref`: itself, or what loading the archive it names gave (loaded once per file)."""
@@ -155,10 +192,10 @@ class ImageStore:
         archive = self._allowed_archive(ref.removeprefix(prefix))
         info = archive.stat()
         key = f"{archive}:{info.st_size}:{info.st_mtime_ns}"
-        loaded = self.root / "loaded.json"
-        known = json.loads(loaded.read_text()) if loaded.is_file() else {}
+        loaded = self.root / LOADED
+        known = _read_loaded(loaded)
         if key in known and image_exists(known[key]):
-            return str(known[key])
+            return known[key]
         self.progress(f"loading the image archive {archive.name} ({megabytes(info.st_size)})")
         started = time.monotonic()
         completed = _run_podman("load", "-i", str(archive))
@@ -167,9 +204,11 @@ class ImageStore:
             raise SandboxError(f"image {ref}: podman load failed: {completed.stderr.strip()[-500:]}")
         name = match.group(1).split(",")[0]
         self.progress(f"loaded {archive.name} as {name} in {time.monotonic() - started:.1f}s")
-        known[key] = name
         self.root.mkdir(parents=True, exist_ok=True)
-        _write_atomically(loaded, json.dumps(known))
+        with wait_lock(self.root / f"{LOADED}.lock", LOADED_LOCK_WAIT_S):  # read, add, write: one writer at a time
+            known = _read_loaded(loaded)
+            known[key] = name
+            _write_atomically(loaded, json.dumps(known))
         return name
 
     def _allowed_archive(self, named: str) -> Path:
@@ -213,76 +252,113 @@ class ImageStore:
         return dict(described)
 
     def prune(self) -> list[str]:
-        """Remove the unpacked trees of images no longer in podman's storage, unless a rollout still has one mounted;
-        returns the ids removed."""
+        """Remove the unpacked trees of images no longer in podman's storage, unless one is in use (a rollout has it
+        mounted or holds it to mount, another process is unpacking it: the evictor's rule, take_tree); returns the
+        ids removed."""
         if not self.root.is_dir():
             return []
         _remove_dead_pruners_leftovers(self.root)
-        in_use = mounted_sources()
         removed = []
         for directory in sorted(self.root.iterdir()):
             if not directory.is_dir() or len(directory.name) != 64 or image_exists(directory.name):
                 continue
-            rootfs = str(directory / "rootfs")
-            if any(source == rootfs or source.startswith(rootfs + "/") for source in in_use):
-                continue
-            doomed = directory.with_name(f"{PRUNED_PREFIX}{directory.name}-{os.getpid()}-{time.monotonic_ns()}")
-            try:
-                with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
-                    (directory / ".complete").unlink(missing_ok=True)
-                    directory.rename(doomed)
-            except FileNotFoundError:
-                continue  # another pruner (a process sharing this cache) took it first: one rename wins
+            doomed = take_tree(directory, taken=functools.partial(self._release, directory.name))
+            if doomed is None:
+                continue  # in use, or another pruner (a process sharing this cache) took it first
             shutil.rmtree(doomed)
-            self._release(directory.name)
             removed.append(directory.name)
         return removed
 
-    def _unpacked(self, image_id: str, ref: str, size: object) -> Path:
+    def _unpacked(self, image_id: str, ref: str, size: object) -> tuple[Path, BinaryIO]:
+        """The image's tree (unpacked first when missing) and its directory's lock, held shared. An evictor or a
+        pruner renames the directory away under that lock held exclusively: a preparer that waited on it then holds
+        the lock of no tree, and starts over (at most UNPACK_ATTEMPTS times, within UNPACK_LOCK_WAIT_S)."""
         directory = self.root / image_id.removeprefix("sha256:")[:64]
         rootfs = directory / "rootfs"
         charge = size if isinstance(size, int) else 0
-        if (directory / ".complete").exists():
-            if self.budget is not None:
-                self.budget.use("tree", directory.name, charge, what=f"image {ref} unpacked")
-            return rootfs
-        _raise_refused(directory, ref)
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with locked(directory / ".lock", UNPACK_LOCK_WAIT_S):
-            if (directory / ".complete").exists():
-                return rootfs
+        deadline = time.monotonic() + UNPACK_LOCK_WAIT_S
+        for _ in range(UNPACK_ATTEMPTS):
             _raise_refused(directory, ref)
-            for leftover in directory.glob(f"{STAGING_PREFIX}*"):
-                shutil.rmtree(leftover)  # a killed unpacker's: under this lock no other one is running
-            if self.budget is not None:
-                self.budget.charge("tree", directory.name, charge, what=f"image {ref} unpacked", keep=(ref,))
-            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
-            sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
-            self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
-            started = time.monotonic()
             try:
-                _copy_image_tree(image_id, staging)
-                _add_accounts(staging)
-                staging.chmod(0o755)
-                if rootfs.exists():
-                    shutil.rmtree(rootfs)
-                staging.rename(rootfs)
-            except ImageRefused as refused:
-                shutil.rmtree(staging, ignore_errors=True)
-                self._release(directory.name)
-                _write_atomically(directory / REFUSED, str(refused))
-                raise ImageRefused(f"image {ref}: {refused}") from None
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                self._release(directory.name)
-                raise
-            (directory / ".complete").write_text(image_id)
-            self.progress(f"unpacked {ref} in {time.monotonic() - started:.1f}s")
-        return rootfs
+                directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                shared = wait_lock(directory / ".lock", _left(deadline), shared=True)
+            except (FileNotFoundError, FileExistsError):
+                continue  # taken (renamed away) between making it and locking it, or as mkdir looked at it
+            if (directory / ".complete").exists():
+                try:
+                    if self.budget is not None:
+                        self.budget.use("tree", directory.name, charge, what=f"image {ref} unpacked")
+                except BaseException:
+                    shared.close()
+                    raise
+                return rootfs, shared
+            shared.close()
+            try:
+                exclusive = wait_lock(directory / ".lock", _left(deadline))
+            except FileNotFoundError:
+                continue
+            with exclusive:
+                if not (directory / ".complete").exists():
+                    self._unpack(directory, image_id, ref, size, charge)
+        raise SandboxError(
+            f"image {ref}: its tree in the cache was evicted or pruned {UNPACK_ATTEMPTS} times while this rollout "
+            f"waited for it; the image storage budget ({SETTING}) is too small for the images in use at once"
+        )
+
+    def _unpack(self, directory: Path, image_id: str, ref: str, size: object, charge: int) -> None:
+        """The image copied into `directory`'s `rootfs`, its directory's lock held exclusively."""
+        rootfs = directory / "rootfs"
+        _raise_refused(directory, ref)
+        for leftover in directory.glob(f"{STAGING_PREFIX}*"):
+            shutil.rmtree(leftover)  # a killed unpacker's: under this lock no other one is running
+        if self.budget is not None:
+            self.budget.charge("tree", directory.name, charge, what=f"image {ref} unpacked", keep=(ref,))
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
+        except BaseException:
+            self._release(directory.name)
+            raise
+        sized = f" ({megabytes(size)})" if isinstance(size, int) else ""
+        self.progress(f"unpacking {ref}{sized} into the image cache (once per image)")
+        started = time.monotonic()
+        try:
+            _copy_image_tree(image_id, staging)
+            _add_accounts(staging)
+            staging.chmod(0o755)
+            if rootfs.exists():
+                shutil.rmtree(rootfs)
+            staging.rename(rootfs)
+        except ImageRefused as refused:
+            shutil.rmtree(staging, ignore_errors=True)
+            self._release(directory.name)
+            _write_atomically(directory / REFUSED, str(refused))
+            raise ImageRefused(f"image {ref}: {refused}") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            self._release(directory.name)
+            raise
+        (directory / ".complete").write_text(image_id)
+        self.progress(f"unpacked {ref} in {time.monotonic() - started:.1f}s")
 
     def _release(self, tree: str) -> None:
         if self.budget is not None:
             self.budget.release(tree)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _read_loaded(path: Path) -> dict[str, str]:
+    """The archives loaded.json records, by key, and the names loading them gave; empty when it is missing or is not
+    that (a torn or foreign file: its archives are loaded again, and the file rewritten)."""
+    try:
+        known = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {key: name for key, name in known.items() if isinstance(name, str)}
 
 
 def _remove_dead_pruners_leftovers(root: Path) -> None:
@@ -414,6 +490,17 @@ def _replace_in(directory: int, name: str, text: str) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(text)
-    staging.rename(path)
+    """`path` replaced by `text` at once: written to a temporary of this call's own beside it (never a name another
+    writer, or thread, uses), flushed to disk, then renamed over it."""
+    fd, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode())
+            os.fchmod(handle.fileno(), 0o644)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
+        raise
