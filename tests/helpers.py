@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import functools
 import secrets
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from opencode_env.rollout.endpoints import resolve_upstream
@@ -56,3 +59,22 @@ async def gone_after_its_probe(**fields: object) -> RolloutRequest:
             token_in=request.token_in != "off",
         )
     return request
+
+
+def beside_a_loop(loop: Callable[[], None], work: Callable[[int], None], count: int, workers: int) -> None:
+    """`work` over range(count) on `workers` threads while `loop` runs again and again in a thread of its own (a
+    reaper, a pruner), stopped and joined however the work ends."""
+    stop = threading.Event()
+
+    def again() -> None:
+        while not stop.is_set():
+            loop()
+
+    looping = threading.Thread(target=again)
+    looping.start()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(work, range(count)))
+    finally:
+        stop.set()
+        looping.join()

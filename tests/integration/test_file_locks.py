@@ -19,6 +19,7 @@ from opencode_env.sandbox.local import layout
 from opencode_env.sandbox.local.isolation import host_ids
 from opencode_env.sandbox.local.isolation.bubblewrap import Layout
 from opencode_env.sandbox.local.isolation.host_ids import UidLease
+from tests.helpers import beside_a_loop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,12 +56,10 @@ def test_a_closing_rollouts_tree_is_never_reaped(tmp_path: Path, monkeypatch: py
     an owner's removal never fails on what a reaper did."""
     monkeypatch.setattr(layout, "detect", lambda: None)
     logging.getLogger("opencode_env.local").setLevel(logging.ERROR)
-    closed = threading.Event()
     reaped: list[str] = []
 
     def reap() -> None:
-        while not closed.is_set():
-            reaped.extend(layout.reap_orphans(tmp_path))
+        reaped.extend(layout.reap_orphans(tmp_path))
 
     def own_and_close(_: int) -> None:
         root = Path(tempfile.mkdtemp(prefix=layout.PREFIX, dir=tmp_path))
@@ -72,14 +71,7 @@ def test_a_closing_rollouts_tree_is_never_reaped(tmp_path: Path, monkeypatch: py
         finally:
             owner.release()
 
-    reaper = threading.Thread(target=reap)
-    reaper.start()
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(own_and_close, range(1500)))
-    finally:
-        closed.set()
-        reaper.join()
+    beside_a_loop(reap, own_and_close, count=1500, workers=2)
     assert reaped == []
     assert list(tmp_path.iterdir()) == []
 

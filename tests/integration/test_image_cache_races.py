@@ -26,6 +26,7 @@ from opencode_env.sandbox.local.images import budget as budget_module
 from opencode_env.sandbox.local.images import store as store_module
 from opencode_env.sandbox.local.images.budget import BudgetExceeded, ImageBudget
 from opencode_env.sandbox.local.images.store import ImageStore
+from tests.helpers import beside_a_loop
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -156,16 +157,14 @@ def test_a_prune_never_removes_a_tree_a_rollout_holds(tmp_path: Path) -> None:
     """Prunes in a loop (every tree's image dropped from storage) beside rollouts holding the tree until their
     mount: each holder finds its tree whole through its hold; the prunes never fail."""
     store = ImageStore(tmp_path, progress=lambda _: None)
-    stop = threading.Event()
     problems: list[str] = []
 
     def pruning() -> None:
-        while not stop.is_set():
-            try:
-                store.prune()
-            except Exception as error:
-                problems.append(f"prune: {error!r}")
-            time.sleep(random.uniform(0, 0.005))
+        try:
+            store.prune()
+        except Exception as error:
+            problems.append(f"prune: {error!r}")
+        time.sleep(random.uniform(0, 0.005))
 
     def holding(_: int) -> None:
         for _round in range(10):
@@ -177,14 +176,7 @@ def test_a_prune_never_removes_a_tree_a_rollout_holds(tmp_path: Path) -> None:
             except Exception as error:
                 problems.append(f"hold: {error!r}")
 
-    pruner = threading.Thread(target=pruning)
-    pruner.start()
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(holding, range(4)))
-    finally:
-        stop.set()
-        pruner.join(60)
+    beside_a_loop(pruning, holding, count=4, workers=4)
     assert problems == []
 
 
