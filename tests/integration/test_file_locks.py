@@ -5,6 +5,8 @@ threads race the real code; what is narrowed is only the choice (two uid slots i
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import tempfile
 import threading
 import time
@@ -22,6 +24,7 @@ from opencode_env.sandbox.local.isolation.host_ids import UidLease
 from tests.helpers import beside_a_loop
 
 pytestmark = pytest.mark.timeout(120)
+NOBODY = 65534
 
 
 def test_a_uid_block_is_never_leased_twice_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,3 +98,54 @@ def test_a_lock_is_refused_through_a_link_and_released_on_close(tmp_path: Path) 
     again = try_lock(tmp_path / "lock", create=False)
     assert again is not None
     again.close()
+
+
+PLANTS = ["link to /", "link to a lock of ours", "directory", "fifo", "socket", "another user's file"]
+
+
+def _plant(lock: Path, kind: str, elsewhere: Path) -> None:
+    if kind == "link to /":
+        lock.symlink_to("/")
+    elif kind == "link to a lock of ours":
+        (elsewhere / "ours.lock").write_bytes(b"")
+        lock.symlink_to(elsewhere / "ours.lock")
+    elif kind == "directory":
+        lock.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(str(lock))
+    else:
+        lock.write_bytes(b"")
+        os.chown(lock, NOBODY, NOBODY)
+
+
+@pytest.mark.parametrize("owner", ["ours", "another user's"])
+def test_the_reaper_takes_nothing_it_did_not_make(tmp_path: Path, owner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone may make directories named like our trees in a shared /tmp: whatever is planted where a tree's lock
+    would be, in a directory of ours or of another user's, the reaper neither fails nor takes it; a real orphan
+    beside them is still reaped."""
+    monkeypatch.setattr(layout, "detect", lambda: None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base = tmp_path / "base"
+    base.mkdir()
+    planted = []
+    for n, kind in enumerate(PLANTS):
+        root = base / f"{layout.PREFIX}planted{n}"
+        root.mkdir()
+        _plant(root / layout.OWNER_LOCK, kind, elsewhere)
+        if owner != "ours":
+            os.chown(root, NOBODY, NOBODY)
+        planted.append(root)
+    stranger = base / f"{layout.PREFIX}stranger"
+    stranger.mkdir()
+    (stranger / layout.OWNER_LOCK).write_bytes(b"")
+    os.chown(stranger, NOBODY, NOBODY)
+    orphan = base / f"{layout.PREFIX}orphan"
+    orphan.mkdir()
+    (orphan / layout.OWNER_LOCK).write_bytes(b"")
+    assert layout.reap_orphans(base) == [orphan.name]
+    assert all(os.path.lexists(root / layout.OWNER_LOCK) for root in [*planted, stranger])
+    assert (elsewhere / "ours.lock").exists()

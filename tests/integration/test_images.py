@@ -10,14 +10,18 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from opencode_env.rollout.pipeline import run_rollout
 from opencode_env.sandbox.base import SandboxError, SandboxSpec
+from opencode_env.sandbox.local import layout
 from opencode_env.sandbox.local.backend import LocalBackend, LocalSandbox
 from opencode_env.sandbox.local.images import budget
 from opencode_env.sandbox.local.images.base_image import build_base_image
@@ -397,3 +401,42 @@ def test_a_killed_unpackers_tree_goes_with_the_next_unpack(busybox_image: str, t
 
     assert [path.name for path in directory.glob(".rootfs-*")] == []
     assert (again.rootfs / "bin" / "busybox").is_file()
+
+
+def _fds_open_on(path: Path) -> list[str]:
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            if os.readlink(fd) == str(path):
+                found.append(fd.name)
+        except FileNotFoundError:
+            continue
+    return found
+
+
+async def test_a_create_cancelled_while_its_image_mounts_leaves_no_tree_mount_or_hold(
+    busybox_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setup deadline cancels a sandbox's creation while its thread is mounting the image: the creation ends
+    cancelled only after that thread, with the tree, its mount, its uid lease and the image's hold all let go (the
+    cleanup used to run beside the thread still mounting, and the lease was left to the garbage collector)."""
+    mounting, real_mount = threading.Event(), layout.mount_image
+
+    def slow_mount(*args: Any, **kwargs: Any) -> Path:
+        mounting.set()
+        time.sleep(1.0)
+        return real_mount(*args, **kwargs)
+
+    monkeypatch.setattr(layout, "mount_image", slow_mount)
+    base = tmp_path / "sandboxes"
+    base.mkdir()
+    backend = LocalBackend(cached_tools, base_dir=base)
+    creating = asyncio.ensure_future(backend.create(SandboxSpec(image=busybox_image)))
+    assert await asyncio.to_thread(mounting.wait, 300)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    assert list(base.iterdir()) == []
+    assert str(base) not in Path("/proc/self/mountinfo").read_text()
+    image_lock = ImageStore(cache_root() / "images").prepare(busybox_image).rootfs.parent / ".lock"
+    assert _fds_open_on(image_lock) == []

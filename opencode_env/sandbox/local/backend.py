@@ -47,9 +47,8 @@ from opencode_env.sandbox.local.isolation.host_runtime import HOST_ROOT
 from opencode_env.sandbox.local.isolation.host_view import HELPERS, runtime_for, sandbox_tools
 from opencode_env.sandbox.local.layout import (
     OwnerLock,
-    make_layout,
-    mount_image,
-    own_tree,
+    RolloutTree,
+    make_tree,
     reap_orphans,
     remove_rollout,
 )
@@ -299,6 +298,23 @@ def _refuse_workdir_of_ours(workdir: str) -> None:
         raise SandboxError(f"workdir {workdir[:200]}: outside the task's roots: {error}") from None
 
 
+async def _made_or_removed(made: asyncio.Future[RolloutTree]) -> RolloutTree:
+    """The tree its thread makes. A caller cancelled meanwhile (a setup deadline) waits for the thread to end and
+    then removes what it made: cleaning up beside a thread still mounting would leave its mount, and its image
+    unheld."""
+    try:
+        return await asyncio.shield(made)
+    except asyncio.CancelledError:
+        while not made.done():
+            try:
+                await asyncio.wait({made})
+            except asyncio.CancelledError:
+                continue
+        if not made.cancelled() and made.exception() is None:
+            await asyncio.to_thread(made.result().remove)
+        raise
+
+
 def hosts_file(names: tuple[str, ...]) -> str:
     """/etc/hosts of a rollout with services: theirs on 127.0.0.1 too (a pod's containers share loopback)."""
     return f"{HOSTS}127.0.0.1 {' '.join(names)}\n"
@@ -438,24 +454,19 @@ class LocalBackend:
         try:  # the image's tree held from here for the sandbox's life: no eviction or prune takes it
             runtime = await asyncio.to_thread(runtime_for) if image is not None else None
             _refuse_workdir_of_ours(spec.workdir)
-            layout, owner_lock = await asyncio.to_thread(
-                make_layout, self._base_dir, spec.limits.disk_mb, HELPERS, runtime
+            mounted = (image.rootfs, spec.workdir) if image is not None else None
+            hosts = hosts_file(names) if names else ""
+            made = asyncio.ensure_future(
+                asyncio.to_thread(
+                    make_tree, self._base_dir, spec.limits.disk_mb, HELPERS, runtime, image=mounted, hosts=hosts
+                )
             )
-            try:
-                lease = await asyncio.to_thread(UidLease)
-                await asyncio.to_thread(own_tree, layout, lease.ids)
-                if image is not None:
-                    await asyncio.to_thread(mount_image, layout, image.rootfs, lease.ids, spec.workdir)
-                if names:
-                    await asyncio.to_thread(layout.task_hosts.write_text, hosts_file(names))
-            except BaseException:
-                await asyncio.to_thread(remove_rollout, layout)
-                owner_lock.release()
-                raise
+            tree = await _made_or_removed(made)
         except BaseException:
             if held is not None:
                 held.release()
             raise
+        layout, owner_lock, lease = tree.layout, tree.owner_lock, tree.lease
         compartment = Compartment(
             layout,
             lease.ids,

@@ -7,8 +7,10 @@ import fcntl
 import logging
 import os
 import re
+import stat
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from opencode_env.inside import source
@@ -39,7 +41,7 @@ from opencode_env.sandbox.local.isolation.bubblewrap import (
 )
 from opencode_env.sandbox.local.isolation.cgroup import Cgroup, ServicesFreezer, detect, proxy_cgroup_name
 from opencode_env.sandbox.local.isolation.command_argv import TOOL_ENV, TOOL_SHELL, Helpers, tool_shell_script
-from opencode_env.sandbox.local.isolation.host_ids import IMAGE_UIDS, HostIds
+from opencode_env.sandbox.local.isolation.host_ids import IMAGE_UIDS, HostIds, UidLease
 from opencode_env.sandbox.local.isolation.host_runtime import HOST_MOUNT, HostRuntime
 from opencode_env.sandbox.local.isolation.idmap import mount_idmapped
 from opencode_env.sandbox.local.isolation.syscall_filter import filter_program
@@ -94,6 +96,55 @@ def make_layout(
         (layout.control / os.path.relpath(HOST_MOUNT, CONTROL_MOUNT)).mkdir()
     shell.chmod(0o755)
     return layout, lock
+
+
+@dataclass(frozen=True)
+class RolloutTree:
+    """A sandbox's tree as made for it: laid out, owned by its leased uids, its image mounted; removed and let go
+    together."""
+
+    layout: Layout
+    owner_lock: OwnerLock
+    lease: UidLease
+
+    def remove(self) -> None:
+        try:
+            remove_rollout(self.layout)
+        finally:
+            self.owner_lock.release()
+            self.lease.release()
+
+
+def make_tree(
+    base_dir: Path | None,
+    disk_mb: int,
+    helpers: Helpers,
+    runtime: HostRuntime | None,
+    *,
+    image: tuple[Path, str] | None,
+    hosts: str,
+) -> RolloutTree:
+    """In one thread, whole or not at all: the tree, its uids, its image (`image`: the tree to mount and the work
+    dir) and the /etc/hosts text for the task's commands (`hosts`, when not empty). A caller that is cancelled
+    meanwhile removes what it returns (never while it is still being made)."""
+    layout, owner_lock = make_layout(base_dir, disk_mb, helpers, runtime)
+    lease: UidLease | None = None
+    try:
+        lease = UidLease()
+        own_tree(layout, lease.ids)
+        if image is not None:
+            mount_image(layout, image[0], lease.ids, image[1])
+        if hosts:
+            layout.task_hosts.write_text(hosts)
+    except BaseException:
+        try:
+            remove_rollout(layout)
+        finally:
+            owner_lock.release()
+            if lease is not None:
+                lease.release()
+        raise
+    return RolloutTree(layout, owner_lock, lease)
 
 
 def mount_image(layout: Layout, rootfs: Path, ids: HostIds, workdir: str = WORKDIR) -> Path:
@@ -218,10 +269,14 @@ def _mount_points() -> set[str]:
 
 
 def reap_orphans(base_dir: Path | None) -> list[str]:
-    """Remove the trees (and cgroups, mounts) of rollouts whose server died; live servers' trees are untouched."""
+    """Remove the trees (and cgroups, mounts) of rollouts whose server died; live servers' trees are untouched, and
+    so is anything named like a tree that this user did not make (a shared /tmp's): a directory and its lock both
+    this user's, never through a link."""
     base = base_dir or Path(tempfile.gettempdir())
     reaped = []
     for root in sorted(base.glob(f"{PREFIX}*")):
+        if not _made_by_us(root):
+            continue
         handle = try_lock(root / OWNER_LOCK, create=False)
         if handle is None:
             continue
@@ -236,3 +291,11 @@ def reap_orphans(base_dir: Path | None) -> list[str]:
         reaped.append(root.name)
         log.warning("reaped %s, left by a server that is gone", root)
     return reaped
+
+
+def _made_by_us(root: Path) -> bool:
+    try:
+        found = os.lstat(root)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid()

@@ -66,5 +66,7 @@ class UidLease:
 
     def release(self) -> None:
         """The slot's file goes while it is held (a locker that opened it finds it replaced and tries again)."""
-        self._path.unlink(missing_ok=True)
-        self._handle.close()
+        try:
+            self._path.unlink(missing_ok=True)
+        finally:
+            self._handle.close()
