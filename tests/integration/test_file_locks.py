@@ -114,8 +114,9 @@ def _plant(lock: Path, kind: str, elsewhere: Path) -> None:
     elif kind == "fifo":
         os.mkfifo(lock)
     elif kind == "socket":
-        with socket.socket(socket.AF_UNIX) as bound:
-            bound.bind(str(lock))
+        with tempfile.TemporaryDirectory() as short, socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(f"{short}/s")  # a socket's path has a short bound: made there, then moved
+            os.rename(f"{short}/s", lock)
     else:
         lock.write_bytes(b"")
         os.chown(lock, NOBODY, NOBODY)
