@@ -42,15 +42,12 @@ from opencode_env.sandbox.local.images.budget import ImageBudget
 from opencode_env.sandbox.local.images.store import HOST_IMAGE, HeldImage, ImageProgress, ImageStore, default_image
 from opencode_env.sandbox.local.isolation.bubblewrap import AGENT_ONLY_ENV, CONTROL_MOUNT, HOSTS
 from opencode_env.sandbox.local.isolation.cgroup import PROXY_LIMITS
-from opencode_env.sandbox.local.isolation.host_ids import UidLease
 from opencode_env.sandbox.local.isolation.host_runtime import HOST_ROOT
 from opencode_env.sandbox.local.isolation.host_view import HELPERS, runtime_for, sandbox_tools
 from opencode_env.sandbox.local.layout import (
-    OwnerLock,
     RolloutTree,
     make_tree,
     reap_orphans,
-    remove_rollout,
 )
 from opencode_env.sandbox.local.proxy import LocalProxy
 from opencode_env.sandbox.local.sandbox_boot import SandboxBoot
@@ -98,8 +95,7 @@ class LocalSandbox:
         self,
         compartment: Compartment,
         *,
-        lease: UidLease,
-        owner_lock: OwnerLock,
+        tree: RolloutTree,
         image_hold: HeldImage | None = None,
     ) -> None:
         self.compartment = compartment
@@ -113,8 +109,7 @@ class LocalSandbox:
         self.opencode_data_dir = AGENT_ONLY_ENV["XDG_DATA_HOME"]
         self.opencode_isolated = True
         self.on_close: Callable[[LocalSandbox], None] | None = None
-        self._lease = lease
-        self._owner_lock = owner_lock
+        self._tree = tree
         self._image_hold = image_hold
         self.sidecars = Sidecars()
         self._boot = SandboxBoot(compartment)
@@ -254,10 +249,8 @@ class LocalSandbox:
                 await self._boot.stop()
             finally:
                 try:
-                    await asyncio.to_thread(remove_rollout, self.layout)
+                    await asyncio.to_thread(self._tree.remove)
                 finally:
-                    self._owner_lock.release()
-                    self._lease.release()
                     if self._image_hold is not None:
                         self._image_hold.release()
                     if self.on_close is not None:
@@ -466,10 +459,10 @@ class LocalBackend:
             if held is not None:
                 held.release()
             raise
-        layout, owner_lock, lease = tree.layout, tree.owner_lock, tree.lease
+        layout = tree.layout
         compartment = Compartment(
             layout,
-            lease.ids,
+            tree.lease.ids,
             spec,
             sandbox_tools(tools),
             tools,
@@ -482,7 +475,7 @@ class LocalBackend:
             network_of=network_of,
             local_names=names,
         )
-        sandbox = LocalSandbox(compartment, lease=lease, owner_lock=owner_lock, image_hold=held)
+        sandbox = LocalSandbox(compartment, tree=tree, image_hold=held)
         if image is not None:
             sandbox.enforcement["image"] = f"{image.ref} ({image.image_id[:19]}), id-mapped overlay"
             if aimed := image_env_aimed_at_us(image.env):

@@ -127,24 +127,23 @@ def make_tree(
     """In one thread, whole or not at all: the tree, its uids, its image (`image`: the tree to mount and the work
     dir) and the /etc/hosts text for the task's commands (`hosts`, when not empty). A caller that is cancelled
     meanwhile removes what it returns (never while it is still being made)."""
-    layout, owner_lock = make_layout(base_dir, disk_mb, helpers, runtime)
-    lease: UidLease | None = None
+    lease = UidLease()
     try:
-        lease = UidLease()
+        layout, owner_lock = make_layout(base_dir, disk_mb, helpers, runtime)
+    except BaseException:
+        lease.release()
+        raise
+    tree = RolloutTree(layout, owner_lock, lease)
+    try:
         own_tree(layout, lease.ids)
         if image is not None:
             mount_image(layout, image[0], lease.ids, image[1])
         if hosts:
             layout.task_hosts.write_text(hosts)
     except BaseException:
-        try:
-            remove_rollout(layout)
-        finally:
-            owner_lock.release()
-            if lease is not None:
-                lease.release()
+        tree.remove()
         raise
-    return RolloutTree(layout, owner_lock, lease)
+    return tree
 
 
 def mount_image(layout: Layout, rootfs: Path, ids: HostIds, workdir: str = WORKDIR) -> Path:
